@@ -1,0 +1,67 @@
+"""Input validation shared by the encoders: errors name the bad value and what was expected."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def check_x(x_BTNH: jax.Array, family: str) -> None:
+    """Queries/keys must be a floating (B, T, N, H) array."""
+    if x_BTNH.ndim != 4:
+        raise ValueError(
+            f"{family}: x must have shape (B, T, N, H) (rank 4), got shape {tuple(x_BTNH.shape)}"
+        )
+    if not jnp.issubdtype(x_BTNH.dtype, jnp.floating):
+        raise TypeError(f"{family}: x must be a floating array, got dtype {x_BTNH.dtype}")
+
+
+def check_pos(pos: jax.Array, x_BTNH: jax.Array, family: str, num_axes: int | None = None) -> None:
+    """Positions must be (T, A) or (B, T, A), matching x's T (and B), with A == num_axes."""
+    if pos.ndim not in (2, 3):
+        raise ValueError(
+            f"{family}: positions must have shape (T, A) or (B, T, A), got shape {tuple(pos.shape)}"
+        )
+    if pos.shape[-2] != x_BTNH.shape[1]:
+        raise ValueError(
+            f"{family}: positions have T={pos.shape[-2]} tokens but x has T={x_BTNH.shape[1]} "
+            f"(x shape {tuple(x_BTNH.shape)}, positions shape {tuple(pos.shape)})"
+        )
+    if pos.ndim == 3 and pos.shape[0] != x_BTNH.shape[0]:
+        raise ValueError(
+            f"{family}: per-example positions have B={pos.shape[0]} but x has B={x_BTNH.shape[0]}"
+        )
+    if num_axes is not None and pos.shape[-1] != num_axes:
+        raise ValueError(
+            f"{family}: positions have A={pos.shape[-1]} axes but the parameters were "
+            f"initialised for num_axes={num_axes}"
+        )
+
+
+def check_heads(x_BTNH: jax.Array, num_heads: int, head_dim: int, family: str) -> None:
+    """x's (N, H) must match the (num_heads, head_dim) the parameters were built for."""
+    if x_BTNH.shape[2] != num_heads or x_BTNH.shape[3] != head_dim:
+        raise ValueError(
+            f"{family}: x has (N, H)=({x_BTNH.shape[2]}, {x_BTNH.shape[3]}) but the parameters "
+            f"were initialised for num_heads={num_heads}, head_dim={head_dim}"
+        )
+
+
+def check_positive_int(value, name: str, family: str) -> int:
+    """``value`` must be a positive Python int."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{family}: {name}={value!r} must be a positive integer")
+    return value
+
+
+def check_shape_args(num_heads, head_dim, num_axes, family: str) -> None:
+    """The contract's shape arguments must be positive ints."""
+    check_positive_int(num_heads, "num_heads", family)
+    check_positive_int(head_dim, "head_dim", family)
+    check_positive_int(num_axes, "num_axes", family)
+
+
+def check_divisible(head_dim: int, divisor: int, what: str, family: str) -> None:
+    """``head_dim`` must be divisible by ``divisor``."""
+    if head_dim % divisor:
+        raise ValueError(f"head_dim={head_dim} is not divisible by {what}={divisor} ({family})")

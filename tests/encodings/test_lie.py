@@ -1,0 +1,122 @@
+"""lie.py: the skew expm against scipy's float64 expm, its VJP, Cayley and pair rotations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+from rope_lie.encodings import lie
+
+
+def _random_skew(rng, batch, h, norm):
+    w = rng.normal(size=(batch, h, h))
+    a = w - np.swapaxes(w, -1, -2)
+    return a / np.linalg.norm(a, axis=(-2, -1), keepdims=True) * norm
+
+
+@pytest.mark.parametrize("h", [2, 3, 8, 16])
+@pytest.mark.parametrize(
+    "norm,tol", [(1e-6, 1e-6), (0.5, 1e-6), (10.0, 2e-6), (1e2, 1e-5), (1e3, 1e-4)]
+)
+def test_expm_skew_matches_scipy_float64(h, norm, tol):
+    a = _random_skew(np.random.default_rng(h), 6, h, norm)
+    r = np.asarray(lie.expm_skew(a), np.float64)
+    expected = np.stack([scipy.linalg.expm(m) for m in a])
+    np.testing.assert_allclose(r, expected, rtol=0, atol=tol)
+    np.testing.assert_allclose(
+        np.swapaxes(r, -1, -2) @ r, np.broadcast_to(np.eye(h), r.shape), atol=2 * tol
+    )
+
+
+def test_expm_skew_finite_and_orthogonal_at_huge_norms():
+    a = _random_skew(np.random.default_rng(0), 4, 16, 1e4)
+    a = np.concatenate([a, _random_skew(np.random.default_rng(1), 1, 16, 1e6)])
+    r = np.asarray(lie.expm_skew(a))
+    assert np.isfinite(r).all()
+    ortho = np.swapaxes(r, -1, -2) @ r - np.eye(16)
+    assert np.abs(ortho[:4]).max() < 1e-3
+
+
+def test_expm_skew_mixed_norms_in_one_batch():
+    # Each matrix gets its own number of squarings: tiny ones must not be over-squared.
+    rng = np.random.default_rng(2)
+    a = np.concatenate([_random_skew(rng, 1, 8, n) for n in (1e-3, 1.0, 50.0, 400.0)])
+    expected = np.stack([scipy.linalg.expm(m) for m in a])
+    np.testing.assert_allclose(lie.expm_skew(a), expected, atol=5e-5)
+
+
+def test_num_squarings_bounds_the_scaled_spectral_radius():
+    a = _random_skew(np.random.default_rng(3), 16, 8, 1.0) * np.logspace(-3, 4, 16)[:, None, None]
+    s = np.asarray(lie.num_squarings(jnp.asarray(a, jnp.float32)))
+    rho = np.abs(np.linalg.eigvals(a)).max(axis=-1)
+    assert (rho / 2.0**s <= 2.0 + 1e-4).all()
+    assert (s[rho < 2.0] == 0).all()
+
+
+def test_expm_skew_vjp_matches_finite_differences():
+    rng = np.random.default_rng(4)
+    a = jnp.asarray(_random_skew(rng, 2, 6, 3.0), jnp.float32)
+    w = jnp.asarray(rng.normal(size=a.shape), jnp.float32)
+
+    def f(x):
+        return jnp.sum(w * lie.expm_skew(x))
+
+    g = jax.grad(f)(a)
+    # Central differences in float64 through scipy's expm along a random skew direction.
+    d = _random_skew(rng, 2, 6, 1.0)
+    eps = 1e-5
+    a64 = np.asarray(a, np.float64)
+    plus = sum(np.sum(np.asarray(w)[i] * scipy.linalg.expm(a64[i] + eps * d[i])) for i in range(2))
+    minus = sum(np.sum(np.asarray(w)[i] * scipy.linalg.expm(a64[i] - eps * d[i])) for i in range(2))
+    np.testing.assert_allclose(np.sum(np.asarray(g) * d), (plus - minus) / (2 * eps), rtol=1e-3)
+
+
+def test_expm_skew_rejects_non_square():
+    with pytest.raises(ValueError, match=r"\(3, 4\)"):
+        lie.expm_skew(jnp.zeros((3, 4)))
+
+
+def test_skew_from_upper_uses_only_the_strict_upper_triangle():
+    raw = np.random.default_rng(5).normal(size=(5, 5)).astype(np.float32)
+    s = np.asarray(lie.skew_from_upper(raw))
+    np.testing.assert_array_equal(s, -s.T)
+    np.testing.assert_array_equal(np.triu(s, 1), np.triu(raw, 1))
+
+
+def test_cayley_against_float64_formula():
+    s = _random_skew(np.random.default_rng(6), 3, 7, 4.0)
+    eye = np.eye(7)
+    expected = np.stack([(eye - m) @ np.linalg.inv(eye + m) for m in s])
+    p = lie.cayley(s)
+    np.testing.assert_allclose(p, expected, atol=1e-5)
+    np.testing.assert_allclose(np.swapaxes(p, -1, -2) @ p, np.broadcast_to(eye, p.shape), atol=1e-5)
+
+
+def test_rotate_pairs_is_the_interleaved_convention():
+    x = np.arange(1.0, 6.0)  # (a0, b0, a1, b1, leftover)
+    t = np.array([0.3, -1.1])
+    out = np.asarray(lie.rotate_pairs(jnp.asarray(x, jnp.float32), jnp.asarray(t, jnp.float32)))
+    for j in range(2):
+        a, b = x[2 * j], x[2 * j + 1]
+        expected = [a * np.cos(t[j]) - b * np.sin(t[j]), a * np.sin(t[j]) + b * np.cos(t[j])]
+        np.testing.assert_allclose(out[2 * j : 2 * j + 2], expected, rtol=1e-6)
+    assert out[4] == x[4]
+
+
+def test_apply_blocks_equals_dense_block_diagonal_product():
+    rng = np.random.default_rng(7)
+    r = rng.normal(size=(4, 2, 2, 3, 3))  # (T, N, K, b, b); H = 7 leaves one channel
+    x = rng.normal(size=(2, 4, 2, 7))
+    dense = np.zeros((4, 2, 7, 7))
+    for k in range(2):
+        dense[..., 3 * k : 3 * k + 3, 3 * k : 3 * k + 3] = r[:, :, k]
+    dense[..., 6, 6] = 1.0
+    expected = np.einsum("TNij,BTNj->BTNi", dense, x)
+    np.testing.assert_allclose(
+        lie.apply_blocks(jnp.asarray(x), jnp.asarray(r)), expected, rtol=1e-5, atol=1e-5
+    )
+    per_example = np.broadcast_to(r, (2, *r.shape))
+    np.testing.assert_allclose(
+        lie.apply_blocks(jnp.asarray(x), jnp.asarray(per_example)), expected, rtol=1e-5, atol=1e-5
+    )

@@ -1,0 +1,54 @@
+"""positions.py: conventions, token order, prefix tokens and errors."""
+
+import numpy as np
+import pytest
+
+from rope_lie.encodings import positions
+
+
+def test_integer_grid_is_row_major_with_prefix_at_zero():
+    pos = np.asarray(positions.grid_positions((2, 3), "integer", num_prefix=1))
+    expected = [[0, 0], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
+    np.testing.assert_array_equal(pos, expected)
+
+
+def test_sequential_spans_zero_one_at_train_grid_and_grows():
+    at_train = np.asarray(positions.grid_positions((4,), "sequential"))[:, 0]
+    np.testing.assert_allclose(at_train, np.linspace(0, 1, 4))
+    bigger = np.asarray(positions.grid_positions((8,), "sequential", train_grid=(4,)))[:, 0]
+    np.testing.assert_allclose(bigger, np.linspace(0, 2, 8))
+
+
+def test_normalized_is_a_fixed_range_at_every_resolution():
+    for n in (3, 9):
+        pos = np.asarray(positions.grid_positions((n, n), "normalized"))
+        assert pos.min() == -1.0 and pos.max() == 1.0
+
+
+def test_autoscale_keeps_the_anchor_range():
+    pos = np.asarray(positions.grid_positions((8, 4), "autoscale", anchor_grid=(4, 4)))
+    np.testing.assert_allclose(np.unique(pos[:, 0]), np.arange(8) * 0.5)
+    np.testing.assert_allclose(np.unique(pos[:, 1]), np.arange(4))
+
+
+def test_3d_shape_and_axis_order():
+    pos = np.asarray(positions.grid_positions((2, 3, 4), "integer"))
+    assert pos.shape == (24, 3)
+    np.testing.assert_array_equal(pos[1], [0, 0, 1])  # last axis varies fastest
+    np.testing.assert_array_equal(pos[4], [0, 1, 0])
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"grid_shape": (2, 2, 2, 2)}, r"rank 1, 2 or 3"),
+        ({"grid_shape": (0, 3)}, r"positive integers"),
+        ({"grid_shape": (3, 3), "convention": "polar"}, r"'polar'.*expected one of"),
+        ({"grid_shape": (3, 3), "num_prefix": -1}, r"num_prefix=-1"),
+        ({"grid_shape": (3, 3), "convention": "sequential", "train_grid": (3,)}, r"rank 1"),
+        ({"grid_shape": (3,), "convention": "normalized", "value_range": (1, 0)}, r"lo < hi"),
+    ],
+)
+def test_errors_name_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        positions.grid_positions(**kwargs)
