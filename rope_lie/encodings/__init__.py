@@ -10,3 +10,33 @@ Three kinds, each an explicit dict from name to module:
 Each module's ``APPLY_HPARAMS`` names the hyperparameters that ``apply``/``bias`` also need
 (e.g. RoPE's ``base``); all others are used by ``init`` only.
 """
+
+from rope_lie.encodings import (
+    alibi,
+    ape,
+    cayley_string,
+    circulant_string,
+    liere,
+    nope,
+    positions,
+    rope,
+    rope_axial,
+    rope_mixed,
+    sincos,
+    visionllama,
+)
+
+ROTARY = {
+    "nope": nope,
+    "rope": rope,
+    "rope_axial": rope_axial,
+    "rope_mixed": rope_mixed,
+    "visionllama": visionllama,
+    "liere": liere,
+    "cayley_string": cayley_string,
+    "circulant_string": circulant_string,
+}
+BIAS = {"alibi": alibi}
+ADDITIVE = {"ape": ape, "sincos": sincos}
+
+__all__ = ["ADDITIVE", "BIAS", "ROTARY", "positions"]

@@ -1,0 +1,155 @@
+"""ALiBi (Press et al., arXiv:2108.12409), with CROMA's Euclidean distance on 2D/3D grids.
+
+A bias added to the attention logits of head n (before the softmax), nothing added to q or k:
+
+    bias[n, t, s] = -slope_n * ||p_t - p_s||_2,    slope_n = 2^(-8n/N),  n = 1, ..., N,
+
+with ``||p_t - p_s|| = |i - j|`` in 1D and the Euclidean norm of the position difference for
+A >= 2 (2D ALiBi of CROMA, Fuller et al., arXiv:2311.00566). The bias is symmetric (no causal
+mask), zero on the diagonal and translation invariant. The slopes are the geometric sequence
+2^(-8/N), 2^(-16/N), ..., 2^(-8) for every N; for N a power of two this is ALiBi's (and
+CROMA's) ``get_slopes``, for other N the reference code instead interleaves the sequences of the
+neighbouring powers of two.
+
+Bias-family contract:
+
+- ``init(key, *, num_heads, head_dim, num_axes, learnable=False) -> params``: ``{}`` for fixed
+  slopes; ``{"log_slopes_N"}`` initialised to log of the fixed slopes when ``learnable`` (the
+  slopes ``exp(log_slopes)`` stay positive).
+- ``bias(params, pos_TA, pos_SA, *, num_heads, num_prefix=0) -> bias_NTS`` (or
+  ``pos_BTA, pos_BSA -> bias_BNTS``), float32. The model calls
+  ``bias(params, pos_TA, pos_TA, num_heads=N, num_prefix=P)`` with the token positions of
+  ``positions.grid_positions`` and adds the result to the logits of every layer that uses it.
+  ``num_heads`` and ``num_prefix`` are model-level arguments it always passes, not config
+  hyperparameters, so ``APPLY_HPARAMS = ()`` (``learnable`` is read off the params).
+
+Prefix (class) tokens, the first ``num_prefix`` of both T and S, get zero bias against every
+token: their rows and columns are zero (CROMA has no class token; zero is the neutral choice).
+Axis order of positions = the array order of the input; any number of axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rope_lie.encodings import _checks
+
+APPLY_HPARAMS: tuple[str, ...] = ()
+
+_FAMILY = "alibi"
+
+
+def slopes(num_heads: int) -> np.ndarray:
+    """The fixed ALiBi slopes ``2^(-8n/N)`` for heads n = 1..N, float64 of shape (N,)."""
+    _checks.check_positive_int(num_heads, "num_heads", _FAMILY)
+    return 2.0 ** (-8.0 * np.arange(1, num_heads + 1) / num_heads)
+
+
+def init(
+    key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int, learnable: bool = False
+) -> dict[str, jax.Array]:
+    """Validate the configuration; create learnable log-slopes if asked.
+
+    Args:
+      key: unused (the learnable init is deterministic).
+      num_heads: number of heads N.
+      head_dim: head dimension H (unused by the bias, validated for the common signature).
+      num_axes: number of position axes A.
+      learnable: whether the slopes are parameters.
+
+    Returns:
+      ``{}``, or ``{"log_slopes_N": (N,) float32}`` when ``learnable``.
+    """
+    del key
+    _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
+    if not isinstance(learnable, bool):
+        raise ValueError(f"{_FAMILY}: learnable={learnable!r} must be True or False")
+    if not learnable:
+        return {}
+    return {"log_slopes_N": jnp.asarray(np.log(slopes(num_heads)), jnp.float32)}
+
+
+def _slopes_from_params(params: dict[str, jax.Array], num_heads: int) -> jax.Array:
+    _checks.check_positive_int(num_heads, "num_heads", _FAMILY)
+    if not params:
+        return jnp.asarray(slopes(num_heads), jnp.float32)
+    if set(params) != {"log_slopes_N"}:
+        raise ValueError(
+            f"{_FAMILY} expects params {{}} or with key 'log_slopes_N', got keys {sorted(params)}"
+        )
+    log_slopes_N = params["log_slopes_N"]
+    if log_slopes_N.shape != (num_heads,):
+        raise ValueError(
+            f"{_FAMILY}: log_slopes_N has shape {tuple(log_slopes_N.shape)} but num_heads="
+            f"{num_heads} (expected shape ({num_heads},))"
+        )
+    return jnp.exp(log_slopes_N.astype(jnp.float32))
+
+
+def _check_positions(pos_q: jax.Array, pos_k: jax.Array, num_prefix: int) -> None:
+    if pos_q.ndim not in (2, 3) or pos_k.ndim != pos_q.ndim:
+        raise ValueError(
+            f"{_FAMILY}: query and key positions must both be (T, A) or both (B, T, A), got "
+            f"shapes {tuple(pos_q.shape)} and {tuple(pos_k.shape)}"
+        )
+    if pos_q.shape[-1] != pos_k.shape[-1]:
+        raise ValueError(
+            f"{_FAMILY}: query positions have A={pos_q.shape[-1]} axes but key positions have "
+            f"A={pos_k.shape[-1]}"
+        )
+    if pos_q.ndim == 3 and pos_q.shape[0] != pos_k.shape[0]:
+        raise ValueError(
+            f"{_FAMILY}: query positions have B={pos_q.shape[0]} but key positions have "
+            f"B={pos_k.shape[0]}"
+        )
+    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
+        raise ValueError(f"{_FAMILY}: num_prefix={num_prefix!r} must be a non-negative integer")
+    if num_prefix > min(pos_q.shape[-2], pos_k.shape[-2]):
+        raise ValueError(
+            f"{_FAMILY}: num_prefix={num_prefix} exceeds the number of tokens "
+            f"(T={pos_q.shape[-2]}, S={pos_k.shape[-2]})"
+        )
+
+
+def _distance(pos_q: jax.Array, pos_k: jax.Array) -> jax.Array:
+    """||p_t - p_s|| over the last axis, shape (..., T, S), with finite gradients at 0."""
+    diff_XTSA = pos_q[..., :, None, :] - pos_k[..., None, :, :]
+    if diff_XTSA.shape[-1] == 1:
+        return jnp.abs(diff_XTSA[..., 0])
+    sq_XTS = jnp.sum(jnp.square(diff_XTSA), axis=-1)
+    # sqrt has an infinite derivative at 0 (the diagonal): take it of a safe value there.
+    nonzero = sq_XTS > 0
+    return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq_XTS, 1.0)), 0.0)
+
+
+def bias(
+    params: dict[str, jax.Array],
+    pos_TA: jax.Array,
+    pos_SA: jax.Array,
+    *,
+    num_heads: int,
+    num_prefix: int = 0,
+) -> jax.Array:
+    """Attention-logit bias ``-slope_n * ||p_t - p_s||``, zero for prefix rows and columns.
+
+    Args:
+      params: ``{}`` or ``{"log_slopes_N": (N,)}`` from ``init``.
+      pos_TA: query positions (T, A), or ``pos_BTA`` (B, T, A) per example.
+      pos_SA: key positions (S, A), or ``pos_BSA`` (B, S, A); the same rank as pos_TA.
+      num_heads: number of heads N (must match learnable params).
+      num_prefix: number of prefix (class) tokens at the start of both T and S.
+
+    Returns:
+      float32 ``bias_NTS`` (N, T, S), or ``bias_BNTS`` (B, N, T, S) for per-example positions.
+    """
+    slope_N = _slopes_from_params(params, num_heads)
+    pos_q, pos_k = jnp.asarray(pos_TA, jnp.float32), jnp.asarray(pos_SA, jnp.float32)
+    _check_positions(pos_q, pos_k, num_prefix)
+    dist_XTS = _distance(pos_q, pos_k)
+    is_grid_T = jnp.arange(pos_q.shape[-2]) >= num_prefix
+    is_grid_S = jnp.arange(pos_k.shape[-2]) >= num_prefix
+    dist_XTS = jnp.where(is_grid_T[:, None] & is_grid_S[None, :], dist_XTS, 0.0)
+    # Heads go before (T, S): (N, T, S) for shared positions, (B, N, T, S) per example.
+    return -slope_N[:, None, None] * dist_XTS[..., None, :, :]

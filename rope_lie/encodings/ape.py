@@ -1,0 +1,168 @@
+"""APE: the learned absolute position embedding of ViT (Dosovitskiy et al., arXiv:2010.11929).
+
+A learned table, one row per token, added to the tokens before the first layer:
+
+    tokens_BTD <- tokens_BTD + emb_TD,    emb_TD = [prefix_PD; grid_GD reshaped to (prod G, D)].
+
+At another grid the grid part is resized (the prefix rows are kept as they are): bicubic in 2D
+(``jax.image.resize`` method ``"cubic"``, Keys a = -0.5, as ViT/DeiT fine-tuning at a higher
+resolution does), trilinear in 3D and linear in 1D (method ``"linear"``). Resizing uses
+half-pixel centres (new index j samples old coordinate (j + 1/2) n_old / n_new - 1/2, i.e.
+``align_corners=False``) and is antialiased when shrinking (a no-op when enlarging), as timm's
+``resample_abs_pos_embed`` (whose torch bicubic kernel has a = -0.75, so 2D values differ
+slightly from timm's). At the training grid the stored table is returned unchanged.
+
+Additive-family contract (followed by ``ape`` and ``sincos``):
+
+- ``init(key, *, grid_shape, width, num_prefix=0, **hparams) -> params``.
+- ``table(params, *, grid_shape, width=..., num_prefix=...) -> emb_TD`` in float32, with
+  T = num_prefix + prod(grid_shape), rows in token order: prefix (class) tokens first, then the
+  grid row-major (axis order = the array order of the input, (row, col) or (depth, row, col)).
+  The model adds it once: ``x_BTD + emb_TD.astype(x_BTD.dtype)``.
+- ``APPLY_HPARAMS = ()``: ``table`` needs only the contract's shape arguments.
+
+Params: ``{"grid_GD": (*grid_shape, D)}`` plus ``{"prefix_PD": (num_prefix, D)}`` when
+``num_prefix > 0`` (the key is omitted, not zero-sized, when there are no prefix tokens).
+Init: i.i.d. Normal(0, init_std^2), ``init_std = 0.02`` as in the ViT reference.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from rope_lie.encodings import _checks
+
+APPLY_HPARAMS: tuple[str, ...] = ()
+
+_FAMILY = "ape"
+# Resize method per grid rank: linear (1D), bicubic (2D), trilinear (3D).
+DEFAULT_METHODS = {1: "linear", 2: "cubic", 3: "linear"}
+_METHODS = ("linear", "cubic")
+
+
+def check_grid(grid_shape: Sequence[int], family: str) -> tuple[int, ...]:
+    """``grid_shape`` must be a sequence of 1 to 3 positive ints; returns it as a tuple."""
+    grid = tuple(grid_shape)
+    if not 1 <= len(grid) <= 3:
+        raise ValueError(f"{family}: grid_shape={grid} must have rank 1, 2 or 3")
+    for n in grid:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"{family}: grid_shape={grid} must contain positive integers")
+    return tuple(int(n) for n in grid)
+
+
+def check_num_prefix(num_prefix, family: str) -> int:
+    """``num_prefix`` must be a non-negative int."""
+    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
+        raise ValueError(f"{family}: num_prefix={num_prefix!r} must be a non-negative integer")
+    return num_prefix
+
+
+def init(
+    key: jax.Array,
+    *,
+    grid_shape: Sequence[int],
+    width: int,
+    num_prefix: int = 0,
+    init_std: float = 0.02,
+) -> dict[str, jax.Array]:
+    """Initialise the learned table for the training grid.
+
+    Args:
+      key: PRNG key.
+      grid_shape: training grid, rank 1-3, e.g. (14, 14).
+      width: model width D.
+      num_prefix: number of prefix (class/register) tokens P, each with its own row.
+      init_std: standard deviation of the normal init.
+
+    Returns:
+      ``{"grid_GD": (*grid_shape, D)}`` and, if P > 0, ``{"prefix_PD": (P, D)}``; float32.
+    """
+    grid = check_grid(grid_shape, _FAMILY)
+    _checks.check_positive_int(width, "width", _FAMILY)
+    check_num_prefix(num_prefix, _FAMILY)
+    if (
+        isinstance(init_std, bool)
+        or not isinstance(init_std, numbers.Real)
+        or not math.isfinite(init_std)
+        or init_std < 0
+    ):
+        raise ValueError(f"{_FAMILY}: init_std={init_std!r} must be a non-negative finite number")
+    key_grid, key_prefix = jax.random.split(key)
+    params = {"grid_GD": init_std * jax.random.normal(key_grid, (*grid, width), jnp.float32)}
+    if num_prefix:
+        params["prefix_PD"] = init_std * jax.random.normal(
+            key_prefix, (num_prefix, width), jnp.float32
+        )
+    return params
+
+
+def _check_params(params: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array | None]:
+    if "grid_GD" not in params or not set(params) <= {"grid_GD", "prefix_PD"}:
+        raise ValueError(
+            f"{_FAMILY} expects params with key 'grid_GD' (and optionally 'prefix_PD'), got "
+            f"keys {sorted(params)}"
+        )
+    grid_GD, prefix_PD = params["grid_GD"], params.get("prefix_PD")
+    if not 2 <= grid_GD.ndim <= 4:
+        raise ValueError(f"{_FAMILY}: grid_GD must have shape (*grid, D), got {grid_GD.shape}")
+    if prefix_PD is not None and (prefix_PD.ndim != 2 or prefix_PD.shape[1] != grid_GD.shape[-1]):
+        raise ValueError(
+            f"{_FAMILY}: prefix_PD has shape {tuple(prefix_PD.shape)} but grid_GD has width "
+            f"D={grid_GD.shape[-1]} (expected (P, {grid_GD.shape[-1]}))"
+        )
+    return grid_GD, prefix_PD
+
+
+def table(
+    params: dict[str, jax.Array],
+    *,
+    grid_shape: Sequence[int],
+    width: int | None = None,
+    num_prefix: int | None = None,
+    method: str | None = None,
+) -> jax.Array:
+    """The embedding of every token for a grid, resizing the learned grid table if needed.
+
+    Args:
+      params: from ``init``.
+      grid_shape: the grid to embed, of the same rank as the training grid.
+      width: optional; checked against the stored width D.
+      num_prefix: optional; checked against the stored number of prefix rows P.
+      method: ``"linear"`` or ``"cubic"`` to override the default resize method of the rank
+        (``DEFAULT_METHODS``: linear in 1D, cubic in 2D, linear in 3D).
+
+    Returns:
+      float32 ``emb_TD`` of shape (P + prod(grid_shape), D): prefix rows, then the grid
+      row-major.
+    """
+    grid_GD, prefix_PD = _check_params(params)
+    stored, dim = tuple(grid_GD.shape[:-1]), grid_GD.shape[-1]
+    grid = check_grid(grid_shape, _FAMILY)
+    if len(grid) != len(stored):
+        raise ValueError(
+            f"{_FAMILY}: grid_shape={grid} has rank {len(grid)} but the table was trained on "
+            f"grid {stored} of rank {len(stored)}"
+        )
+    stored_prefix = 0 if prefix_PD is None else prefix_PD.shape[0]
+    if width is not None and width != dim:
+        raise ValueError(f"{_FAMILY}: width={width!r} but the stored table has width D={dim}")
+    if num_prefix is not None and num_prefix != stored_prefix:
+        raise ValueError(
+            f"{_FAMILY}: num_prefix={num_prefix!r} but the table stores {stored_prefix} prefix rows"
+        )
+    method = DEFAULT_METHODS[len(grid)] if method is None else method
+    if method not in _METHODS:
+        raise ValueError(f"{_FAMILY}: method={method!r} must be one of {_METHODS}")
+    grid_GD = grid_GD.astype(jnp.float32)
+    if grid != stored:
+        grid_GD = jax.image.resize(grid_GD, (*grid, dim), method=method, antialias=True)
+    emb_TD = grid_GD.reshape(-1, dim)
+    if prefix_PD is not None:
+        emb_TD = jnp.concatenate([prefix_PD.astype(jnp.float32), emb_TD], axis=0)
+    return emb_TD

@@ -1,0 +1,206 @@
+"""LieRE: Lie-group relative position encodings (Ostmeier et al., arXiv:2406.10322).
+
+For a token at position p in R^A and each head,
+
+    R(p) = expm(sum_a p_a G_a),    x' = R(p) x    (queries and keys, never values),
+
+with learned skew-symmetric generators G_a = U_a - U_a^T, U_a the strict upper triangle of a raw
+parameter (the reference's ``triu(W, 1) - triu(W, 1)^T``, entries initialised U[0, 2*pi)).
+
+Block size b (``block_size``; None = dense, b = H): each G_a is block diagonal with K = H // b
+contiguous b x b blocks acting on channels [r*b, (r+1)*b); channels left over when b does not
+divide H are not rotated. b = 2 is RoPE-Mixed with learned frequencies: the block
+[[0, g], [-g, 0]] gives the rotation [[cos gt, sin gt], [-sin gt, cos gt]], i.e. the interleaved
+pair (2j, 2j+1) rotated by angle -g*t (computed in closed form, no expm). In 1D (A = 1), and for
+b = 2 in any dimension, the exponents commute, so q.k depends on p_q - p_k only; in 2D/3D with
+b > 2 the G_a do not commute and LieRE is *not* translation invariant (it also sees absolute
+positions).
+
+Conventions: interleaved pairs (2j, 2j+1) for b = 2, contiguous blocks, rotation multiplies from
+the left, axis order of ``pos`` = array order of the input, prefix (class) tokens at position 0
+get R(0) = I (not rotated). Exponentials are computed in float32 by ``lie.expm_skew`` (finite
+for every finite generator norm); the output has x's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rope_lie.encodings import _checks, lie
+
+_FAMILY = "liere"
+
+# The block size is read from the parameters' shape, so apply needs no hyperparameter.
+APPLY_HPARAMS: tuple[str, ...] = ()
+
+# Positions times generators at full float32 precision: TPUs would otherwise contract float32 in
+# bfloat16 passes, and exponents of positions in the tens need float32's resolution.
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _check_block_size(block_size, head_dim: int) -> int:
+    """The block size b: None means dense (b = H); else an int in [2, H]."""
+    if block_size is None:
+        if head_dim < 2:
+            raise ValueError(f"{_FAMILY}: head_dim={head_dim} must be at least 2 to rotate")
+        return head_dim
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+        raise ValueError(f"{_FAMILY}: block_size={block_size!r} must be None or an int in [2, H]")
+    if not 2 <= block_size <= head_dim:
+        raise ValueError(
+            f"{_FAMILY}: block_size={block_size} must be in [2, head_dim={head_dim}] "
+            "(None for a dense generator)"
+        )
+    return int(block_size)
+
+
+def init(
+    key: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_axes: int,
+    block_size: int | None = None,
+    init_scale: float = 2 * math.pi,
+) -> dict[str, jax.Array]:
+    """Random raw generators, entries U[0, init_scale) (only the strict upper triangles are used).
+
+    Args:
+      key: PRNG key.
+      num_heads: N, heads.
+      head_dim: H, channels per head.
+      num_axes: A, position axes (one generator per axis).
+      block_size: b, contiguous b x b blocks (None: dense, b = H); an int in [2, H].
+      init_scale: upper end of the uniform init (2*pi in the reference; the paper also uses 1).
+
+    Returns:
+      {"gen_ANKbb": (A, N, K, b, b) float32} with K = H // b.
+    """
+    _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
+    block = _check_block_size(block_size, head_dim)
+    if isinstance(init_scale, bool) or not (
+        isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale >= 0
+    ):
+        raise ValueError(f"{_FAMILY}: init_scale={init_scale!r} must be a finite number >= 0")
+    shape = (num_axes, num_heads, head_dim // block, block, block)
+    gen = jax.random.uniform(key, shape, jnp.float32, 0.0, float(init_scale))
+    return {"gen_ANKbb": gen}
+
+
+def params_from_generators(
+    gen_ANHH: jax.Array, block_size: int | None = None
+) -> dict[str, jax.Array]:
+    """Parameters from explicit skew-symmetric generators (e.g. to reproduce a checkpoint).
+
+    The generators must be concrete (not traced): their values are validated.
+
+    Args:
+      gen_ANHH: (A, N, H, H) skew-symmetric generators (within a relative tolerance of 1e-6).
+      block_size: b, or None for dense. With b, every entry outside the K = H // b contiguous
+        diagonal b x b blocks (including the rows/columns of leftover channels) must be zero.
+
+    Returns:
+      {"gen_ANKbb": (A, N, K, b, b) float32}: the diagonal blocks.
+    """
+    gen = np.asarray(gen_ANHH, dtype=np.float64)
+    if gen.ndim != 4 or gen.shape[-1] != gen.shape[-2]:
+        raise ValueError(
+            f"{_FAMILY}: generators must have shape (A, N, H, H) (rank 4, square), "
+            f"got shape {gen.shape}"
+        )
+    head_dim = gen.shape[-1]
+    block = _check_block_size(block_size, head_dim)
+    tol = 1e-6 * max(1.0, float(np.max(np.abs(gen), initial=0.0)))
+    asym = float(np.max(np.abs(gen + np.swapaxes(gen, -1, -2)), initial=0.0))
+    if not asym <= tol:
+        raise ValueError(
+            f"{_FAMILY}: generators are not skew-symmetric: max |G + G^T| = {asym:.3g} > {tol:.3g}"
+        )
+    num_blocks = head_dim // block
+    in_blocks = np.kron(np.eye(num_blocks), np.ones((block, block)))
+    in_blocks = np.pad(in_blocks, (0, head_dim - num_blocks * block)).astype(bool)
+    outside = float(np.max(np.abs(np.where(in_blocks, 0.0, gen)), initial=0.0))
+    if not outside <= tol:
+        raise ValueError(
+            f"{_FAMILY}: generators have entries up to {outside:.3g} outside the diagonal "
+            f"{block}x{block} blocks (block_size={block_size}, head_dim={head_dim})"
+        )
+    blocks = [
+        gen[..., r * block : (r + 1) * block, r * block : (r + 1) * block]
+        for r in range(num_blocks)
+    ]
+    return {"gen_ANKbb": jnp.asarray(np.stack(blocks, axis=2), jnp.float32)}
+
+
+def _generator_blocks(params: dict[str, jax.Array]) -> jax.Array:
+    gen = params["gen_ANKbb"]
+    if gen.ndim != 5 or gen.shape[-1] != gen.shape[-2]:
+        raise ValueError(
+            f"{_FAMILY}: params['gen_ANKbb'] must have shape (A, N, K, b, b), got {gen.shape}"
+        )
+    return gen.astype(jnp.float32)
+
+
+def _pair_angles(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
+    """Closed form for b = 2: pair k of head n turns by -sum_a p_a g[a, n, k] (g = upper entry)."""
+    upper_ANK = gen_ANKbb[..., 0, 1]
+    spec = "TA,ANK->TNK" if pos.ndim == 2 else "BTA,ANK->BTNK"
+    return -jnp.einsum(spec, pos.astype(jnp.float32), upper_ANK, precision=_HIGHEST)
+
+
+def rotations(params: dict[str, jax.Array], pos: jax.Array) -> jax.Array:
+    """The block rotations R(p) = expm(sum_a p_a G_a), one per token, head and block.
+
+    Args:
+      params: {"gen_ANKbb": (A, N, K, b, b)} from ``init`` or ``params_from_generators``.
+      pos: pos_TA (shared by the batch) or pos_BTA (per example), A == num_axes.
+
+    Returns:
+      r_TNKbb (or r_BTNKbb for per-example positions), float32; block r of head n acts on
+      channels [r*b, (r+1)*b), and leftover channels past K*b are not rotated.
+    """
+    gen_ANKbb = _generator_blocks(params)
+    pos = jnp.asarray(pos)
+    if pos.ndim not in (2, 3) or pos.shape[-1] != gen_ANKbb.shape[0]:
+        raise ValueError(
+            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
+            f"A={gen_ANKbb.shape[0]}, got shape {tuple(pos.shape)}"
+        )
+    if gen_ANKbb.shape[-1] == 2:
+        return lie.pair_rotation_blocks(_pair_angles(gen_ANKbb, pos))
+    skew_ANKbb = lie.skew_from_upper(gen_ANKbb)
+    spec = "TA,ANKij->TNKij" if pos.ndim == 2 else "BTA,ANKij->BTNKij"
+    # One batched exponential for every (token, head, block).
+    gen_XNKbb = jnp.einsum(spec, pos.astype(jnp.float32), skew_ANKbb, precision=_HIGHEST)
+    return lie.expm_skew(gen_XNKbb)
+
+
+def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
+    """Rotate queries or keys: x'_t = R(p_t) x_t, block by block.
+
+    Args:
+      params: {"gen_ANKbb": (A, N, K, b, b)}; b and K are read from its shape.
+      x_BTNH: queries or keys, any float dtype, N heads and H channels with H // b == K.
+      pos: pos_TA (rotations computed once and shared by the batch) or pos_BTA (per example).
+
+    Returns:
+      (B, T, N, H) array in x's dtype; channels past K*b are unchanged.
+    """
+    gen_ANKbb = _generator_blocks(params)
+    num_axes, num_heads, num_blocks, block = gen_ANKbb.shape[:4]
+    _checks.check_x(x_BTNH, _FAMILY)
+    _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
+    if x_BTNH.shape[2] != num_heads or x_BTNH.shape[3] // block != num_blocks:
+        raise ValueError(
+            f"{_FAMILY}: x has (N, H)=({x_BTNH.shape[2]}, {x_BTNH.shape[3]}) but the parameters "
+            f"have num_heads={num_heads} and {num_blocks} blocks of size {block} "
+            f"(H // {block} must be {num_blocks})"
+        )
+    if block == 2:
+        # rotate_pairs broadcasts the (T, N, K) angles over the batch.
+        return lie.rotate_pairs(x_BTNH, _pair_angles(gen_ANKbb, pos))
+    return lie.apply_blocks(x_BTNH, rotations(params, pos))

@@ -1,0 +1,52 @@
+"""NoPE: no position encoding, the baseline for the other families.
+
+R(p) = I for every position: ``apply`` returns the queries/keys unchanged, so attention is
+permutation-equivariant and only the content of the tokens is seen. ``apply`` still validates x
+and the positions like the rotary families do, so a bad input fails loudly rather than being
+silently ignored. No parameters: ``init`` returns ``{}``; no hyperparameters.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from rope_lie.encodings import _checks, rope
+
+APPLY_HPARAMS: tuple[str, ...] = ()
+
+_FAMILY = "nope"
+
+
+def init(key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int) -> dict[str, jax.Array]:
+    """Validate the configuration; NoPE has no parameters.
+
+    Args:
+      key: unused (kept for the common ``init`` signature).
+      num_heads: number of heads N.
+      head_dim: head dimension H.
+      num_axes: number of position axes A.
+
+    Returns:
+      ``{}``.
+    """
+    del key
+    _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
+    return {}
+
+
+def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
+    """Return queries or keys unchanged, after validating them and the positions.
+
+    Args:
+      params: ``{}`` (from ``init``).
+      x_BTNH: queries or keys (B, T, N, H), any float dtype.
+      pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example.
+
+    Returns:
+      ``x_BTNH`` itself, (B, T, N, H) in x's dtype.
+    """
+    rope.check_no_params(params, _FAMILY)
+    _checks.check_x(x_BTNH, _FAMILY)
+    _checks.check_pos(pos, x_BTNH, _FAMILY)
+    _checks.check_positive_int(pos.shape[-1], "num_axes", _FAMILY)
+    return x_BTNH

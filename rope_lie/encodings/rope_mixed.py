@@ -1,0 +1,163 @@
+"""RoPE-Mixed (Heo et al., "Rotary Position Embedding for Vision Transformer", arXiv:2403.13298).
+
+Every channel pair j of head n is rotated by a learned linear function of all position axes:
+
+    theta_j(p) = sum_a p_a * f[a, n, j],    j = 0, ..., F - 1,    F = H/2,
+
+with learnable frequencies ``freqs_ANF`` (per head here; one set per layer is the model's job,
+and they get no weight decay). The angle is linear in p, so <R(p) q, R(p') k> depends on
+p' - p only. Axis-aligned frequencies (pair j on one axis only) give ``rope_axial``.
+
+Initialisation follows the rope-vit reference ``init_random_2d_freqs(dim=H, num_heads=N,
+theta=10, rotate=True)``: magnitudes mag_i = base^(-4i/H), i < H/4, base = 10, and per head an
+angle phi ~ U[0, 2pi):
+
+    f_x = cat(mag cos(phi), mag cos(pi/2 + phi)),    f_y = cat(mag sin(phi), mag sin(pi/2 + phi)).
+
+Our axis order is the array order (row, col) = (y, x): f_y is axis 0 and f_x axis 1. For other
+numbers of axes A the same construction is generalised so that every axis gets non-zero
+frequencies: per head an orthonormal A x A basis, the F pairs split into A contiguous groups
+(``np.array_split`` sizes when A does not divide F), and group g gets basis column g times the
+magnitudes base^(-2A*i/H), i counted within the group (base^(-4i/H) for A = 2). For A = 2 the
+basis is the reference's (phi, phi + pi/2) pair; otherwise it is Haar-random on O(A) (a random
+sign for A = 1).
+
+Conventions: interleaved pairs (2j, 2j+1), (a, b) -> (a cos t - b sin t, a sin t + b cos t);
+R(p) multiplies q and k from the left (never v); prefix (class) tokens sit at position 0 and get
+R(0) = I. Angles in float32 (the position-frequency contraction at full float32 precision),
+output in x's dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rope_lie.encodings import _checks, lie, rope
+
+APPLY_HPARAMS: tuple[str, ...] = ()
+
+_FAMILY = "rope_mixed"
+
+
+def _reference_basis_2d(phi_N: jax.Array) -> jax.Array:
+    """The rope-vit directions per head as a basis, (N, A=2, G=2): [n, axis, group].
+
+    Group 0 points along (x, y) = (cos phi, sin phi), group 1 along phi + pi/2; axis 0 is y.
+    """
+    phi_N = jnp.asarray(phi_N, jnp.float32)
+    phi_NG = jnp.stack([phi_N, jnp.pi / 2 + phi_N], axis=-1)
+    return jnp.stack([jnp.sin(phi_NG), jnp.cos(phi_NG)], axis=-2)
+
+
+# The helpers are jitted (shapes static) so that eager calls compile one small program each
+# instead of one per primitive; inside a caller's jit they are inlined.
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _random_basis(key: jax.Array, num_heads: int, num_axes: int) -> jax.Array:
+    """A random orthonormal basis per head, (N, A, A) as [n, axis, group]."""
+    if num_axes == 2:
+        phi_N = jax.random.uniform(key, (num_heads,), jnp.float32, 0.0, 2 * math.pi)
+        return _reference_basis_2d(phi_N)
+    return jax.random.orthogonal(key, num_axes, shape=(num_heads,), dtype=jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _freqs_from_basis(basis_NAG: jax.Array, head_dim: int, base: float) -> jax.Array:
+    """Frequencies (A, N, F): pair j of group g = (direction column g) * base^(-2A*i/H).
+
+    Args:
+      basis_NAG: (N, A, G) directions per head, G = A groups.
+      head_dim: H (even); F = H/2 pairs are split into G contiguous groups.
+      base: magnitude base.
+
+    Returns:
+      float32 (A, N, F).
+    """
+    num_axes, num_groups = basis_NAG.shape[-2], basis_NAG.shape[-1]
+    groups = np.array_split(np.arange(head_dim // 2), num_groups)
+    group_F = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)]).astype(int)
+    within_F = np.concatenate([np.arange(len(g)) for g in groups])
+    mag_F = base ** (-2.0 * num_axes * within_F / head_dim)
+    freqs_NAF = jnp.asarray(basis_NAG, jnp.float32)[..., group_F] * jnp.asarray(mag_F, jnp.float32)
+    return jnp.transpose(freqs_NAF, (1, 0, 2))
+
+
+def init(
+    key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int, base: float = 10.0
+) -> dict[str, jax.Array]:
+    """Random initial frequencies (see the module docstring).
+
+    Args:
+      key: PRNG key.
+      num_heads: number of heads N.
+      head_dim: head dimension H, even.
+      num_axes: number of position axes A.
+      base: magnitude base (10 in the rope-vit reference).
+
+    Returns:
+      ``{"freqs_ANF": float32 (A, N, H/2)}``.
+    """
+    _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even: rope_mixed rotates channel pairs")
+    base = rope.check_base(base, _FAMILY)
+    basis_NAA = _random_basis(key, num_heads, num_axes)
+    return {"freqs_ANF": _freqs_from_basis(basis_NAA, head_dim, base)}
+
+
+def params_from_freqs(freqs_ANF, *, head_dim: int | None = None) -> dict[str, jax.Array]:
+    """Parameters from explicit frequencies (e.g. axis-aligned ones, or a reference checkpoint).
+
+    Args:
+      freqs_ANF: (A, N, F) frequencies; the head dimension is H = 2F.
+      head_dim: if given, checked against 2F.
+
+    Returns:
+      ``{"freqs_ANF": float32 (A, N, F)}``.
+    """
+    freqs_ANF = jnp.asarray(freqs_ANF, jnp.float32)
+    if freqs_ANF.ndim != 3 or 0 in freqs_ANF.shape:
+        raise ValueError(
+            f"rope_mixed: freqs must have shape (A, N, F) with F = head_dim/2 and no empty axis, "
+            f"got shape {tuple(freqs_ANF.shape)}"
+        )
+    if head_dim is not None and head_dim != 2 * freqs_ANF.shape[-1]:
+        raise ValueError(
+            f"rope_mixed: freqs have F={freqs_ANF.shape[-1]} pairs but head_dim={head_dim} needs "
+            f"F=head_dim/2"
+        )
+    return {"freqs_ANF": freqs_ANF}
+
+
+def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
+    """Rotate queries or keys by R(p), theta_j = sum_a p_a f[a, n, j].
+
+    Args:
+      params: ``{"freqs_ANF": (A, N, F)}`` from ``init`` or ``params_from_freqs``.
+      x_BTNH: queries or keys (B, T, N, H), any float dtype, H = 2F.
+      pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example.
+
+    Returns:
+      (B, T, N, H) array in x's dtype.
+    """
+    freqs_ANF = params["freqs_ANF"]
+    if freqs_ANF.ndim != 3:
+        raise ValueError(f"rope_mixed: freqs_ANF must be (A, N, F), got {tuple(freqs_ANF.shape)}")
+    num_axes, num_heads, num_pairs = freqs_ANF.shape
+    _checks.check_x(x_BTNH, _FAMILY)
+    _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
+    _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
+    return _rotate(x_BTNH, jnp.asarray(pos, jnp.float32), freqs_ANF.astype(jnp.float32))
+
+
+@jax.jit
+def _rotate(x_BTNH: jax.Array, pos32: jax.Array, freqs32_ANF: jax.Array) -> jax.Array:
+    spec = "TA,ANF->TNF" if pos32.ndim == 2 else "BTA,ANF->BTNF"
+    # HIGHEST: TPUs would otherwise contract float32 in bfloat16 passes, and angles of positions
+    # in the tens need float32's resolution.
+    angle_XNF = jnp.einsum(spec, pos32, freqs32_ANF, precision=jax.lax.Precision.HIGHEST)
+    return lie.rotate_pairs(x_BTNH, angle_XNF)

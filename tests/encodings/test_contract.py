@@ -1,0 +1,179 @@
+"""The encoder contract (DESIGN.md section 2), checked for every rotary family in ROTARY.
+
+Family-specific math (references, reductions, init) lives in the per-module test files.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rope_lie import encodings
+from rope_lie.encodings import cayley_string, positions
+
+# (family, hparams, supported position ranks). Several hparam settings per family where they
+# change the code path.
+CASES = [
+    ("nope", {}, (1, 2, 3)),
+    ("rope", {}, (1,)),
+    ("rope_axial", {}, (1, 2, 3)),
+    ("rope_mixed", {}, (1, 2, 3)),
+    ("visionllama", {}, (1, 2, 3)),
+    ("liere", {}, (1, 2, 3)),
+    ("liere", {"block_size": 4}, (1, 2, 3)),
+    ("liere", {"block_size": 2}, (1, 2, 3)),
+    ("liere", {"block_size": 5}, (2,)),  # 12 % 5: channels 10, 11 are not rotated
+    ("cayley_string", {"generator": "dense", "init_std": 0.1}, (1, 2, 3)),
+    ("cayley_string", {"generator": "block2x2", "init_std": 0.1}, (1, 2, 3)),
+    ("cayley_string", {"generator": "banded", "bandwidth": 2, "init_std": 0.1}, (2,)),
+    ("cayley_string", {"generator": "topk", "k": 6, "init_std": 0.1}, (2,)),
+    ("circulant_string", {}, (1, 2, 3)),
+]
+IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in hp.items())}" for name, hp, _ in CASES]
+# Families whose R(p)^T R(p') depends on p' - p only (DESIGN.md section 3). Dense LieRE in 2D/3D
+# is deliberately absent: its generators do not commute.
+RELATIVE = {"nope", "rope", "rope_axial", "rope_mixed", "visionllama", "cayley_string"}
+RELATIVE |= {"circulant_string"}
+
+B, N, H = 2, 3, 12
+
+
+def _grid(rank):
+    return {1: (7,), 2: (3, 4), 3: (2, 2, 3)}[rank]
+
+
+def _setup(name, hparams, rank, seed=0):
+    module = encodings.ROTARY[name]
+    params = module.init(jax.random.key(seed), num_heads=N, head_dim=H, num_axes=rank, **hparams)
+    pos_TA = positions.grid_positions(_grid(rank), "integer", num_prefix=1)
+    x_BTNH = jax.random.normal(jax.random.key(seed + 1), (B, pos_TA.shape[0], N, H))
+    apply_kw = {k: hparams[k] for k in module.APPLY_HPARAMS if k in hparams}
+    return module, params, x_BTNH, pos_TA, apply_kw
+
+
+def _each_rank():
+    for (name, hp, ranks), case_id in zip(CASES, IDS):
+        for rank in ranks:
+            yield pytest.param(name, hp, rank, id=f"{case_id}-{rank}d")
+
+
+def test_dicts_hold_every_family():
+    assert set(encodings.ROTARY) == {
+        "nope", "rope", "rope_axial", "rope_mixed", "visionllama", "liere", "cayley_string",
+        "circulant_string",
+    }  # fmt: skip
+    assert set(encodings.BIAS) == {"alibi"}
+    assert set(encodings.ADDITIVE) == {"ape", "sincos"}
+    for module in encodings.ROTARY.values():
+        assert callable(module.init) and callable(module.apply)
+        assert isinstance(module.APPLY_HPARAMS, tuple)
+
+
+@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
+def test_shapes_norms_jit(name, hparams, rank):
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    out = module.apply(params, x_BTNH, pos_TA, **kw)
+    chex.assert_shape(out, x_BTNH.shape)
+    chex.assert_type(out, jnp.float32)
+    chex.assert_tree_all_finite(out)
+    # Rotations preserve the norm of every (token, head) vector.
+    np.testing.assert_allclose(
+        jnp.linalg.norm(out, axis=-1), jnp.linalg.norm(x_BTNH, axis=-1), rtol=2e-5, atol=1e-5
+    )
+    jitted = jax.jit(lambda p, x, q: module.apply(p, x, q, **kw))(params, x_BTNH, pos_TA)
+    np.testing.assert_allclose(jitted, out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
+def test_vmap_and_per_example_positions(name, hparams, rank):
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    shared = module.apply(params, x_BTNH, pos_TA, **kw)
+    one = jax.vmap(lambda x: module.apply(params, x[None], pos_TA, **kw)[0])(x_BTNH)
+    np.testing.assert_allclose(one, shared, rtol=1e-5, atol=1e-5)
+    # Per-example positions: example b at pos_TA + b must equal applying it alone.
+    pos_BTA = jnp.stack([pos_TA + b for b in range(B)])
+    per_example = module.apply(params, x_BTNH, pos_BTA, **kw)
+    for b in range(B):
+        alone = module.apply(params, x_BTNH[b : b + 1], pos_BTA[b], **kw)
+        np.testing.assert_allclose(per_example[b : b + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
+def test_bfloat16_in_bfloat16_out(name, hparams, rank):
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    ref = module.apply(params, x_BTNH, pos_TA, **kw)
+    out = module.apply(params, x_BTNH.astype(jnp.bfloat16), pos_TA, **kw)
+    chex.assert_type(out, jnp.bfloat16)
+    # Only the input rounding (~4e-3 relative) shows: phases stay in float32.
+    np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=0, atol=4e-2)
+
+
+@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
+def test_zero_position_is_identity_or_p(name, hparams, rank):
+    module, params, x_BTNH, _, kw = _setup(name, hparams, rank)
+    zeros_TA = jnp.zeros((x_BTNH.shape[1], rank))
+    out = module.apply(params, x_BTNH, zeros_TA, **kw)
+    if name == "cayley_string":  # R(0) = RoPE(0) P = P
+        p_NHH = cayley_string.orthogonal(params, **kw)
+        expected = jnp.einsum("NHG,BTNG->BTNH", p_NHH, x_BTNH)
+        assert not np.allclose(expected, x_BTNH, atol=1e-3)  # P != I with init_std > 0
+    else:
+        expected = x_BTNH
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def _scores(module, params, kw, q_BTNH, k_BTNH, pos_q_TA, pos_k_TA):
+    q = module.apply(params, q_BTNH, pos_q_TA, **kw)
+    k = module.apply(params, k_BTNH, pos_k_TA, **kw)
+    return jnp.einsum("BTNH,BSNH->BNTS", q, k)
+
+
+@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
+def test_translation_invariance_where_the_math_gives_it(name, hparams, rank):
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    k_BTNH = jax.random.normal(jax.random.key(7), x_BTNH.shape)
+    shift_A = jnp.asarray([1.5, -2.0, 0.75][:rank])
+    base = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA, pos_TA)
+    moved = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA + shift_A, pos_TA + shift_A)
+    commuting = name in RELATIVE or rank == 1 or hparams.get("block_size") == 2
+    if commuting:
+        np.testing.assert_allclose(moved, base, rtol=1e-4, atol=2e-4)
+    else:  # 2D/3D LieRE with blocks > 2: generators do not commute, so no invariance.
+        assert float(jnp.max(jnp.abs(moved - base))) > 1e-2
+
+
+@pytest.mark.parametrize("name,hparams,rank", [c for c in _each_rank() if c.values[0] != "nope"])
+def test_gradients_reach_every_parameter(name, hparams, rank):
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    if not params:
+        pytest.skip(f"{name} has no learnable parameters")
+    k_BTNH = jax.random.normal(jax.random.key(3), x_BTNH.shape)
+
+    def loss(p):
+        return jnp.sum(jnp.sin(_scores(module, p, kw, x_BTNH, k_BTNH, pos_TA, pos_TA)))
+
+    grads = jax.grad(loss)(params)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        chex.assert_tree_all_finite(g)
+        assert float(jnp.max(jnp.abs(g))) > 0, f"zero gradient for {name} {path}"
+
+
+@pytest.mark.parametrize("name,hparams,ranks", CASES, ids=IDS)
+def test_bad_inputs_name_the_value(name, hparams, ranks):
+    rank = ranks[0]
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    with pytest.raises(ValueError, match=r"rank 4|\(B, T, N, H\)"):
+        module.apply(params, x_BTNH[0], pos_TA, **kw)
+    with pytest.raises(ValueError, match=r"\(T, A\)"):
+        module.apply(params, x_BTNH, pos_TA[0], **kw)
+    with pytest.raises(ValueError, match=f"T={pos_TA.shape[0] - 1}"):
+        module.apply(params, x_BTNH, pos_TA[1:], **kw)
+    with pytest.raises(TypeError):
+        module.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=rank, not_an_hparam=1)
+    with pytest.raises(ValueError, match="head_dim"):
+        module.init(jax.random.key(0), num_heads=N, head_dim=0, num_axes=rank, **hparams)
+    if params:  # learned families know their number of axes
+        wrong = jnp.concatenate([pos_TA, pos_TA[:, :1]], axis=-1)
+        with pytest.raises(ValueError, match=f"A={rank + 1}"):
+            module.apply(params, x_BTNH, wrong, **kw)
