@@ -53,7 +53,7 @@ def _setup(name, hparams, rank, seed=0):
 
 
 def _each_rank():
-    for (name, hp, ranks), case_id in zip(CASES, IDS):
+    for (name, hp, ranks), case_id in zip(CASES, IDS, strict=True):
         for rank in ranks:
             yield pytest.param(name, hp, rank, id=f"{case_id}-{rank}d")
 
