@@ -109,6 +109,9 @@ def _expm_skew_bwd(a_XHH, g_XHH):
 
 
 _expm_skew.defvjp(_expm_skew_fwd, _expm_skew_bwd)
+# Compiled once per shape: called eagerly, the while loop would otherwise be retraced each call.
+# Under an outer jit this is inlined.
+_expm_skew_jit = jax.jit(_expm_skew)
 
 
 def expm_skew(a_XHH: jax.Array) -> jax.Array:
@@ -126,9 +129,10 @@ def expm_skew(a_XHH: jax.Array) -> jax.Array:
     a_XHH = jnp.asarray(a_XHH)
     if a_XHH.ndim < 2 or a_XHH.shape[-1] != a_XHH.shape[-2]:
         raise ValueError(f"expm_skew expects (..., H, H) square matrices, got shape {a_XHH.shape}")
-    return _expm_skew(a_XHH.astype(jnp.float32))
+    return _expm_skew_jit(a_XHH.astype(jnp.float32))
 
 
+@jax.jit
 def cayley(s_XHH: jax.Array) -> jax.Array:
     """Cayley transform ``P = (I - S)(I + S)^-1`` of skew-symmetric ``S``, in float32.
 
@@ -146,6 +150,7 @@ def cayley(s_XHH: jax.Array) -> jax.Array:
     return jnp.linalg.solve(eye + s_XHH, jnp.broadcast_to(eye - s_XHH, s_XHH.shape))
 
 
+@jax.jit
 def rotate_pairs(x_XH: jax.Array, angle_XF: jax.Array) -> jax.Array:
     """Rotate interleaved channel pairs (2j, 2j+1) by ``angle[..., j]``.
 
@@ -178,6 +183,7 @@ def pair_rotation_blocks(angle_XF: jax.Array) -> jax.Array:
     return jnp.stack([jnp.stack([cos, -sin], -1), jnp.stack([sin, cos], -1)], -2)
 
 
+@jax.jit
 def apply_blocks(x_BTNH: jax.Array, r_XTNKbb: jax.Array) -> jax.Array:
     """Left-multiply contiguous b x b channel blocks of ``x`` by rotations.
 

@@ -170,6 +170,11 @@ def rotations(params: dict[str, jax.Array], pos: jax.Array) -> jax.Array:
             f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
             f"A={gen_ANKbb.shape[0]}, got shape {tuple(pos.shape)}"
         )
+    return _rotations(gen_ANKbb, pos)
+
+
+@jax.jit
+def _rotations(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
     if gen_ANKbb.shape[-1] == 2:
         return lie.pair_rotation_blocks(_pair_angles(gen_ANKbb, pos))
     skew_ANKbb = lie.skew_from_upper(gen_ANKbb)
