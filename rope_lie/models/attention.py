@@ -1,0 +1,308 @@
+"""Multi-head self-attention with one position-encoding hook.
+
+    q_BTNH = x_BTD w_DNH + b_NH   (likewise k, v)
+    q, k <- R(p) q, R(p) k         rotary families (``encodings.ROTARY``); v is never rotated
+    o_BTNH = softmax(q k^T / sqrt(H) + bias_NTS) v   bias families (``encodings.BIAS``, ALiBi)
+    y_BTD = o_BTNH w_NHD + b_D
+
+The rotary ``apply`` runs once on q and k concatenated along the batch axis, so position-
+dependent rotations (LieRE's matrix exponentials, Cayley solves) are computed once per layer,
+not once for q and once for k. Attention itself is ``jax.nn.dot_product_attention`` so fused
+kernels are used where the platform has them.
+
+Encoder parameters live in ``PositionParam`` variables (an ``nnx.Param`` subclass, so that the
+optimizer can exclude them from weight decay by type). Sharing is decided by config:
+
+- per layer and per head (the default, as in the LieRE paper): every ``Attention`` owns its
+  parameters, initialised for ``num_heads`` heads;
+- ``share_pe_heads``: the family is initialised with ``num_heads=1`` and applied with the heads
+  folded into the batch, (B, T, N, H) -> (N*B, T, 1, H), so all heads use the same rotation;
+- shared across layers: the ``ViT`` owns one set and passes it to every block
+  (``Attention(..., own_pe=False)`` and ``__call__(..., pe_params=...)``).
+
+One code path either way: ``__call__`` uses the parameters passed in, or its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rope_lie import encodings
+
+
+class PositionParam(nnx.Param):
+    """A position-encoding parameter (rotary frequencies/generators, ALiBi slopes, APE tables).
+
+    A subclass of ``nnx.Param`` so that ``nnx.state(model, PositionParam)`` selects exactly the
+    encoder parameters (e.g. to exclude them from weight decay).
+    """
+
+
+def pe_names() -> list[str]:
+    """The valid values of ``pe``: every rotary and bias family."""
+    return sorted(encodings.ROTARY) + sorted(encodings.BIAS)
+
+
+def pe_module(pe: str) -> ModuleType:
+    """The encoder module of a rotary or bias family.
+
+    Args:
+      pe: a key of ``encodings.ROTARY`` or ``encodings.BIAS``.
+
+    Returns:
+      the family's module (``init``/``apply`` or ``init``/``bias``).
+    """
+    if pe in encodings.ROTARY:
+        return encodings.ROTARY[pe]
+    if pe in encodings.BIAS:
+        return encodings.BIAS[pe]
+    raise ValueError(f"unknown pe={pe!r}; expected one of {pe_names()}")
+
+
+def init_pe_params(
+    pe: str,
+    key: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_axes: int,
+    share_heads: bool,
+    hparams: Mapping[str, Any] | None = None,
+) -> nnx.Dict:
+    """Initialise one set of encoder parameters as ``PositionParam`` variables.
+
+    Args:
+      pe: family name (``pe_names()``).
+      key: PRNG key.
+      num_heads: N; the family is initialised with 1 head when ``share_heads``.
+      head_dim: H.
+      num_axes: A, position axes of the token grid.
+      share_heads: one set of parameters for all heads.
+      hparams: keyword arguments of the family's ``init``.
+
+    Returns:
+      ``nnx.Dict`` of ``PositionParam`` holding the family's arrays (empty for parameter-free
+      families).
+    """
+    arrays = pe_module(pe).init(
+        key,
+        num_heads=1 if share_heads else num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        **dict(hparams or {}),
+    )
+    return nnx.Dict({name: PositionParam(value) for name, value in arrays.items()})
+
+
+def apply_hparams(pe: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The subset of ``hparams`` that the family's ``apply``/``bias`` also takes."""
+    names = getattr(pe_module(pe), "APPLY_HPARAMS", ())
+    return {k: v for k, v in (hparams or {}).items() if k in names}
+
+
+def rotate_qk(
+    module: ModuleType,
+    params: Mapping[str, jax.Array],
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    pos: jax.Array,
+    *,
+    share_heads: bool,
+    hparams: Mapping[str, Any],
+) -> tuple[jax.Array, jax.Array]:
+    """Rotate queries and keys with one call of the family's ``apply``.
+
+    Args:
+      module: a rotary family module.
+      params: its parameters (for 1 head when ``share_heads``).
+      q_BTNH: queries.
+      k_BTNH: keys, same shape.
+      pos: ``pos_TA`` shared by the batch or ``pos_BTA`` per example.
+      share_heads: fold the heads into the batch and rotate them all with the same parameters.
+      hparams: the family's apply hyperparameters.
+
+    Returns:
+      (q_BTNH, k_BTNH) rotated, in their dtype.
+    """
+    batch, tokens, heads, head_dim = q_BTNH.shape
+    qk_CTNH = jnp.concatenate([q_BTNH, k_BTNH], axis=0)  # C = 2B: q then k
+    if pos.ndim == 3:
+        pos = jnp.concatenate([pos, pos], axis=0)
+    if share_heads:
+        x_MT1H = jnp.transpose(qk_CTNH, (2, 0, 1, 3)).reshape(
+            heads * 2 * batch, tokens, 1, head_dim
+        )
+        if pos.ndim == 3:
+            pos = jnp.tile(pos, (heads, 1, 1))
+        x_MT1H = module.apply(params, x_MT1H, pos, **hparams)
+        qk_CTNH = jnp.transpose(x_MT1H.reshape(heads, 2 * batch, tokens, head_dim), (1, 2, 0, 3))
+    else:
+        qk_CTNH = module.apply(params, qk_CTNH, pos, **hparams)
+    return qk_CTNH[:batch], qk_CTNH[batch:]
+
+
+def position_bias(
+    module: ModuleType,
+    params: Mapping[str, jax.Array],
+    pos_TA: jax.Array,
+    *,
+    num_heads: int,
+    num_prefix: int,
+    hparams: Mapping[str, Any],
+) -> jax.Array:
+    """The attention-logit bias of a bias family, shaped for ``dot_product_attention``.
+
+    Args:
+      module: a bias family module (ALiBi).
+      params: its parameters.
+      pos_TA: token positions shared by the batch (queries and keys are the same tokens).
+      num_heads: heads the parameters were initialised for (1 when shared across heads).
+      num_prefix: prefix (class) tokens at the start of the sequence.
+      hparams: the family's apply hyperparameters.
+
+    Returns:
+      (1, N, T, T) float32 bias (N = 1 broadcasts over the heads).
+    """
+    if pos_TA.ndim != 2:
+        raise ValueError(
+            f"bias families take positions shared by the batch, shape (T, A); got shape "
+            f"{tuple(pos_TA.shape)}"
+        )
+    bias_NTS = module.bias(
+        params, pos_TA, pos_TA, num_heads=num_heads, num_prefix=num_prefix, **hparams
+    )
+    return bias_NTS[None]
+
+
+def project(x_BTD: jax.Array, w_DNH: jax.Array, b_NH: jax.Array) -> jax.Array:
+    """Per-head projection ``x w + b`` in x's dtype (parameters are stored in float32).
+
+    Args:
+      x_BTD: tokens.
+      w_DNH: weights.
+      b_NH: biases.
+
+    Returns:
+      (B, T, N, H) array in x's dtype.
+    """
+    w_DNH, b_NH = w_DNH.astype(x_BTD.dtype), b_NH.astype(x_BTD.dtype)
+    return jnp.einsum("BTD,DNH->BTNH", x_BTD, w_DNH) + b_NH
+
+
+def xavier_uniform(in_axis, out_axis) -> jax.nn.initializers.Initializer:
+    """Glorot-uniform init over the given fan-in/fan-out axes (the ViT reference's init)."""
+    return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis, out_axis)
+
+
+class Attention(nnx.Module):
+    """Multi-head self-attention with the position-encoding hook (see the module docstring)."""
+
+    def __init__(
+        self,
+        width: int,
+        num_heads: int,
+        *,
+        num_axes: int,
+        pe: str = "nope",
+        pe_hparams: Mapping[str, Any] | None = None,
+        share_pe_heads: bool = False,
+        own_pe: bool = True,
+        num_prefix: int = 0,
+        dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        """Build the projections and, when ``own_pe``, this layer's encoder parameters.
+
+        Args:
+          width: D, model width; divisible by ``num_heads``.
+          num_heads: N; the head dimension is H = D / N.
+          num_axes: A, position axes of the token grid (1, 2 or 3).
+          pe: rotary or bias family (``pe_names()``).
+          pe_hparams: the family's ``init`` keyword arguments (its ``APPLY_HPARAMS`` are also
+            passed to ``apply``/``bias``).
+          share_pe_heads: one set of encoder parameters for all heads.
+          own_pe: False when the parameters are shared across layers and passed to
+            ``__call__`` by the caller.
+          num_prefix: prefix (class) tokens at the start of the sequence (for bias families).
+          dtype: activation dtype; parameters are float32.
+          rngs: ``nnx.Rngs`` with a ``params`` (or default) stream.
+        """
+        if width % num_heads:
+            raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
+        self.pe = pe
+        self.is_bias = pe in encodings.BIAS
+        self.num_heads = num_heads
+        self.head_dim = head_dim = width // num_heads
+        self.share_pe_heads = share_pe_heads
+        self.num_prefix = num_prefix
+        # Static and hashable, as nnx graph definitions require.
+        self.hparams = tuple(sorted(apply_hparams(pe, pe_hparams).items()))
+        self.dtype = dtype
+        init_in, shape_DNH = xavier_uniform(0, (1, 2)), (width, num_heads, head_dim)
+        self.wq_DNH = nnx.Param(init_in(rngs.params(), shape_DNH))
+        self.wk_DNH = nnx.Param(init_in(rngs.params(), shape_DNH))
+        self.wv_DNH = nnx.Param(init_in(rngs.params(), shape_DNH))
+        self.bq_NH, self.bk_NH, self.bv_NH = (
+            nnx.Param(jnp.zeros((num_heads, head_dim))) for _ in range(3)
+        )
+        init_out = xavier_uniform((0, 1), 2)
+        self.wo_NHD = nnx.Param(init_out(rngs.params(), (num_heads, head_dim, width)))
+        self.bo_D = nnx.Param(jnp.zeros((width,)))
+        self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
+        if own_pe:
+            self.pe_params = init_pe_params(
+                pe, rngs.params(), num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
+                share_heads=share_pe_heads, hparams=pe_hparams,
+            )  # fmt: skip
+
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        pos: jax.Array,
+        *,
+        pe_params: Mapping[str, Any] | None = None,
+    ) -> jax.Array:
+        """Attend.
+
+        Args:
+          x_BTD: tokens, prefix tokens first.
+          pos: ``pos_TA`` (or ``pos_BTA`` for rotary families); prefix tokens at position 0.
+          pe_params: encoder parameters shared across layers (a mapping of ``PositionParam``
+            or arrays); None uses this layer's own.
+
+        Returns:
+          (B, T, D) array in the activation dtype.
+        """
+        if (pe_params is None) == (self.pe_params is None):
+            raise ValueError(
+                "Attention needs encoder parameters from exactly one place: its own "
+                f"(own_pe=True) or pe_params passed to __call__; own={self.pe_params is not None}, "
+                f"passed={pe_params is not None}"
+            )
+        params = self.pe_params if pe_params is None else pe_params
+        params = {name: jnp.asarray(value[...]) for name, value in params.items()}
+        module, hparams = pe_module(self.pe), dict(self.hparams)
+        x_BTD = x_BTD.astype(self.dtype)
+        q_BTNH = project(x_BTD, self.wq_DNH[...], self.bq_NH[...])
+        k_BTNH = project(x_BTD, self.wk_DNH[...], self.bk_NH[...])
+        v_BTNH = project(x_BTD, self.wv_DNH[...], self.bv_NH[...])
+        bias = None
+        if self.is_bias:
+            heads = 1 if self.share_pe_heads else self.num_heads
+            bias = position_bias(
+                module, params, pos, num_heads=heads, num_prefix=self.num_prefix, hparams=hparams
+            ).astype(self.dtype)
+        else:
+            share = self.share_pe_heads
+            q_BTNH, k_BTNH = rotate_qk(
+                module, params, q_BTNH, k_BTNH, pos, share_heads=share, hparams=hparams
+            )
+        o_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, bias=bias)
+        y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
+        return y_BTD + self.bo_D[...].astype(self.dtype)

@@ -1,0 +1,461 @@
+"""Vision Transformer (Dosovitskiy et al., arXiv:2010.11929) for 2D images and 3D volumes/videos.
+
+1D inputs (B, L, C) with 1D patches are accepted too (e.g. for 1D RoPE, which takes A = 1).
+
+Patches (2D) or tubelets (3D) are flattened and projected (a strided convolution written as
+patchify + linear), a class token is prepended when ``pool="cls"``, an absolute table is added
+when ``additive`` is ``"ape"``/``"sincos"``, then pre-LN blocks (attention with the position-
+encoding hook of ``attention.py``, GELU MLP), a final LayerNorm, pooling and a linear head.
+
+The token grid is derived from the input shape at every call, so the model runs at any
+resolution divisible by the patch size: positions are recomputed with ``position_convention``
+(the training grid is ``train_grid``/``anchor_grid``) and APE tables are resized.
+
+Encoder parameters are per layer and per head by default (as in the LieRE paper);
+``share_pe_heads`` and ``share_pe_layers`` share them. All position-encoding parameters
+(rotary, ALiBi, APE tables) are ``PositionParam`` so the optimizer can exclude them from weight
+decay, as DeiT/timm do for ``pos_embed``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rope_lie import encodings
+from rope_lie.encodings import positions
+from rope_lie.models import attention
+from rope_lie.models.attention import PositionParam
+
+# width D, depth L, heads N, MLP hidden size. Ti/S/B/L as in ViT and DeiT.
+VARIANTS: dict[str, dict[str, int]] = {
+    "pico": dict(width=32, depth=2, num_heads=2, mlp_dim=64),  # unit tests and smoke runs
+    "mu": dict(width=64, depth=4, num_heads=4, mlp_dim=128),  # CPU quickstart, H = 16
+    # The sparse Cayley-STRING study's small ViT (H = 12): 0.116-0.118 M parameters at
+    # 32x32x3, patch 4, 10 classes, depending on the generator (see tests/models/test_vit.py).
+    "string": dict(width=48, depth=4, num_heads=4, mlp_dim=192),
+    "Ti": dict(width=192, depth=12, num_heads=3, mlp_dim=768),
+    "S": dict(width=384, depth=12, num_heads=6, mlp_dim=1536),
+    "B": dict(width=768, depth=12, num_heads=12, mlp_dim=3072),
+    "L": dict(width=1024, depth=24, num_heads=16, mlp_dim=4096),
+}
+POOLS = ("cls", "mean")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parse_variant(
+    variant: str, patch_size: int | Sequence[int] | None, rank: int
+) -> tuple[dict[str, int], tuple[int, ...]]:
+    """Model dimensions and patch size from ``"Ti/16"``-style names.
+
+    Args:
+      variant: a key of ``VARIANTS``, optionally followed by ``/p`` (the patch size).
+      patch_size: int or tuple of length ``rank``; wins over the variant's ``/p`` (which must
+        then agree with its last entry).
+      rank: spatial rank of the input (2 for images, 3 for volumes).
+
+    Returns:
+      (dims, patch): the variant's dimensions and the patch size per spatial axis.
+    """
+    name, _, patch_str = str(variant).partition("/")
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant={variant!r}; expected one of {sorted(VARIANTS)}")
+    if patch_str and not patch_str.isdigit():
+        raise ValueError(f"variant={variant!r}: the patch size after '/' must be an integer")
+    variant_patch = int(patch_str) if patch_str else None
+    if patch_size is None:
+        if variant_patch is None:
+            raise ValueError(f"variant={variant!r} has no '/patch' and patch_size is None")
+        patch_size = variant_patch
+    patch = (patch_size,) * rank if isinstance(patch_size, numbers.Integral) else tuple(patch_size)
+    if len(patch) != rank or any(not isinstance(p, numbers.Integral) or p < 1 for p in patch):
+        raise ValueError(
+            f"patch_size={patch_size!r} must be a positive int or {rank} positive ints "
+            f"(one per spatial axis of image_shape)"
+        )
+    if variant_patch is not None and variant_patch != patch[-1]:
+        raise ValueError(f"variant={variant!r} and patch_size={patch_size!r} disagree")
+    return dict(VARIANTS[name]), tuple(int(p) for p in patch)
+
+
+def token_grid(spatial: Sequence[int], patch: Sequence[int], what: str) -> tuple[int, ...]:
+    """Tokens per axis, ``spatial // patch``, with an error naming both when not divisible."""
+    spatial, patch = tuple(spatial), tuple(patch)
+    if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
+        raise ValueError(f"{what}={spatial} is not divisible by patch_size={patch}")
+    return tuple(s // p for s, p in zip(spatial, patch, strict=True))
+
+
+def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
+    """Non-overlapping patches (tubelets in 3D) flattened in token order.
+
+    Args:
+      images_BXC: (B, *spatial, C), spatial divisible by ``patch``.
+      patch: patch size per spatial axis.
+
+    Returns:
+      (B, T, P) with T = prod(spatial // patch) row-major and P = prod(patch) * C ordered
+      (*patch, C), the layout of a flattened convolution kernel.
+    """
+    batch, *spatial, channels = images_BXC.shape
+    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
+    split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
+    x = images_BXC.reshape(split)
+    rank = len(grid)
+    order = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
+    return x.transpose(order).reshape(batch, math.prod(grid), math.prod(patch) * channels)
+
+
+class MlpBlock(nnx.Module):
+    """Dense(mlp_dim) -> GELU -> dropout -> Dense(width) -> dropout (the ViT MLP)."""
+
+    def __init__(self, width: int, mlp_dim: int, *, dropout: float, dtype: Any, rngs: nnx.Rngs):
+        init = dict(
+            kernel_init=attention.xavier_uniform(0, 1),
+            bias_init=jax.nn.initializers.normal(1e-6),
+            dtype=dtype,
+            rngs=rngs,
+        )
+        self.fc1 = nnx.Linear(width, mlp_dim, **init)
+        self.fc2 = nnx.Linear(mlp_dim, width, **init)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
+
+    def __call__(self, x_BTD: jax.Array, *, train: bool) -> jax.Array:
+        h_BTF = self.dropout(jax.nn.gelu(self.fc1(x_BTD)), deterministic=not train)
+        return self.dropout(self.fc2(h_BTF), deterministic=not train)
+
+
+class Block(nnx.Module):
+    """Pre-LN encoder block: x + drop(attn(LN(x))), then x + MLP(LN(x))."""
+
+    def __init__(
+        self,
+        width: int,
+        num_heads: int,
+        mlp_dim: int,
+        *,
+        dropout: float,
+        dtype: Any,
+        rngs: nnx.Rngs,
+        **attention_kwargs: Any,
+    ):
+        self.ln1 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
+        self.attn = attention.Attention(
+            width, num_heads, dtype=dtype, rngs=rngs, **attention_kwargs
+        )
+        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
+        self.ln2 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
+        self.mlp = MlpBlock(width, mlp_dim, dropout=dropout, dtype=dtype, rngs=rngs)
+
+    def __call__(
+        self, x_BTD: jax.Array, pos_TA: jax.Array, *, pe_params: Any, train: bool
+    ) -> jax.Array:
+        y_BTD = self.attn(self.ln1(x_BTD), pos_TA, pe_params=pe_params)
+        x_BTD = x_BTD + self.dropout(y_BTD, deterministic=not train)
+        return x_BTD + self.mlp(self.ln2(x_BTD), train=train)
+
+
+def additive_names() -> list[str]:
+    """The valid values of ``additive``."""
+    return ["none", *sorted(encodings.ADDITIVE)]
+
+
+def _check_choice(value: Any, name: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name}={value!r}; expected one of {list(choices)}")
+
+
+def _check_image_shape(image_shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(image_shape)
+    if len(shape) not in (1, 2, 3) or any(
+        not isinstance(s, numbers.Integral) or s < 1 for s in shape
+    ):
+        raise ValueError(
+            f"image_shape={image_shape} must be 2 (image) or 3 (volume) positive ints, or 1 "
+            "(sequence)"
+        )
+    return tuple(int(s) for s in shape)
+
+
+def _check_options(pe: str, pool: str, additive: str, convention: str, dropout: float) -> None:
+    attention.pe_module(pe)  # raises for an unknown pe, listing the valid ones
+    _check_choice(pool, "pool", POOLS)
+    _check_choice(additive, "additive", additive_names())
+    _check_choice(convention, "position_convention", positions.CONVENTIONS)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout={dropout} must be in [0, 1)")
+
+
+def _activation_dtype(dtype: Any) -> jnp.dtype:
+    name = jnp.dtype(dtype).name
+    _check_choice(name, "dtype", _DTYPES)
+    return jnp.dtype(name)
+
+
+def init_additive_params(
+    additive: str,
+    rngs: nnx.Rngs,
+    grid_shape: tuple[int, ...],
+    width: int,
+    num_prefix: int,
+    hparams: Mapping[str, Any] | None,
+) -> nnx.Dict:
+    """The additive family's parameters (APE table) as ``PositionParam``; empty for none/sincos.
+
+    Args:
+      additive: ``additive_names()``.
+      rngs: ``nnx.Rngs`` with a ``params`` (or default) stream.
+      grid_shape: the training token grid.
+      width: D.
+      num_prefix: prefix (class) tokens, which get their own rows.
+      hparams: the family's ``init`` keyword arguments.
+
+    Returns:
+      ``nnx.Dict`` of ``PositionParam``.
+    """
+    if additive == "none":
+        return nnx.Dict()
+    arrays = encodings.ADDITIVE[additive].init(
+        rngs.params(), grid_shape=grid_shape, width=width, num_prefix=num_prefix,
+        **dict(hparams or {}),
+    )  # fmt: skip
+    return nnx.Dict({name: PositionParam(value) for name, value in arrays.items()})
+
+
+class ViT(nnx.Module):
+    """ViT classifier; the keyword arguments are the ``config.model`` keys."""
+
+    def __init__(
+        self,
+        *,
+        variant: str = "Ti/16",
+        patch_size: int | Sequence[int] | None = None,
+        image_shape: Sequence[int] = (224, 224),
+        channels: int = 3,
+        num_classes: int = 1000,
+        pool: str = "cls",
+        dropout: float = 0.0,
+        pe: str = "nope",
+        pe_hparams: Mapping[str, Any] | None = None,
+        additive: str = "none",
+        additive_hparams: Mapping[str, Any] | None = None,
+        position_convention: str = "integer",
+        share_pe_heads: bool = False,
+        share_pe_layers: bool = False,
+        head_zero_init: bool = True,
+        dtype: Any = "float32",
+        rngs: nnx.Rngs,
+    ):
+        """Build the model.
+
+        Args:
+          variant: ``VARIANTS`` key with optional ``/patch``, e.g. ``"Ti/16"``, ``"mu/8"``.
+          patch_size: int, (p, p) patches or (t, p, p) tubelets; overrides the variant's.
+          image_shape: training input spatial shape, (H, W) or (D, H, W).
+          channels: input channels C.
+          num_classes: K, classifier outputs.
+          pool: ``"cls"`` (class token) or ``"mean"`` (mean of the patch tokens, no class token).
+          dropout: rate after the embedding, the attention output and in the MLP.
+          pe: rotary or bias family, ``attention.pe_names()``.
+          pe_hparams: the family's ``init`` keyword arguments.
+          additive: ``"none"``, ``"ape"`` or ``"sincos"``, added to the tokens.
+          additive_hparams: the additive family's ``init`` keyword arguments.
+          position_convention: one of ``positions.CONVENTIONS``.
+          share_pe_heads: one set of encoder parameters for all heads (default: per head).
+          share_pe_layers: one set of encoder parameters for all layers (default: per layer).
+          head_zero_init: zero-initialise the classifier head.
+          dtype: activation dtype, ``"float32"`` or ``"bfloat16"``; parameters are float32.
+          rngs: ``nnx.Rngs``: ``params`` (or default) stream, and ``dropout`` when dropout > 0.
+        """
+        self.image_shape = _check_image_shape(image_shape)
+        dims, self.patch = parse_variant(variant, patch_size, len(self.image_shape))
+        self.train_grid = token_grid(self.image_shape, self.patch, "image_shape")
+        _check_options(pe, pool, additive, position_convention, dropout)
+        self.channels, self.pool, self.pe, self.additive = channels, pool, pe, additive
+        self.position_convention = position_convention
+        self.dtype = dt = _activation_dtype(dtype)
+        self.num_prefix = num_prefix = 1 if pool == "cls" else 0
+        width, num_heads = dims["width"], dims["num_heads"]
+        if width % num_heads:
+            raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
+        num_axes = len(self.image_shape)
+        self.embed = nnx.Linear(math.prod(self.patch) * channels, width, dtype=dt, rngs=rngs)
+        self.cls_1D = nnx.Param(jnp.zeros((1, width))) if num_prefix else None
+        self.additive_params = init_additive_params(
+            additive, rngs, self.train_grid, width, num_prefix, additive_hparams
+        )
+        self.embed_dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
+        pe_kwargs = dict(num_heads=num_heads, head_dim=width // num_heads, num_axes=num_axes)
+        self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
+        if share_pe_layers:
+            self.pe_params = attention.init_pe_params(
+                pe, rngs.params(), share_heads=share_pe_heads, hparams=pe_hparams, **pe_kwargs
+            )
+        attention_kwargs = dict(
+            num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
+            own_pe=not share_pe_layers, num_prefix=num_prefix,
+        )  # fmt: skip
+        self.blocks = nnx.List(
+            Block(width, num_heads, dims["mlp_dim"], dropout=dropout, dtype=dt, rngs=rngs,
+                  **attention_kwargs)
+            for _ in range(dims["depth"])
+        )  # fmt: skip
+        self.norm = nnx.LayerNorm(width, dtype=dt, rngs=rngs)
+        head_init = jax.nn.initializers.zeros if head_zero_init else attention.xavier_uniform(0, 1)
+        self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
+
+    def input_grid(self, images: jax.Array) -> tuple[int, ...]:
+        """The token grid of an input batch, checking its rank and channels."""
+        rank = len(self.image_shape)
+        if images.ndim != rank + 2 or images.shape[-1] != self.channels:
+            layout = {1: "(B, L, C)", 2: "(B, H, W, C)", 3: "(B, D, H, W, C)"}[rank]
+            raise ValueError(
+                f"images must have shape {layout} with C={self.channels} for "
+                f"image_shape={self.image_shape}; got shape {tuple(images.shape)}"
+            )
+        return token_grid(images.shape[1:-1], self.patch, "images spatial shape")
+
+    def embed_tokens(self, images: jax.Array, grid: tuple[int, ...]) -> jax.Array:
+        """Patch embedding, class token and additive table: (B, T, D), prefix tokens first."""
+        x_BTD = self.embed(patchify(images.astype(self.dtype), self.patch))
+        if self.cls_1D is not None:
+            cls_BPD = jnp.broadcast_to(self.cls_1D[...], (x_BTD.shape[0], *self.cls_1D.shape))
+            x_BTD = jnp.concatenate([cls_BPD.astype(x_BTD.dtype), x_BTD], axis=1)
+        if self.additive != "none":
+            params = {k: v[...] for k, v in self.additive_params.items()}
+            emb_TD = encodings.ADDITIVE[self.additive].table(
+                params, grid_shape=grid, width=x_BTD.shape[-1], num_prefix=self.num_prefix
+            )
+            x_BTD = x_BTD + emb_TD.astype(x_BTD.dtype)
+        return x_BTD
+
+    def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+        """Classify a batch at any resolution divisible by the patch size.
+
+        Args:
+          images: (B, H, W, C) or (B, D, H, W, C), matching ``image_shape``'s rank.
+          train: apply dropout (uses the ``dropout`` RNG stream).
+
+        Returns:
+          float32 logits (B, K).
+        """
+        grid = self.input_grid(images)
+        pos_TA = positions.grid_positions(
+            grid,
+            self.position_convention,
+            num_prefix=self.num_prefix,
+            train_grid=self.train_grid,
+            anchor_grid=self.train_grid,
+        )
+        x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
+        for block in self.blocks:
+            x_BTD = block(x_BTD, pos_TA, pe_params=self.pe_params, train=train)
+        x_BTD = self.norm(x_BTD)
+        pooled_BD = x_BTD[:, 0] if self.pool == "cls" else jnp.mean(x_BTD, axis=1)
+        return self.head(pooled_BD).astype(jnp.float32)
+
+
+def _num_elements(state: nnx.State) -> int:
+    return sum(int(math.prod(leaf.shape)) for leaf in jax.tree.leaves(state))
+
+
+def count_params(model: ViT) -> dict[str, Any]:
+    """Parameter counts of a model, as stored.
+
+    Args:
+      model: a ``ViT``.
+
+    Returns:
+      ``{"total": int, "position": int, "by_family": {name: int}}``: all ``nnx.Param``, the
+      ``PositionParam`` among them, and those split by family (``model.pe`` and, when
+      used, ``model.additive``).
+    """
+    position = _num_elements(nnx.state(model, PositionParam))
+    additive = _num_elements(nnx.state(model.additive_params, PositionParam))
+    by_family = {model.pe: position - additive}
+    if model.additive != "none":
+        by_family[model.additive] = additive
+    return {
+        "total": _num_elements(nnx.state(model, nnx.Param)),
+        "position": position,
+        "by_family": by_family,
+    }
+
+
+def _liere_per_head(head_dim: int, num_axes: int, hparams: Mapping[str, Any]) -> int:
+    block = hparams.get("block_size") or head_dim
+    return num_axes * (head_dim // block) * block * block  # stored raw (A, N, K, b, b)
+
+
+def _cayley_per_head(head_dim: int, num_axes: int, hparams: Mapping[str, Any]) -> int:
+    generator = hparams.get("generator", "dense")
+    s_count = {  # s_dense_NHH, s_block2x2_NK, s_banded_NbH, s_topk_NHH
+        "dense": head_dim * head_dim,
+        "block2x2": head_dim // 2,
+        "banded": (hparams.get("bandwidth") or 0) * head_dim,
+        "topk": head_dim * head_dim,
+    }[generator]
+    return num_axes * (head_dim // 2) + s_count  # + RoPE-Mixed freqs_ANF
+
+
+# Stored parameters per head and per layer, written from each family's documented parameter
+# shapes (not read off the code): ``pe_param_count`` multiplies by heads and layers.
+_PER_HEAD_COUNT = {
+    "nope": lambda head_dim, num_axes, hparams: 0,
+    "rope": lambda head_dim, num_axes, hparams: 0,
+    "rope_axial": lambda head_dim, num_axes, hparams: 0,
+    "visionllama": lambda head_dim, num_axes, hparams: 0,
+    "rope_mixed": lambda head_dim, num_axes, hparams: num_axes * (head_dim // 2),  # (A, N, H/2)
+    "liere": _liere_per_head,
+    "cayley_string": _cayley_per_head,
+    "circulant_string": lambda head_dim, num_axes, hparams: num_axes * head_dim,  # (A, N, H)
+    "alibi": lambda head_dim, num_axes, hparams: int(bool(hparams.get("learnable"))),  # (N,)
+}
+
+
+def pe_param_count(
+    pe: str,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_axes: int,
+    depth: int,
+    share_pe_heads: bool = False,
+    share_pe_layers: bool = False,
+    hparams: Mapping[str, Any] | None = None,
+) -> int:
+    """Stored encoder parameters of a model, by formula.
+
+    Counts stored arrays, not degrees of freedom: LieRE stores A*N*K*b*b raw entries of which
+    only the strict upper triangles (A*N*K*b*(b-1)/2) are used; Cayley-STRING stores RoPE-Mixed
+    frequencies (A*N*H/2) plus N*H*H (dense, top-k: H(H-1)/2 used), N*H/2 (block 2x2) or
+    N*bandwidth*H (banded); Circulant-STRING stores A*N*H of which floor((H-1)/2) per axis and
+    head are effective.
+
+    Args:
+      pe: rotary or bias family.
+      num_heads: N.
+      head_dim: H.
+      num_axes: A.
+      depth: L, layers.
+      share_pe_heads: one set for all heads.
+      share_pe_layers: one set for all layers.
+      hparams: the family's ``init`` hyperparameters.
+
+    Returns:
+      number of scalars in the ``PositionParam`` of the rotary/bias family.
+    """
+    if pe not in _PER_HEAD_COUNT:
+        raise ValueError(
+            f"no parameter-count formula for pe={pe!r}; known: {sorted(_PER_HEAD_COUNT)}"
+        )
+    per_head = _PER_HEAD_COUNT[pe](head_dim, num_axes, dict(hparams or {}))
+    heads = 1 if share_pe_heads else num_heads
+    layers = 1 if share_pe_layers else depth
+    return per_head * heads * layers

@@ -1,0 +1,253 @@
+"""Tests for rope_lie.models.attention: the position-encoding hook against a numpy reference."""
+
+from __future__ import annotations
+
+import types
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rope_lie import encodings
+from rope_lie.models import attention
+from rope_lie.models.attention import Attention, PositionParam
+
+WIDTH, HEADS, AXES, BATCH, TOKENS = 24, 2, 2, 2, 7
+HEAD_DIM = WIDTH // HEADS
+# Families whose rotation is non-trivial at generic 2D positions, with hparams valid at H = 12.
+ROTATING = {
+    "rope_axial": {},
+    "rope_mixed": {},
+    "visionllama": {},
+    "liere": {"block_size": 4},
+    "circulant_string": {},
+    "cayley_string": {"init_std": 0.5},  # S != 0, so P is not the identity
+}
+
+
+def _inputs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x_BTD = rng.normal(size=(BATCH, TOKENS, WIDTH)).astype(np.float32)
+    pos_TA = rng.uniform(-2.0, 3.0, size=(TOKENS, AXES)).astype(np.float32)
+    pos_TA[0] = 0.0  # a prefix token
+    return jnp.asarray(x_BTD), jnp.asarray(pos_TA)
+
+
+def _randomize_biases(attn: Attention, seed: int = 1) -> None:
+    """Non-zero biases so that the reference checks them too."""
+    rng = np.random.default_rng(seed)
+    for name in ("bq_NH", "bk_NH", "bv_NH", "bo_D"):
+        var = getattr(attn, name)
+        var[...] = jnp.asarray(rng.normal(size=var.shape), jnp.float32)
+
+
+def _np_params(attn: Attention) -> dict[str, np.ndarray]:
+    names = ("wq_DNH", "wk_DNH", "wv_DNH", "bq_NH", "bk_NH", "bv_NH", "wo_NHD", "bo_D")
+    return {n: np.asarray(getattr(attn, n)[...], np.float64) for n in names}
+
+
+def _reference(attn, x_BTD, rotate, bias_NTS=None, rotate_v=False):
+    """float64 numpy attention; ``rotate(x_BTNH) -> x_BTNH`` is applied to q and k (and v if
+    ``rotate_v``, the mistake the tests must detect)."""
+    p = _np_params(attn)
+    x = np.asarray(x_BTD, np.float64)
+    q = np.einsum("btd,dnh->btnh", x, p["wq_DNH"]) + p["bq_NH"]
+    k = np.einsum("btd,dnh->btnh", x, p["wk_DNH"]) + p["bk_NH"]
+    v = np.einsum("btd,dnh->btnh", x, p["wv_DNH"]) + p["bv_NH"]
+    q, k = rotate(q), rotate(k)
+    v = rotate(v) if rotate_v else v
+    logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    if bias_NTS is not None:
+        logits = logits + np.asarray(bias_NTS, np.float64)[None]
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    o = np.einsum("bnts,bsnh->btnh", w, v)
+    return np.einsum("btnh,nhd->btd", o, p["wo_NHD"]) + p["bo_D"]
+
+
+def _family_rotate(pe, params, pos_TA, share_heads):
+    """Rotate with the family's own apply, one head at a time when the heads share params."""
+    module = encodings.ROTARY[pe]
+
+    def rotate(x_BTNH):
+        x32 = jnp.asarray(x_BTNH, jnp.float32)
+        if not share_heads:
+            return np.asarray(module.apply(params, x32, pos_TA), np.float64)
+        heads = [module.apply(params, x32[:, :, n : n + 1], pos_TA) for n in range(x32.shape[2])]
+        return np.asarray(jnp.concatenate(heads, axis=2), np.float64)
+
+    return rotate
+
+
+@pytest.mark.parametrize("share_heads", [False, True])
+@pytest.mark.parametrize("pe", sorted(ROTATING))
+def test_matches_numpy_reference_rotating_q_and_k_only(pe, share_heads):
+    attn = Attention(
+        WIDTH,
+        HEADS,
+        num_axes=AXES,
+        pe=pe,
+        pe_hparams=ROTATING[pe],
+        share_pe_heads=share_heads,
+        num_prefix=1,
+        rngs=nnx.Rngs(0),
+    )
+    _randomize_biases(attn)
+    x_BTD, pos_TA = _inputs()
+    params = {k: v[...] for k, v in attn.pe_params.items()}
+    rotate = _family_rotate(pe, params, pos_TA, share_heads)
+    expected = _reference(attn, x_BTD, rotate)
+    np.testing.assert_allclose(attn(x_BTD, pos_TA), expected, rtol=1e-4, atol=1e-4)
+    # The test can fail: without the rotation, or rotating v as well, the output differs.
+    unrotated = _reference(attn, x_BTD, lambda x: x)
+    assert np.max(np.abs(unrotated - expected)) > 1e-2
+    v_rotated = _reference(attn, x_BTD, rotate, rotate_v=True)
+    assert np.max(np.abs(v_rotated - expected)) > 1e-2
+
+
+def test_alibi_bias_added_to_logits():
+    pe, hparams = "alibi", {"learnable": True}
+    attn = Attention(
+        WIDTH, HEADS, num_axes=AXES, pe=pe, pe_hparams=hparams, num_prefix=1, rngs=nnx.Rngs(0)
+    )
+    _randomize_biases(attn)
+    x_BTD, pos_TA = _inputs()
+    # Independent bias: -slope_n * ||p_t - p_s||, zero rows/columns for the prefix token.
+    slopes_N = 2.0 ** (-8.0 * np.arange(1, HEADS + 1) / HEADS)
+    pos = np.asarray(pos_TA, np.float64)
+    dist_TS = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
+    bias_NTS = -slopes_N[:, None, None] * dist_TS
+    bias_NTS[:, 0, :] = bias_NTS[:, :, 0] = 0.0
+    expected = _reference(attn, x_BTD, lambda x: x, bias_NTS)
+    np.testing.assert_allclose(attn(x_BTD, pos_TA), expected, rtol=1e-4, atol=1e-4)
+    assert np.max(np.abs(_reference(attn, x_BTD, lambda x: x) - expected)) > 1e-2
+
+
+def test_rotate_qk_calls_apply_once():
+    calls = []
+
+    def apply(params, x_BTNH, pos):
+        calls.append(x_BTNH.shape)
+        return x_BTNH * 2.0
+
+    module = types.SimpleNamespace(apply=apply)
+    q = jnp.ones((BATCH, TOKENS, HEADS, HEAD_DIM))
+    pos_TA = jnp.zeros((TOKENS, AXES))
+    q2, k2 = attention.rotate_qk(module, {}, q, -q, pos_TA, share_heads=False, hparams={})
+    assert calls == [(2 * BATCH, TOKENS, HEADS, HEAD_DIM)]
+    np.testing.assert_array_equal(q2, 2.0 * q)
+    np.testing.assert_array_equal(k2, -2.0 * q)
+    attention.rotate_qk(module, {}, q, q, pos_TA, share_heads=True, hparams={})
+    assert calls[1] == (2 * BATCH * HEADS, TOKENS, 1, HEAD_DIM)
+
+
+@pytest.mark.parametrize("share_heads", [False, True])
+def test_per_example_positions_match_shared(share_heads):
+    pe = "rope_mixed"
+    attn = Attention(
+        WIDTH, HEADS, num_axes=AXES, pe=pe, share_pe_heads=share_heads, rngs=nnx.Rngs(1)
+    )
+    x_BTD, pos_TA = _inputs(2)
+    out_shared = attn(x_BTD, pos_TA)
+    out_per_example = attn(x_BTD, jnp.broadcast_to(pos_TA, (BATCH, TOKENS, AXES)))
+    np.testing.assert_allclose(out_per_example, out_shared, rtol=1e-5, atol=1e-5)
+    # A different position for example 1 changes example 1 only.
+    pos_BTA = jnp.stack([pos_TA, pos_TA + jnp.arange(TOKENS)[:, None]])
+    out = attn(x_BTD, pos_BTA)
+    np.testing.assert_allclose(out[0], out_shared[0], rtol=1e-5, atol=1e-5)
+    assert np.max(np.abs(out[1] - out_shared[1])) > 1e-3
+
+
+@pytest.mark.parametrize("share_heads, heads", [(False, HEADS), (True, 1)])
+def test_position_params_are_position_param_variables(share_heads, heads):
+    attn = Attention(
+        WIDTH,
+        HEADS,
+        num_axes=AXES,
+        pe="rope_mixed",
+        share_pe_heads=share_heads,
+        rngs=nnx.Rngs(0),
+    )
+    state = nnx.state(attn, PositionParam)
+    leaves = jax.tree.leaves(state)
+    assert [leaf.shape for leaf in leaves] == [(AXES, heads, HEAD_DIM // 2)]
+    others = jax.tree.leaves(nnx.state(attn, nnx.Param))
+    assert len(others) == 8 + 1  # q/k/v/o weights and biases, plus the frequencies
+
+
+def test_shared_layer_params_come_from_exactly_one_place():
+    x_BTD, pos_TA = _inputs()
+    owner = Attention(WIDTH, HEADS, num_axes=AXES, pe="rope_mixed", rngs=nnx.Rngs(0))
+    borrower = Attention(
+        WIDTH, HEADS, num_axes=AXES, pe="rope_mixed", own_pe=False, rngs=nnx.Rngs(0)
+    )
+    assert borrower.pe_params is None
+    assert not jax.tree.leaves(nnx.state(borrower, PositionParam))
+    # Same seed: same projections; the borrowed parameters reproduce the owner's output.
+    np.testing.assert_allclose(
+        borrower(x_BTD, pos_TA, pe_params=owner.pe_params), owner(x_BTD, pos_TA), atol=1e-6
+    )
+    with pytest.raises(ValueError, match="exactly one place"):
+        borrower(x_BTD, pos_TA)
+    with pytest.raises(ValueError, match="exactly one place"):
+        owner(x_BTD, pos_TA, pe_params=owner.pe_params)
+
+
+def test_bfloat16_activations():
+    attn = Attention(
+        WIDTH,
+        HEADS,
+        num_axes=AXES,
+        pe="liere",
+        pe_hparams={"block_size": 4},
+        dtype=jnp.bfloat16,
+        rngs=nnx.Rngs(0),
+    )
+    x_BTD, pos_TA = _inputs()
+    out = attn(x_BTD, pos_TA)
+    assert out.dtype == jnp.bfloat16
+    chex.assert_tree_all_finite(out)
+    assert attn.wq_DNH[...].dtype == jnp.float32
+
+
+def test_jit_and_grad():
+    attn = Attention(WIDTH, HEADS, num_axes=AXES, pe="liere", rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(attn)
+    x_BTD, pos_TA = _inputs()
+
+    @jax.jit
+    def loss(state):
+        return jnp.sum(nnx.merge(graphdef, state)(x_BTD, pos_TA) ** 2)
+
+    grads = jax.grad(loss)(state)
+    gen = grads["pe_params"]["gen_ANKbb"][...]
+    chex.assert_tree_all_finite(gen)
+    assert np.max(np.abs(gen)) > 0.0
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"unknown pe='bogus'.*rope_mixed"):
+        Attention(WIDTH, HEADS, num_axes=AXES, pe="bogus", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="width=24 is not divisible by num_heads=5"):
+        Attention(WIDTH, 5, num_axes=AXES, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="block_size=16"):
+        Attention(
+            WIDTH,
+            HEADS,
+            num_axes=AXES,
+            pe="liere",
+            pe_hparams={"block_size": 16},
+            rngs=nnx.Rngs(0),
+        )
+    with pytest.raises(TypeError, match="not_an_hparam"):
+        Attention(
+            WIDTH,
+            HEADS,
+            num_axes=AXES,
+            pe="rope_mixed",
+            pe_hparams={"not_an_hparam": 1},
+            rngs=nnx.Rngs(0),
+        )

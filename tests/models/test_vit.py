@@ -1,0 +1,363 @@
+"""Tests for rope_lie.models.vit: every family in 2D and some in 3D, sharing, resolution, errors."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rope_lie import encodings
+from rope_lie.models import vit
+from rope_lie.models.attention import PositionParam
+from rope_lie.models.vit import ViT, count_params, pe_param_count
+
+# pico: width 32, depth 2, heads 2 -> head_dim 16.
+TINY = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5)
+TINY_3D = dict(
+    variant="pico", patch_size=(2, 4, 4), image_shape=(4, 8, 8), channels=2, num_classes=3
+)
+# hparams valid at head_dim 16 that exercise the non-default structure.
+HPARAMS = {
+    "liere": {"block_size": 4},
+    "alibi": {"learnable": True},
+    "cayley_string": {"init_std": 0.1},
+}
+
+
+def _families():
+    return sorted(encodings.ROTARY) + sorted(encodings.BIAS)
+
+
+def _images(shape, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
+
+
+def _jit_forward(model, images, **kwargs):
+    graphdef, state = nnx.split(model)
+    return jax.jit(lambda s, x: nnx.merge(graphdef, s)(x, **kwargs))(state, images)
+
+
+def _config_for(pe, **overrides):
+    """A tiny config for ``pe``; 1D RoPE needs 1D inputs."""
+    config = dict(TINY, pe=pe, pe_hparams=HPARAMS.get(pe), head_zero_init=False)
+    if pe == "rope":
+        config.update(image_shape=(24,), variant="pico/4")
+    return {**config, **overrides}
+
+
+@pytest.mark.parametrize("additive", ["none", "ape", "sincos"])
+@pytest.mark.parametrize("pe", _families())
+def test_forward_2d_every_family(pe, additive):
+    config = _config_for(pe, additive=additive)
+    model = ViT(**config, rngs=nnx.Rngs(0))
+    shape = (2, *config["image_shape"], 3)
+    logits = model(_images(shape))
+    chex.assert_shape(logits, (2, 5))
+    assert logits.dtype == jnp.float32
+    chex.assert_tree_all_finite(logits)
+
+
+def test_rope_is_1d_and_says_so_in_2d():
+    with pytest.raises(ValueError, match="rope_axial"):
+        ViT(**TINY, pe="rope", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("pe", ["liere", "rope_mixed", "cayley_string", "alibi"])
+def test_forward_3d_tubelets(pe):
+    model = ViT(**TINY_3D, pe=pe, pe_hparams=HPARAMS.get(pe), additive="ape", rngs=nnx.Rngs(0))
+    assert model.train_grid == (2, 2, 2)
+    logits = model(_images((2, 4, 8, 8, 2)))
+    chex.assert_shape(logits, (2, 3))
+    chex.assert_tree_all_finite(logits)
+
+
+@pytest.mark.parametrize("convention", ["integer", "sequential", "normalized", "autoscale"])
+def test_larger_resolution_recomputes_positions_and_resizes_ape(convention):
+    model = ViT(
+        **TINY,
+        pe="rope_mixed",
+        additive="ape",
+        position_convention=convention,
+        head_zero_init=False,
+        rngs=nnx.Rngs(0),
+    )
+    big = _images((2, 16, 20, 3))
+    chex.assert_tree_all_finite(model(big))
+    grid = model.input_grid(big)
+    assert grid == (4, 5) and model.train_grid == (2, 3)
+    # The APE table at the new grid is the resized one, added once to every token.
+    tokens = model.embed_tokens(big, grid)
+    no_ape = ViT(**TINY, pe="rope_mixed", head_zero_init=False, rngs=nnx.Rngs(0))
+    params = {k: v[...] for k, v in model.additive_params.items()}
+    table = encodings.ADDITIVE["ape"].table(params, grid_shape=(4, 5), num_prefix=1)
+    chex.assert_shape(table, (1 + 20, 32))
+    added = tokens - no_ape.embed_tokens(big, grid)
+    np.testing.assert_allclose(added, np.broadcast_to(table, added.shape), atol=1e-5)
+
+
+def _sharing_modes():
+    return [(h, layer) for h in (False, True) for layer in (False, True)]
+
+
+@pytest.mark.parametrize("share_heads, share_layers", _sharing_modes())
+@pytest.mark.parametrize("pe", _families())
+def test_pe_param_count_matches_formula(pe, share_heads, share_layers):
+    config = _config_for(pe, share_pe_heads=share_heads, share_pe_layers=share_layers)
+    model = nnx.eval_shape(lambda: ViT(**config, rngs=nnx.Rngs(0)))
+    num_axes = len(config["image_shape"])
+    expected = pe_param_count(
+        pe,
+        num_heads=2,
+        head_dim=16,
+        num_axes=num_axes,
+        depth=2,
+        share_pe_heads=share_heads,
+        share_pe_layers=share_layers,
+        hparams=config["pe_hparams"],
+    )
+    counts = count_params(model)
+    assert counts["by_family"] == {pe: expected}
+    assert counts["position"] == expected
+
+
+CAYLEY_GENERATORS = [
+    {"generator": "dense"},
+    {"generator": "block2x2"},
+    {"generator": "banded", "bandwidth": 3},
+    {"generator": "topk", "k": 10},
+]
+
+
+@pytest.mark.parametrize("share_heads, share_layers", _sharing_modes())
+@pytest.mark.parametrize("hparams", CAYLEY_GENERATORS)
+def test_cayley_generators_param_count_matches_formula(hparams, share_heads, share_layers):
+    model = nnx.eval_shape(
+        lambda: ViT(
+            **TINY,
+            pe="cayley_string",
+            pe_hparams=hparams,
+            share_pe_heads=share_heads,
+            share_pe_layers=share_layers,
+            rngs=nnx.Rngs(0),
+        )
+    )
+    expected = pe_param_count(
+        "cayley_string",
+        num_heads=2,
+        head_dim=16,
+        num_axes=2,
+        depth=2,
+        share_pe_heads=share_heads,
+        share_pe_layers=share_layers,
+        hparams=hparams,
+    )
+    assert count_params(model)["by_family"] == {"cayley_string": expected}
+
+
+@pytest.mark.parametrize(
+    "pe, hparams, share_heads, share_layers, expected",
+    [
+        # A * N * H/2 * L RoPE-Mixed frequencies + N * H * H * L dense generators.
+        ("cayley_string", None, False, False, 2 * 2 * 8 * 2 + 2 * 16 * 16 * 2),
+        ("cayley_string", {"generator": "block2x2"}, True, True, 2 * 8 + 8),
+        ("cayley_string", {"generator": "banded", "bandwidth": 2}, False, False, 2 * (32 + 64)),
+        ("rope_mixed", None, False, False, 2 * 2 * 8 * 2),  # A * N * H/2 * L
+        ("rope_mixed", None, True, True, 2 * 8),
+        ("liere", {"block_size": 4}, False, True, 2 * 2 * 4 * 16),  # A * N * K * b * b
+        ("liere", None, True, False, 2 * 16 * 16 * 2),  # dense: A * H * H * L
+        ("circulant_string", None, False, False, 2 * 2 * 16 * 2),  # A * N * H * L
+        ("alibi", {"learnable": True}, False, False, 2 * 2),  # N * L
+        ("alibi", None, False, False, 0),
+        ("visionllama", None, False, False, 0),
+    ],
+)
+def test_pe_param_count_by_hand(pe, hparams, share_heads, share_layers, expected):
+    model = ViT(
+        **TINY,
+        pe=pe,
+        pe_hparams=hparams,
+        share_pe_heads=share_heads,
+        share_pe_layers=share_layers,
+        rngs=nnx.Rngs(0),
+    )
+    assert count_params(model)["by_family"][pe] == expected
+
+
+def test_shared_layer_params_live_in_the_vit():
+    model = ViT(**TINY, pe="rope_mixed", share_pe_layers=True, rngs=nnx.Rngs(0))
+    paths = [p for p, _ in nnx.to_flat_state(nnx.state(model, PositionParam))]
+    assert paths == [("pe_params", "freqs_ANF")]
+    model = ViT(**TINY, pe="rope_mixed", additive="ape", rngs=nnx.Rngs(0))
+    paths = {p[0] for p, _ in nnx.to_flat_state(nnx.state(model, PositionParam))}
+    assert paths == {"blocks", "additive_params"}
+
+
+@pytest.mark.parametrize(
+    "pe, hparams, expected",
+    [
+        ("nope", None, 116_074),
+        ("cayley_string", {"generator": "block2x2"}, 116_362),
+        ("cayley_string", {"generator": "dense"}, 118_570),
+    ],
+)
+def test_sparse_cayley_string_study_model(pe, hparams, expected):
+    # The study's table: 0.116 M (block 2x2) and 0.118 M (dense) on CIFAR-10. Our Cayley-STRING
+    # adds learnable RoPE-Mixed frequencies (192 here), hence 118_570 for dense.
+    model = nnx.eval_shape(
+        lambda: ViT(
+            variant="string/4",
+            image_shape=(32, 32),
+            num_classes=10,
+            pe=pe,
+            pe_hparams=hparams,
+            rngs=nnx.Rngs(0),
+        )
+    )
+    assert count_params(model)["total"] == expected
+
+
+def test_zero_init_head_gives_zero_logits():
+    model = ViT(**TINY, pe="rope_mixed", additive="ape", rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(model(_images((2, 8, 12, 3))), np.zeros((2, 5)))
+    model = ViT(**TINY, pe="rope_mixed", head_zero_init=False, rngs=nnx.Rngs(0))
+    assert np.max(np.abs(model(_images((2, 8, 12, 3))))) > 1e-3
+
+
+def _shuffle_patches(images_BHWC, patch, perm):
+    """Move patch i of the row-major patch grid to position perm[i]."""
+    b, h, w, c = images_BHWC.shape
+    gh, gw = h // patch, w // patch
+    x = images_BHWC.reshape(b, gh, patch, gw, patch, c).transpose(0, 1, 3, 2, 4, 5)
+    x = x.reshape(b, gh * gw, patch, patch, c)[:, perm]
+    return x.reshape(b, gh, gw, patch, patch, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+
+
+@pytest.mark.parametrize(
+    "pe, additive, invariant",
+    [
+        ("nope", "none", True),
+        ("rope_axial", "none", False),
+        ("nope", "sincos", False),
+    ],
+)
+def test_permutation_of_patches(pe, additive, invariant):
+    model = ViT(
+        **TINY, pe=pe, additive=additive, pool="mean", head_zero_init=False, rngs=nnx.Rngs(0)
+    )
+    images = _images((2, 8, 12, 3))
+    perm = np.random.default_rng(0).permutation(6)
+    shuffled = _shuffle_patches(images, 4, perm)
+    assert not np.allclose(shuffled, images)
+    logits, logits_shuffled = model(images), model(shuffled)
+    if invariant:
+        np.testing.assert_allclose(logits_shuffled, logits, rtol=1e-5, atol=1e-5)
+    else:
+        assert np.max(np.abs(logits_shuffled - logits)) > 1e-4
+
+
+def test_jit_split_merge_with_dropout():
+    model = ViT(
+        **TINY,
+        pe="liere",
+        pe_hparams={"block_size": 4},
+        dropout=0.2,
+        head_zero_init=False,
+        rngs=nnx.Rngs(params=0, dropout=1),
+    )
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, images):
+        model = nnx.merge(graphdef, state)
+        logits = model(images, train=True)
+        return logits, nnx.state(model)
+
+    images = _images((2, 8, 12, 3))
+    logits1, state = forward(state, images)
+    logits2, state = forward(state, images)
+    chex.assert_tree_all_finite((logits1, logits2))
+    assert np.max(np.abs(logits1 - logits2)) > 1e-4  # the dropout stream advanced
+    eval_jit = _jit_forward(nnx.merge(graphdef, state), images)
+    np.testing.assert_allclose(eval_jit, model(images), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model(images), model(images))  # no dropout at eval
+
+
+def test_bfloat16_activations():
+    model = ViT(
+        **TINY,
+        pe="rope_mixed",
+        additive="ape",
+        dtype="bfloat16",
+        head_zero_init=False,
+        rngs=nnx.Rngs(0),
+    )
+    logits = _jit_forward(model, _images((2, 8, 12, 3)))
+    assert logits.dtype == jnp.float32
+    chex.assert_tree_all_finite(logits)
+    dtypes = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))}
+    assert dtypes == {jnp.dtype(jnp.float32)}
+
+
+@pytest.mark.parametrize(
+    "variant, image_shape, classes, expected",
+    [
+        # timm's vit_tiny_patch16_224 / vit_base_patch16_224 (cls token, learned APE).
+        ("Ti/16", (224, 224), 1000, 5_717_416),
+        ("B/16", (224, 224), 1000, 86_567_656),
+    ],
+)
+def test_reference_parameter_counts(variant, image_shape, classes, expected):
+    model = nnx.eval_shape(
+        lambda: ViT(
+            variant=variant,
+            image_shape=image_shape,
+            num_classes=classes,
+            additive="ape",
+            rngs=nnx.Rngs(0),
+        )
+    )
+    assert count_params(model)["total"] == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(pe="bogus"), r"unknown pe='bogus'.*liere"),
+        (dict(additive="learned"), r"unknown additive='learned'.*ape"),
+        (dict(pool="max"), r"unknown pool='max'.*cls"),
+        (dict(variant="XL/4"), r"unknown variant='XL/4'.*Ti"),
+        (
+            dict(image_shape=(8, 10)),
+            r"image_shape=\(8, 10\) is not divisible by patch_size=\(4, 4\)",
+        ),
+        (dict(pe="liere", pe_hparams={"block_size": 32}), "block_size=32"),
+        (dict(position_convention="log"), "unknown position_convention='log'"),
+        (dict(dtype="int8"), "unknown dtype='int8'"),
+        (dict(variant="pico/4", patch_size=8), "disagree"),
+        (dict(variant="pico"), "patch_size is None"),
+    ],
+)
+def test_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ViT(**{**TINY, **kwargs}, rngs=nnx.Rngs(0))
+
+
+def test_call_errors():
+    model = ViT(**TINY, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"\(B, H, W, C\) with C=3.*got shape \(8, 12, 3\)"):
+        model(jnp.zeros((8, 12, 3)))
+    with pytest.raises(ValueError, match="with C=3"):
+        model(jnp.zeros((2, 8, 12, 1)))
+    with pytest.raises(ValueError, match=r"images spatial shape=\(8, 10\) is not divisible"):
+        model(jnp.zeros((2, 8, 10, 3)))
+
+
+def test_patchify_matches_convolution_layout():
+    images = _images((2, 4, 6, 3))
+    patches = vit.patchify(images, (2, 3))
+    chex.assert_shape(patches, (2, 4, 18))
+    # Token 3 is grid cell (1, 1): rows 2-3, columns 3-5, flattened (row, col, channel).
+    np.testing.assert_array_equal(patches[:, 3], images[:, 2:4, 3:6].reshape(2, 18))
