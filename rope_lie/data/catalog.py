@@ -1,0 +1,245 @@
+"""Which datasets the pipeline knows, their default settings, and getting them prepared.
+
+``RECIPES`` says how each dataset's examples become model inputs,
+``default_config`` gives a complete ds_cfg for one (fields documented in
+pipeline.py), ``check_config`` validates one, and ``prepare`` returns a
+prepared TFDS builder: this project's own datasets (``LOCAL_BUILDERS``) are
+generated into data_dir on first use; catalogue datasets (cifar10, cifar100,
+mnist, imagenet2012, ucf101) must be prepared by the user, and a missing one
+raises an error that says how.
+"""
+
+import dataclasses
+import time
+
+import ml_collections
+import tensorflow_datasets as tfds
+
+from rope_lie.data import sklearn_digits, spatial_arrows, spatial_arrows_3d
+
+LOCAL_BUILDERS = {
+    "spatial_arrows": spatial_arrows.SpatialArrows,
+    "spatial_arrows_3d": spatial_arrows_3d.SpatialArrows3d,
+    "sklearn_digits": sklearn_digits.SklearnDigits,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a dataset's examples become model inputs.
+
+    Attributes:
+      feature: TFDS feature holding the pixels.
+      kind: "image" (H, W, C), "video" (T, H, W, C, frames sampled) or "volume" (D, H, W, C).
+      geometry_keeps_label: False where crops, flips or RandAugment change the label.
+    """
+
+    feature: str
+    kind: str
+    geometry_keeps_label: bool = True
+
+
+RECIPES = {
+    "cifar10": Recipe("image", "image"),
+    "cifar100": Recipe("image", "image"),
+    "mnist": Recipe("image", "image"),
+    "imagenet2012": Recipe("image", "image"),
+    "ucf101": Recipe("video", "video"),
+    "sklearn_digits": Recipe("image", "image"),
+    "spatial_arrows": Recipe("image", "image", geometry_keeps_label=False),
+    "spatial_arrows_3d": Recipe("volume", "volume", geometry_keeps_label=False),
+}
+CROPS = ("none", "pad", "inception")
+_IMAGENET_STATS = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+_CIFAR_AUG = {"crop": "pad", "flip": True, "randaugment": {"num_layers": 2, "magnitude": 9}}
+_DEFAULTS = {
+    "cifar10": dict(image_size=32, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
+    "cifar100": dict(image_size=32, mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762)),
+    "mnist": dict(image_size=32, mean=(0.1307,), std=(0.3081,)),
+    "imagenet2012": dict(
+        image_size=224, eval_split="validation", eval_crop_fraction=0.875, **_IMAGENET_STATS
+    ),
+    "ucf101": dict(image_size=224, **_IMAGENET_STATS),
+}
+_DEFAULT_AUGMENT = {
+    "cifar10": _CIFAR_AUG,
+    "cifar100": _CIFAR_AUG,
+    "imagenet2012": dict(
+        crop="inception", flip=True, randaugment={"num_layers": 2, "magnitude": 9}
+    ),
+    "ucf101": dict(crop="inception", flip=True),
+}
+
+
+def base_name(name: str) -> str:
+    """'spatial_arrows/c8_g8:1.0.0' -> 'spatial_arrows'."""
+    return name.split("/")[0].split(":")[0]
+
+
+def recipe_for(name: str) -> Recipe:
+    """The Recipe of a TFDS name; raises ValueError for datasets without one."""
+    if base_name(name) not in RECIPES:
+        raise ValueError(f"dataset {name!r} has no input recipe; supported: {sorted(RECIPES)}")
+    return RECIPES[base_name(name)]
+
+
+def default_config(name: str) -> ml_collections.ConfigDict:
+    """A complete ds_cfg with this dataset's recipe defaults (see the module docstring).
+
+    Args:
+      name: TFDS name with config, e.g. "cifar100" or "spatial_arrows/c8_g8".
+
+    Returns:
+      ConfigDict with every field ``make_train_iterator`` reads.
+    """
+    recipe_for(name)
+    cfg = dict(
+        name=name,
+        data_dir=None,
+        train_split="train",
+        eval_split="test",
+        image_size=None,
+        num_frames=8,
+        frame_stride=2,
+        train_fraction=1.0,
+        shuffle_buffer=50_000,
+        mean=(0.5,),
+        std=(0.5,),
+        eval_crop_fraction=1.0,
+    )
+    cfg.update(_DEFAULTS.get(base_name(name), {}))
+    aug = dict(
+        crop="none",
+        crop_padding=4,
+        flip=False,
+        randaugment={"num_layers": 0, "magnitude": 9},
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        label_smoothing=0.0,
+    )
+    aug.update(_DEFAULT_AUGMENT.get(base_name(name), {}))
+    cfg["augment"] = aug
+    return ml_collections.ConfigDict(cfg, type_safe=False)
+
+
+def _missing_fields(cfg: ml_collections.ConfigDict, ref: ml_collections.ConfigDict, prefix=""):
+    missing = []
+    for key, value in ref.items():
+        if key not in cfg:
+            missing.append(prefix + key)
+        elif isinstance(value, ml_collections.ConfigDict):
+            missing += _missing_fields(cfg[key], value, f"{prefix}{key}.")
+    return missing
+
+
+def check_config(ds_cfg: ml_collections.ConfigDict) -> Recipe:
+    """Validates ds_cfg against its recipe; returns the recipe.
+
+    Raises:
+      ValueError: naming the first bad field and what was expected.
+    """
+    recipe = recipe_for(ds_cfg.name)
+    missing = _missing_fields(ds_cfg, default_config(ds_cfg.name))
+    if missing:
+        raise ValueError(f"ds_cfg lacks {missing}; start from rope_lie.data.default_config(name)")
+    aug = ds_cfg.augment
+    if aug.crop not in CROPS:
+        raise ValueError(f"augment.crop={aug.crop!r}; expected one of {CROPS}")
+    if aug.crop == "inception" and ds_cfg.image_size is None:
+        raise ValueError("augment.crop='inception' needs image_size (the output side)")
+    geometric = aug.crop != "none" or aug.flip or aug.randaugment.num_layers > 0
+    if geometric and not recipe.geometry_keeps_label:
+        raise ValueError(
+            f"{ds_cfg.name}: augment.crop={aug.crop!r}, flip={aug.flip}, randaugment.num_layers="
+            f"{aug.randaugment.num_layers} would move or mirror glyphs and change the label; "
+            "expected crop='none', flip=False, num_layers=0"
+        )
+    if aug.randaugment.num_layers > 0 and recipe.kind != "image":
+        raise ValueError(f"RandAugment is for 2D images; {ds_cfg.name} holds {recipe.kind}s")
+    if recipe.kind == "volume" and ds_cfg.image_size is not None:
+        raise ValueError(f"image_size={ds_cfg.image_size}: volumes keep their stored size (None)")
+    if not 0.0 < ds_cfg.train_fraction <= 1.0:
+        raise ValueError(f"train_fraction={ds_cfg.train_fraction} must lie in (0, 1]")
+    if not 0.0 < ds_cfg.eval_crop_fraction <= 1.0:
+        raise ValueError(f"eval_crop_fraction={ds_cfg.eval_crop_fraction} must lie in (0, 1]")
+    if len(ds_cfg.mean) != len(ds_cfg.std):
+        raise ValueError(f"mean={ds_cfg.mean} and std={ds_cfg.std} differ in length")
+    return recipe
+
+
+def missing_dataset_message(name: str, data_dir: str) -> str:
+    """How to prepare a catalogue dataset that is not in data_dir."""
+    base, _, config = name.split(":")[0].partition("/")
+    flags = f" --config={config}" if config else ""
+    build = f"tfds build {base}{flags} --data_dir={data_dir}"
+    msg = f"TFDS dataset {name!r} is not prepared in data_dir={data_dir}. Prepare it once with:\n"
+    if base == "imagenet2012":
+        return msg + (
+            "  1. download ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from "
+            f"https://image-net.org into {data_dir}/downloads/manual/\n"
+            f"  2. {build} --manual_dir={data_dir}/downloads/manual"
+        )
+    return msg + f"  {build}"
+
+
+def prepare(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    """A prepared builder: generates this project's datasets on first use, checks the others.
+
+    Args:
+      name: TFDS name with config, e.g. "spatial_arrows/c8_g8" or "cifar100".
+      data_dir: TFDS data root; None uses TFDS's default.
+
+    Returns:
+      The builder, ready for ``as_dataset``.
+
+    Raises:
+      FileNotFoundError: for a catalogue dataset that is not prepared, saying how
+        to prepare it.
+    """
+    builder = tfds.builder(name, data_dir=data_dir)
+    if builder.is_prepared():
+        return builder
+    if base_name(name) not in LOCAL_BUILDERS:
+        raise FileNotFoundError(missing_dataset_message(name, str(builder.data_dir_root)))
+    print(f"Generating {name} into {builder.data_dir} (first use) ...", flush=True)
+    start = time.perf_counter()
+    builder.download_and_prepare()
+    print(f"Generated {name} in {time.perf_counter() - start:.1f}s", flush=True)
+    return builder
+
+
+def write_mock_metadata(
+    name: str, data_dir: str, *, num_examples: int, splits: tuple[str, ...] = ("train", "test")
+) -> None:
+    """Writes the metadata of a prepared dataset (no records) for ``tfds.testing.mock_data``.
+
+    With ``tfds.testing.mock_data(num_examples=n, data_dir=data_dir,
+    policy=tfds.testing.MockPolicy.USE_FILES)`` the dataset then counts as
+    prepared, its splits have known sizes (``num_examples`` each) and
+    ``as_dataset`` yields n random examples shaped by the builder's features, so
+    the whole pipeline runs on catalogue datasets that cannot be downloaded.
+
+    Args:
+      name: TFDS name with config, e.g. "cifar10" or "ucf101/ucf101_1_256".
+      data_dir: TFDS data root to write into.
+      num_examples: recorded size of every split; pass the same n to mock_data.
+      splits: split names to record.
+    """
+    builder = tfds.builder(name, data_dir=data_dir)
+    infos = [
+        tfds.core.SplitInfo(
+            name=split,
+            shard_lengths=[num_examples],
+            num_bytes=0,
+            filename_template=tfds.core.ShardedFileTemplate(
+                data_dir=builder.data_path,
+                dataset_name=builder.name,
+                split=split,
+                filetype_suffix="tfrecord",
+            ),
+        )
+        for split in splits
+    ]
+    builder.info.set_splits(tfds.core.SplitDict(infos))
+    builder.data_path.mkdir(parents=True, exist_ok=True)
+    builder.info.write_to_directory(builder.data_path)

@@ -1,0 +1,166 @@
+"""`spatial_arrows`: the LieRE spatial-reasoning task as a locally generated TFDS dataset.
+
+LieRE (Ostmeier et al., arXiv:2406.10322, Sec. 5.2, Fig. 5): a G x G grid of
+cells of c pixels, at most one glyph per cell. One cell holds a Y drawn in one
+of four orientations; the cell next to it in the direction its stem (base)
+points holds the *target* arrow. The label is the target arrow's direction:
+
+    0 up, 1 right, 2 down, 3 left        (row index grows downwards)
+
+Distractors on random free cells: ``num_distractor_arrows`` more arrows (7,
+random directions) and ``num_letters`` distinct letters from A-E (5). The paper
+says "eight arrows and six letters (A, B, C, D, E, and Y)" and, in the same
+paragraph, "four spurious letters"; we follow the first sentence (all five
+letters A-E plus the Y), and ``num_letters`` changes it.
+
+The paper trains on 108 px images (12 px cells, 9 x 9 grid) and evaluates at
+168 and 276 px with the same cell size, i.e. larger grids (14 x 14, 23 x 23)
+holding the same number of objects; configs ``c12_g9``, ``c12_g14``,
+``c12_g23``. CPU-scale configs use 8 px cells (patch = cell, so the grid is the
+token grid): ``c8_g8`` for training and ``c8_g12``, ``c8_g16`` for
+extrapolation. Images are grayscale uint8 (G c, G c, 1), glyphs 255 on 0.
+
+Generation is deterministic: examples come in chunks of ``CHUNK`` drawn from
+``np.random.default_rng([seed, split_id, chunk])`` with split_id 0 for train
+and 1 for test, so the two splits use different streams and the same config
+always gives the same bytes.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from rope_lie.data import glyphs
+
+CHUNK = 1024  # examples rendered per vectorised call; part of the determinism contract
+SPLIT_IDS = {"train": 0, "test": 1}
+
+
+@dataclasses.dataclass(eq=False)
+class SpatialArrowsConfig(tfds.core.BuilderConfig):
+    """A spatial_arrows variant.
+
+    Attributes:
+      cell_size: cell side in pixels (>= 8).
+      grid_size: cells per image side; the image is grid_size * cell_size pixels.
+      num_train: examples in the train split.
+      num_test: examples in the test split.
+      seed: generation seed; train and test derive different streams from it.
+      num_distractor_arrows: arrows besides the target.
+      num_letters: distinct distractor letters drawn from A-E (0..5).
+    """
+
+    cell_size: int = 8
+    grid_size: int = 8
+    num_train: int = 20_000
+    num_test: int = 2_000
+    seed: int = 0
+    num_distractor_arrows: int = 7
+    num_letters: int = 5
+
+    def __post_init__(self):
+        glyphs.check_layout_sizes(
+            (self.grid_size,) * 2, self.num_distractor_arrows, self.num_letters, len(glyphs.LETTERS)
+        )
+        glyphs.glyph_bank_2d(self.cell_size)  # validates cell_size
+        for field in ("num_train", "num_test"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field}={getattr(self, field)} must be >= 1 ({self.name})")
+
+
+def _config(cell: int, grid: int, num_train: int, num_test: int, note: str) -> SpatialArrowsConfig:
+    return SpatialArrowsConfig(
+        name=f"c{cell}_g{grid}",
+        description=f"{cell} px cells, {grid}x{grid} grid ({cell * grid} px); {note}",
+        cell_size=cell,
+        grid_size=grid,
+        num_train=num_train,
+        num_test=num_test,
+    )
+
+
+CONFIGS = (
+    _config(12, 9, 800_000, 10_000, "paper training resolution (108 px)"),
+    _config(12, 14, 10_000, 10_000, "paper evaluation at 168 px"),
+    _config(12, 23, 10_000, 10_000, "paper evaluation at 276 px"),
+    _config(8, 8, 20_000, 2_000, "CPU scale, training grid"),
+    _config(8, 12, 20_000, 2_000, "CPU scale, extrapolation"),
+    _config(8, 16, 20_000, 2_000, "CPU scale, extrapolation"),
+)
+
+
+def generate_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[str, np.ndarray]:
+    """Layouts and images of one chunk of a split (pure numpy, no TFDS).
+
+    Args:
+      config: the variant.
+      split: "train" or "test".
+      chunk: chunk index; examples [chunk * CHUNK, (chunk + 1) * CHUNK) of the split.
+
+    Returns:
+      ``glyphs.sample_layouts`` output plus ``image`` uint8 (CHUNK, G c, G c, 1).
+    """
+    if split not in SPLIT_IDS:
+        raise ValueError(f"split={split!r}; expected one of {sorted(SPLIT_IDS)}")
+    rng = np.random.default_rng([config.seed, SPLIT_IDS[split], chunk])
+    layout = glyphs.sample_layouts(
+        rng,
+        CHUNK,
+        grid_shape=(config.grid_size, config.grid_size),
+        deltas=glyphs.DELTAS_2D,
+        num_distractor_arrows=config.num_distractor_arrows,
+        letter_ids=glyphs.LETTER_IDS_2D,
+        num_letters=config.num_letters,
+    )
+    bank = glyphs.glyph_bank_2d(config.cell_size)
+    layout["image"] = glyphs.render_grid(layout["glyphs"], bank)[..., None]
+    return layout
+
+
+class SpatialArrows(tfds.core.GeneratorBasedBuilder):
+    """LieRE spatial-reasoning task: direction of the arrow the Y's stem points to."""
+
+    name = "spatial_arrows"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    # Nothing is downloaded, so there is no checksums file beside the code for TFDS to find
+    # (its lookup would also need the importlib_resources package).
+    code_path = None
+    BUILDER_CONFIGS = list(CONFIGS)
+    DEFAULT_CONFIG_NAME = "c8_g8"
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        cfg = self.builder_config
+        side, g = cfg.grid_size * cfg.cell_size, cfg.grid_size
+        return self.dataset_info_from_configs(
+            description=__doc__,
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(side, side, 1), encoding_format="png"),
+                    "label": tfds.features.ClassLabel(names=glyphs.DIRECTIONS_2D),
+                    "y_cell": tfds.features.Tensor(shape=(2,), dtype=np.int32),
+                    "y_orientation": tfds.features.ClassLabel(names=glyphs.DIRECTIONS_2D),
+                    "target_cell": tfds.features.Tensor(shape=(2,), dtype=np.int32),
+                    "glyphs": tfds.features.Tensor(shape=(g, g), dtype=np.int8),
+                }
+            ),
+            supervised_keys=("image", "label"),
+            homepage="https://arxiv.org/abs/2406.10322",
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # generated locally, nothing to download
+        cfg = self.builder_config
+        return {
+            "train": self._generate_examples("train", cfg.num_train),
+            "test": self._generate_examples("test", cfg.num_test),
+        }
+
+    def _generate_examples(self, split: str, num_examples: int):
+        for chunk in range(-(-num_examples // CHUNK)):
+            data = generate_chunk(self.builder_config, split, chunk)
+            for i in range(min(CHUNK, num_examples - chunk * CHUNK)):
+                example = {k: v[i] for k, v in data.items()}
+                example["image"] = glyphs.png_bytes(example["image"])
+                yield chunk * CHUNK + i, example
