@@ -1,0 +1,89 @@
+r"""The LieRE spatial-reasoning task (arXiv:2406.10322, Sec. 5.2, Table 3), any encoder.
+
+Train on a grid of arrows and letters; the label is the direction of the arrow next to the Y's
+stem. Evaluate on larger grids of the same cell size (resolution extrapolation) and with
+shuffled patches. Two scales:
+
+- `res=paper`: 12 px cells, 9x9 grid (108 px) for training on 800,000 layouts, evaluated at
+  14x14 (168 px) and 23x23 (276 px); ViT-B/12 (patch = cell), Adam 1e-4 cosine, batch 512,
+  dropout 0.1 (the paper's 2D recipe). Paper Table 3 (108 / 168 / 276 px): LieRE64
+  100 / 100 / 100, LieRE8 99.5 / 99.7 / 99.7, RoPE-Mixed 100 / 98.6 / 88.6,
+  VisionLlama 46.4 / 48.6 / 48.6, APE 45.1 / 41.0 / 40.1.
+- `res=cpu`: 8 px cells, 8x8 grid (64 px) on 20,000 layouts, evaluated at 12x12 and 16x16;
+  the quickstart's ViT-mu/8.
+
+    python -m rope_lie.main --config=configs/arrows.py:pe=rope_mixed,res=cpu \
+        --workdir=workdirs/arrows_cpu_rope_mixed
+    python -m rope_lie.main --config=configs/arrows.py:pe=liere,block=64,res=paper \
+        --workdir=workdirs/arrows_paper_liere64
+
+Arguments: pe=<family or ape/sincos>, block=<LieRE block size>, res=cpu|paper,
+steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the tests).
+
+Expected runtime: res=cpu ~5-10 min on 2 CPU cores (to be measured); res=paper: to be measured
+(generating 800,000 layouts takes a while the first time).
+Expected metric: to be measured.
+"""
+
+from configs import common
+
+SCALES = {
+    # cell px, training grid, eval grids, variant, train steps, batch, lr, dropout
+    "cpu": dict(
+        cell=8, grid=8, evals=(12, 16), variant="mu/8", steps=500, batch=128, lr=2e-3, dropout=0.0
+    ),
+    "paper": dict(
+        cell=12, grid=9, evals=(14, 23), variant="B/12", steps=1563, batch=512, lr=1e-4, dropout=0.1
+    ),
+}
+
+
+def get_config(arg=None):
+    args = common.parse_arg(arg, pe="liere", block=8, res="cpu", steps=0, smoke=False)
+    if args.res not in SCALES:
+        raise ValueError(f"res={args.res!r}; expected one of {sorted(SCALES)}")
+    s = SCALES[args.res]
+    name = lambda grid: f"spatial_arrows/c{s['cell']}_g{grid}"
+    c = common.base_config()
+    c.dataset = common.dataset_config(
+        name(s["grid"]),  # generated on first use (rope_lie/data/spatial_arrows.py)
+        data_dir=None,  # TFDS root; None = ~/tensorflow_datasets
+        mean=(0.5,),  # grayscale glyphs (255 on 0) mapped to [-1, 1]
+        std=(0.5,),
+    )
+    side = s["cell"] * s["grid"]
+    c.model = dict(
+        variant=s["variant"],  # ViT with patch = one grid cell
+        image_shape=(side, side),  # training input (H, W) in px
+        channels=1,  # grayscale
+        num_classes=4,  # direction of the target arrow: up, right, down, left
+        pool="cls",  # class token, as in the paper
+        dropout=s["dropout"],  # dropout rate
+        **common.pe_fields(args.pe, args.block),  # pe, pe_hparams, additive, positions
+        share_pe_heads=False,  # encoder parameters per head ...
+        share_pe_layers=False,  # ... and per layer (paper default)
+        head_zero_init=True,  # zero-initialised classifier
+        dtype="float32",  # activation dtype
+    )
+    c.batch_size = s["batch"]  # examples per step
+    c.total_steps = args.steps or s["steps"]  # paper: 800,000 examples / 512 = 1,563 steps
+    c.optim.name = "adamw" if args.res == "cpu" else "adam"
+    c.optim.lr = s["lr"]  # peak learning rate, cosine decay
+    c.optim.weight_decay = 0.05 if args.res == "cpu" else 0.0  # weight matrices only
+    c.optim.warmup_steps = 100 if args.res == "cpu" else 0  # linear warmup steps
+    c.log_every_steps = 50  # steps between metrics lines
+    c.eval_every_steps = c.total_steps // 2  # half-way and at the end
+    c.eval_batch_size = 250  # eval examples per step
+    c.checkpoint.every_steps = 100  # steps between checkpoints
+    c.evals = dict(
+        **{f"g{s['grid']:02d}": common.eval_entry()},  # training grid, held-out layouts
+        **{f"g{g:02d}": common.eval_entry(name=name(g)) for g in s["evals"]},  # larger grids
+        **{f"g{s['grid']:02d}_shuffled": common.eval_entry(shuffle_patches=True)},
+    )
+    if args.smoke:
+        common.make_smoke(c, variant=s["variant"].replace("B", "mu"))
+        c.model.dropout = 0.0
+        c.dataset.eval_split = "test[:16]"  # a slice: faster evaluation
+        for g in s["evals"]:
+            c.evals[f"g{g:02d}"].split = "test[:16]"
+    return c

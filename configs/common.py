@@ -1,0 +1,154 @@
+"""Shared defaults and argument parsing for the recipes in configs/.
+
+A recipe is chosen as ``--config=configs/<recipe>.py:<arg>`` where ``arg`` is a comma-separated
+list of ``key=value`` pairs and bare flags, e.g. ``pe=liere,variant=S/16,smoke``. Each recipe
+declares its arguments and their defaults; unknown arguments fail with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections as mc
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> mc.ConfigDict:
+    """Parse "a=1,b=x,flag" against `defaults` (values cast to each default's type).
+
+    A bare word sets a boolean argument to True.
+    """
+    args = mc.ConfigDict(defaults)
+    for item in filter(None, (s.strip() for s in (arg or "").split(","))):
+        key, has_value, value = item.partition("=")
+        if key not in defaults:
+            raise ValueError(f"Unknown config argument {key!r}; known: {sorted(defaults)}")
+        default = defaults[key]
+        if not has_value:
+            if not isinstance(default, bool):
+                raise ValueError(f"Config argument {key!r} needs a value ({key}=...)")
+            args[key] = True
+        elif isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"Config argument {key}={value!r} is not a boolean")
+            args[key] = value.lower() in ("true", "1")
+        else:
+            args[key] = type(default)(value)
+    return args
+
+
+def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
+    """The data pipeline's defaults for `name` (rope_lie/data/pipeline.py) plus `overrides`.
+
+    Fields that default to None become typed placeholders so the command line can set them
+    (`--config.dataset.data_dir=/data/tfds`).
+    """
+    from rope_lie.data import catalog
+
+    ds = catalog.default_config(name)
+    typed_none = {"data_dir": str, "image_size": int}
+    for key, kind in typed_none.items():
+        value = overrides.pop(key, ds[key])
+        ds[key] = mc.config_dict.placeholder(kind)
+        ds[key] = value
+    for key, value in overrides.items():
+        if key not in ds:
+            raise ValueError(f"Unknown dataset field {key!r}; known: {sorted(ds)}")
+        ds[key] = value
+    return ds
+
+
+ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
+CONVENTIONS = {"liere": "sequential", "visionllama": "autoscale"}  # others: "integer"
+
+
+def pe_fields(pe: str, block: int = 8) -> dict[str, Any]:
+    """The model fields for a recipe's `pe=` argument.
+
+    `pe` is a rotary/bias family (liere, rope_mixed, ...) or an additive table (ape, sincos,
+    with no rotary family). Positions follow each family's reference: LieRE "sequential",
+    VisionLlama "autoscale", the rest "integer" (patch indices). `block` is LieRE's block size.
+    """
+    additive = pe if pe in ADDITIVE_PES else "none"
+    return dict(
+        pe="nope" if additive != "none" else pe,  # rotary/bias family on q and k
+        pe_hparams=dict(block_size=block) if pe == "liere" else {},  # family init arguments
+        additive=additive,  # absolute table added to the tokens ("none", "ape", "sincos")
+        position_convention=CONVENTIONS.get(pe, "integer"),  # token positions (positions.py)
+    )
+
+
+def cayley_hparams(generator: str, bandwidth: int, k: int) -> dict[str, Any]:
+    """Cayley-STRING init arguments for the sparse-generator study (cayley_string.py)."""
+    hparams: dict[str, Any] = dict(generator=generator)  # dense | block2x2 | banded | topk
+    if generator == "banded":
+        hparams["bandwidth"] = bandwidth  # |i - j| <= bandwidth kept in S
+    if generator == "topk":
+        hparams["k"] = k  # largest |S_ij| kept (mask symmetrised)
+    return hparams
+
+
+def base_config() -> mc.ConfigDict:
+    """Defaults shared by every recipe; recipes fill `dataset`, `model`, `evals`."""
+    c = mc.ConfigDict()
+    c.seed = 0  # seeds parameter init, dropout keys and the data order
+    c.batch_size = 128  # global examples per step (split over all devices and processes)
+    c.eval_batch_size = 256  # global examples per eval step; last batch padded and masked
+    c.total_steps = 0  # training steps; 0 = num_epochs * (train examples // batch_size)
+    c.num_epochs = 1.0  # epochs, used when total_steps == 0
+    c.log_every_steps = 50  # steps between metrics.jsonl / TensorBoard lines
+    c.eval_every_steps = 0  # steps between evaluations (0 = see eval_every_epochs)
+    c.eval_every_epochs = 0.0  # epochs between evaluations (0 = only at the end)
+    c.optim = mc.ConfigDict()
+    c.optim.name = "adamw"  # 'adam' or 'adamw' (decoupled weight decay)
+    c.optim.lr = 1e-3  # peak learning rate, reached after warmup
+    c.optim.b1 = 0.9  # Adam first-moment decay
+    c.optim.b2 = 0.999  # Adam second-moment decay
+    c.optim.eps = 1e-8  # Adam denominator epsilon
+    c.optim.weight_decay = 0.0  # decoupled decay coefficient (adamw; never on PE/norms/biases)
+    c.optim.grad_clip = 1.0  # max global gradient norm (0 = no clipping)
+    c.optim.warmup_steps = 0  # linear warmup steps from 0 to lr
+    c.optim.end_lr_ratio = 0.0  # cosine decays to lr * end_lr_ratio at total_steps
+    c.checkpoint = mc.ConfigDict()
+    c.checkpoint.every_steps = 500  # steps between checkpoints (plus one at the end)
+    c.checkpoint.keep = 2  # most recent checkpoints kept on disk
+    c.checkpoint.async_save = True  # write checkpoints in a background thread
+    c.mesh = mc.ConfigDict()
+    c.mesh.data = -1  # data-parallel axis size (-1 = the remaining devices)
+    c.mesh.fsdp = 1  # parameter-sharding axis size (1 = params replicated)
+    c.fsdp_min_size = 2**14  # arrays with fewer elements stay replicated under FSDP
+    c.multihost = False  # call jax.distributed.initialize() (also if JAX_COORDINATOR_ADDRESS set)
+    c.progress = True  # tqdm progress bar with throughput and ETA
+    c.tensorboard = True  # also write TensorBoard event files to workdir/tensorboard
+    return c
+
+
+def eval_entry(
+    name: str | None = None,
+    image_size: int | None = None,
+    split: str | None = None,
+    shuffle_patches: bool = False,
+) -> mc.ConfigDict:
+    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`."""
+    e = mc.ConfigDict()
+    e.name = mc.config_dict.placeholder(str)  # TFDS name; None = config.dataset.name
+    e.image_size = mc.config_dict.placeholder(int)  # input side in px; None = dataset's
+    e.split = mc.config_dict.placeholder(str)  # split; None = config.dataset.eval_split
+    e.shuffle_patches = shuffle_patches  # permute the patches of every example at random
+    e.name, e.image_size, e.split = name, image_size, split
+    return e
+
+
+def make_smoke(c: mc.ConfigDict, variant: str = "mu") -> None:
+    """Shrink a recipe to a few steps of a tiny model (checks the whole path, not accuracy)."""
+    c.model.variant = variant  # tiny ViT (mu: H = 16)
+    if "block_size" in c.model.pe_hparams:
+        c.model.pe_hparams.block_size = min(c.model.pe_hparams.block_size, 16)
+    c.total_steps = 4
+    c.batch_size = 8
+    c.eval_batch_size = 8
+    c.optim.warmup_steps = 0
+    c.log_every_steps = 2
+    c.eval_every_steps = 0
+    c.eval_every_epochs = 0.0
+    c.checkpoint.every_steps = 2
+    c.progress = False

@@ -1,0 +1,70 @@
+r"""sklearn digits: small real images that need no download, for fast end-to-end checks.
+
+A ViT-mu (width 64, 4 layers, 4 heads) with patch 2 on the native 8x8 digits (4x4 tokens),
+trained on the fixed 1,437-image split and evaluated on the 360 test images, at the training
+size, upsampled to 16x16 (8x8 tokens, positions "normalized" so both sizes span the same
+range) and with shuffled patches.
+
+    python -m rope_lie.main --config=configs/digits.py:pe=liere --workdir=workdirs/digits
+    python -m rope_lie.main --config=configs/digits.py:smoke --workdir=/tmp/digits_smoke
+
+Arguments: pe=<family>, block=<LieRE block size>, smoke (a few steps; used by the tests).
+
+Measured (one seed, pe=liere block 4, 2-core CPU shared with other jobs): 126 s in all
+(673 steps); test accuracy 0.953 at 8x8 (best 0.953), 0.250 at 16x16 (upsampled digits put a
+quarter of a stroke in each 2x2 patch: the patch embedding, not the positions, fails to
+transfer), 0.211 with shuffled patches. Smoke: < 30 s.
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+    args = common.parse_arg(arg, pe="liere", block=4, smoke=False)
+    c = common.base_config()
+    c.dataset = common.dataset_config(
+        "sklearn_digits/size8",  # 8x8 pixels, 10 classes (rope_lie/data/sklearn_digits.py)
+        data_dir=None,  # TFDS root; None = ~/tensorflow_datasets (generated on first use)
+        mean=(0.5,),  # pixels mapped to [-1, 1]
+        std=(0.5,),
+    )
+    c.model = dict(
+        variant="mu",  # width 64, depth 4, 4 heads of 16 dims
+        patch_size=2,  # px per patch side: 4x4 tokens at 8x8
+        image_shape=(8, 8),  # training input (H, W) in px
+        channels=1,  # grayscale
+        num_classes=10,  # digits 0-9
+        pool="mean",  # mean of the patch tokens
+        dropout=0.1,  # after the embedding, attention and MLP
+        pe=args.pe,  # rotary/bias family on q and k
+        pe_hparams=dict(block_size=args.block) if args.pe == "liere" else {},  # family init args
+        position_convention="normalized",  # [-1, 1] at every size: 16x16 interpolates
+        share_pe_heads=False,  # encoder parameters per head
+        share_pe_layers=False,  # and per layer
+        head_zero_init=True,  # zero-initialised classifier
+        dtype="float32",  # activation dtype
+    )
+    c.batch_size = 64  # examples per step
+    c.num_epochs = 30.0  # passes over the 1,437 training digits
+    c.optim.lr = 2e-3  # peak learning rate (AdamW)
+    c.optim.weight_decay = 0.05  # on weight matrices only
+    c.optim.warmup_steps = 50  # linear warmup steps
+    c.log_every_steps = 20  # steps between metrics lines
+    c.eval_every_epochs = 5.0  # evaluate every 5 epochs (best accuracy is tracked)
+    c.eval_batch_size = 120  # 360 test digits = 3 batches
+    c.checkpoint.every_steps = 200  # steps between checkpoints
+    c.evals = dict(
+        size8=common.eval_entry(),  # the training size
+        size16=common.eval_entry(name="sklearn_digits/size16"),  # 2x upsampled, 8x8 tokens
+        size8_shuffled=common.eval_entry(shuffle_patches=True),  # positions destroyed
+    )
+    if args.smoke:
+        c.total_steps = 6  # a few steps: checks the whole path, not the accuracy
+        c.batch_size = 16
+        c.optim.warmup_steps = 1
+        c.log_every_steps = 2
+        c.eval_every_epochs = 0.0
+        c.checkpoint.every_steps = 3
+        c.eval_batch_size = 40
+        c.progress = False
+    return c

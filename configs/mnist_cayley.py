@@ -1,0 +1,66 @@
+r"""MNIST with the sparse Cayley-STRING study's small ViT (papers/001, Sec. 3.7, Table 1).
+
+A ViT with width 48, 4 layers, 4 heads of 12 dims, MLP 192 (variant "string", ~0.12 M
+parameters) on 32x32 MNIST (resized from 28) with 4x4 patches (8x8 tokens), CLS pooling;
+Cayley-STRING with a dense, block-diagonal 2x2, banded or top-k generator. AdamW, learning rate
+2e-3, weight decay 1e-4, 10 epochs; the study reports the best test accuracy over epochs, so
+we evaluate every epoch and final.json holds `best_accuracy` (and `best_step`).
+Not stated in the study, our choices: batch 128, cosine decay with 1 epoch of linear warmup,
+gradient clipping at norm 1, no dropout, no augmentation.
+Study Table 1 (best acc.): dense 0.9680, block2x2 0.9595, banded bw=2 0.9681, bw=4 0.9657,
+top-k k=24 0.9650, k=48 0.9615.
+
+    tfds build mnist --data_dir=$TFDS    # once
+    python -m rope_lie.main --config=configs/mnist_cayley.py:generator=banded,bw=2 \
+        --workdir=workdirs/mnist_cayley_banded2 --config.dataset.data_dir=$TFDS
+
+Arguments: generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries>,
+pe=<family> (default cayley_string; e.g. rope_mixed for the plain-RoPE baseline), smoke.
+
+Expected runtime: to be measured (the study: 343 s total for the dense baseline on its GPU).
+Expected metric: to be measured (study: best test accuracy ~0.96-0.97).
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+    args = common.parse_arg(
+        arg, pe="cayley_string", generator="dense", bw=2, k=24, block=4, smoke=False
+    )
+    c = common.base_config()
+    c.dataset = common.dataset_config(
+        "mnist",  # TFDS catalogue dataset, prepared by the user (tfds build mnist)
+        data_dir=None,  # TFDS root; None = ~/tensorflow_datasets
+    )  # defaults: resized to 32x32, MNIST mean/std, no augmentation
+    fields = common.pe_fields(args.pe, args.block)
+    if args.pe == "cayley_string":
+        fields["pe_hparams"] = common.cayley_hparams(args.generator, args.bw, args.k)
+    c.model = dict(
+        variant="string",  # width 48, depth 4, 4 heads (H = 12), MLP 192
+        patch_size=4,  # 4x4 px patches: 8x8 tokens
+        image_shape=(32, 32),  # input (H, W) in px
+        channels=1,  # grayscale
+        num_classes=10,  # digits
+        pool="cls",  # class token
+        dropout=0.0,  # no dropout
+        **fields,  # pe, pe_hparams, additive, positions
+        share_pe_heads=False,  # one generator per head (the study)
+        share_pe_layers=False,  # and per layer
+        head_zero_init=True,  # zero-initialised classifier
+        dtype="float32",  # activation dtype
+    )
+    c.batch_size = 128  # examples per step (not stated in the study)
+    c.num_epochs = 10.0  # epochs of the study
+    c.optim.name = "adamw"  # AdamW (study)
+    c.optim.lr = 2e-3  # learning rate (study)
+    c.optim.weight_decay = 1e-4  # weight decay (study), weight matrices only
+    c.optim.warmup_steps = 468  # 1 epoch of linear warmup (60,000 / 128 steps)
+    c.log_every_steps = 100  # steps between metrics lines
+    c.eval_every_epochs = 1.0  # every epoch: the study reports the best epoch
+    c.eval_batch_size = 500  # 10,000 test images = 20 batches
+    c.checkpoint.every_steps = 468  # about every epoch
+    c.evals = dict(test=common.eval_entry())  # 10,000 test images
+    if args.smoke:
+        common.make_smoke(c, variant="string")
+    return c

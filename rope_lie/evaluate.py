@@ -1,0 +1,179 @@
+"""Evaluation: loss and accuracy over a whole split, at any resolution, optionally shuffled.
+
+Shuffled-patch evaluation (LieRE, Sec. 5.5) permutes the image's patches *before*
+patchification, with one random permutation per example, so it works with any model whose
+tokens are the patches: a model that ignores positions scores the same shuffled or not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from rope_lie import sharding
+
+
+def cross_entropy(logits_BK: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example softmax cross-entropy (B,) with integer labels (B,) or soft labels (B, K)."""
+    logits_BK = logits_BK.astype(jnp.float32)
+    if labels.ndim == logits_BK.ndim:
+        return optax.softmax_cross_entropy(logits_BK, labels.astype(jnp.float32))
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BK, labels)
+
+
+def shuffle_patches(
+    images: np.ndarray, patch: Sequence[int], rng: np.random.Generator
+) -> np.ndarray:
+    """Permute the non-overlapping patches of each image (2D) or volume (3D) at random.
+
+    Args:
+      images: (B, *spatial, C), spatial divisible by `patch`.
+      patch: patch (or tubelet) size per spatial axis.
+      rng: source of one permutation per example.
+
+    Returns:
+      array of the same shape and dtype whose patches are those of `images`, reordered.
+    """
+    batch, *spatial, channels = images.shape
+    if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
+        raise ValueError(f"images spatial shape {tuple(spatial)} not divisible by patch {patch}")
+    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
+    rank = len(grid)
+    split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
+    to_patches = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
+    x = images.reshape(split).transpose(to_patches)  # (B, *grid, *patch, C)
+    x = x.reshape(batch, math.prod(grid), *patch, channels)
+    perm_BT = np.argsort(rng.random((batch, x.shape[1])), axis=1)
+    x = np.take_along_axis(x, perm_BT.reshape(batch, -1, *([1] * (rank + 1))), axis=1)
+    x = x.reshape(batch, *grid, *patch, channels)
+    from_patches = [0] + [i for a in range(rank) for i in (1 + a, 1 + rank + a)] + [2 * rank + 1]
+    return x.transpose(from_patches).reshape(images.shape)
+
+
+def make_eval_step(apply_fn: Callable[[Any, jax.Array], jax.Array]) -> Callable:
+    """Jitted (params, batch) -> {loss_sum, correct, count} over the unmasked examples.
+
+    Args:
+      apply_fn: (params, images) -> logits_BK in eval mode (no dropout).
+    """
+
+    @jax.jit
+    def eval_step(params, batch):
+        logits_BK = apply_fn(params, batch["image"])
+        mask_B = batch.get("mask", jnp.ones(logits_BK.shape[:1], bool)).astype(jnp.float32)
+        loss_B = cross_entropy(logits_BK, batch["label"])
+        correct_B = (jnp.argmax(logits_BK, axis=-1) == batch["label"]).astype(jnp.float32)
+        return {
+            "loss_sum": jnp.sum(loss_B * mask_B),
+            "correct": jnp.sum(correct_B * mask_B),
+            "count": jnp.sum(mask_B),
+        }
+
+    return eval_step
+
+
+def evaluate(
+    eval_step: Callable,
+    params: Any,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    mesh: Mesh,
+    *,
+    shuffle_patch: Sequence[int] | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Accuracy, mean loss and example count over every batch of an eval iterator.
+
+    Args:
+      eval_step: from `make_eval_step`.
+      params: the model parameters (already sharded).
+      batches: numpy dicts with "image", "label" and optionally "mask" (padding = 0).
+      mesh: the device mesh; batches are split over all its devices.
+      shuffle_patch: when set, shuffle patches of this size (one permutation per example,
+        reproducible from `seed`).
+      seed: seed of the shuffling.
+
+    Returns:
+      {"accuracy", "loss", "num_examples", "resolution"} (resolution: spatial shape "HxW").
+    """
+    totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    resolution = ""
+    rng = np.random.default_rng(seed)
+    for batch in batches:
+        batch = {k: batch[k] for k in ("image", "label", "mask") if k in batch}
+        resolution = "x".join(str(d) for d in batch["image"].shape[1:-1])
+        if shuffle_patch is not None:
+            batch["image"] = shuffle_patches(batch["image"], shuffle_patch, rng)
+        sums = jax.device_get(eval_step(params, sharding.shard_batch(batch, mesh)))
+        for key in totals:
+            totals[key] += float(sums[key])
+    count = totals["count"]
+    if count == 0:
+        raise ValueError("Evaluation saw no examples (empty split or every example masked).")
+    return {
+        "accuracy": totals["correct"] / count,
+        "loss": totals["loss_sum"] / count,
+        "num_examples": int(count),
+        "resolution": resolution,
+    }
+
+
+def eval_batches(config: Any, entry: Any) -> Iterable[Mapping[str, np.ndarray]]:
+    """This process's batches of one `config.evals` entry: its dataset name, size and split."""
+    from rope_lie.data import pipeline  # TensorFlow is imported only when data is read
+
+    return pipeline.make_eval_iterator(
+        config.dataset,
+        batch_size=config.eval_batch_size,
+        split=entry.split,
+        name=entry.name,
+        image_size=entry.image_size,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+
+def evaluate_all(
+    config: Any,
+    eval_step: Callable,
+    params: Any,
+    mesh: Mesh,
+    patch: Sequence[int],
+    step: int,
+    best: dict[str, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Evaluate every entry of `config.evals` (sorted by name) at train step `step`.
+
+    Args:
+      config: the run config (evals, dataset, eval_batch_size, seed).
+      eval_step: from `make_eval_step`.
+      params: the model parameters (sharded).
+      mesh: the device mesh.
+      patch: the model's patch size, for entries with `shuffle_patches`.
+      step: the train step, recorded with a new best.
+      best: name -> {"accuracy", "step"} of the best evaluation so far; updated in place.
+
+    Returns:
+      name -> `evaluate` results plus "best_accuracy" and "best_step".
+    """
+    results = {}
+    for name, entry in config.evals.items():
+        res = evaluate(
+            eval_step,
+            params,
+            eval_batches(config, entry),
+            mesh,
+            shuffle_patch=patch if entry.shuffle_patches else None,
+            seed=config.seed,
+        )
+        if name not in best or res["accuracy"] > best[name]["accuracy"]:
+            best[name] = {"accuracy": res["accuracy"], "step": step}
+        res.update(best_accuracy=best[name]["accuracy"], best_step=best[name]["step"])
+        results[name] = res
+    return results

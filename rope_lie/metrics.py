@@ -1,0 +1,105 @@
+"""Metric logging: ``metrics.jsonl`` (one JSON object per log step) and TensorBoard events.
+
+Only process 0 writes. On resume from step s, lines of ``metrics.jsonl`` with a step > s are
+dropped first (they were written after the checkpoint the run restarts from and will be
+written again), so the file of a resumed run reads like that of an uninterrupted one.
+TensorBoard event files are append-only; TensorBoard shows the latest value of a repeated step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from tensorboardX import SummaryWriter
+
+JSONL_NAME = "metrics.jsonl"
+
+
+def _to_python(value: Any) -> Any:
+    """JSON-able python scalar from a numpy/jax scalar (non-finite floats become strings)."""
+    if isinstance(value, (np.ndarray, jax.Array)):
+        value = value.item()
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file ([] if it does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsWriter:
+    """Writes scalars to `workdir/metrics.jsonl` and to TensorBoard under `workdir/tensorboard`."""
+
+    def __init__(self, workdir: str, *, start_step: int = 0, tensorboard: bool = True):
+        self.enabled = jax.process_index() == 0
+        self.path = os.path.join(workdir, JSONL_NAME)
+        self._tb = None
+        if not self.enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step]
+        with open(self.path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        if tensorboard:
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """One JSON line {"step": step, **scalars} and one TensorBoard scalar per entry."""
+        if not self.enabled:
+            return
+        record = {"step": int(step), **{k: _to_python(v) for k, v in scalars.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, global_step=int(step))
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A plain-text table of `rows` (dicts) with the given columns; floats with 4 decimals."""
+
+    def cell(value):
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    line = lambda items: "  ".join(s.ljust(w) for s, w in zip(items, widths, strict=True)).rstrip()
+    out = [line(columns), line(["-" * w for w in widths])]
+    out += [line(row) for row in cells]
+    return "\n".join(out)
+
+
+def write_final(workdir: str, step: int, results: Mapping[str, Mapping[str, Any]]) -> dict:
+    """Write workdir/final.json and print the table of evaluations (process 0 only).
+
+    Returns:
+      {"step": step, "evals": results}, the content of final.json.
+    """
+    final = {"step": step, "evals": dict(results)}
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "final.json"), "w") as f:
+            json.dump(final, f, indent=2, default=_to_python)
+        rows = [{"eval": name, **res} for name, res in results.items()]
+        cols = ["eval", "resolution", "accuracy", "best_accuracy", "loss", "num_examples"]
+        print(format_table(rows, cols), flush=True)
+    return final

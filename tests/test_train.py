@@ -1,0 +1,147 @@
+"""End-to-end tests of rope_lie/train.py on sklearn digits (generated locally, no download)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import digits
+from rope_lie import checkpoint, metrics, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tfds_dir, **overrides):
+    """digits:smoke with 12 steps, dropout on, a checkpoint every 4 steps, 2 evals."""
+    config = digits.get_config("smoke")
+    config.dataset.data_dir = tfds_dir
+    config.total_steps = 12
+    config.checkpoint.every_steps = 4
+    config.log_every_steps = 2
+    config.eval_every_steps = 6
+    del config.evals["size8_shuffled"]
+    for key, value in overrides.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    return config
+
+
+@pytest.fixture(scope="module")
+def reference(tfds_dir, tmp_path_factory):
+    """An uninterrupted run: (workdir, returned metrics)."""
+    workdir = str(tmp_path_factory.mktemp("reference"))
+    return workdir, train.train_and_evaluate(_config(tfds_dir), workdir)
+
+
+def test_run_writes_metrics_checkpoints_and_final(reference):
+    workdir, final = reference
+    assert final["step"] == 12
+    assert set(final["evals"]) == {"size8", "size16"}
+    for name, res in final["evals"].items():
+        assert 0.0 <= res["accuracy"] <= 1.0 and np.isfinite(res["loss"]), (name, res)
+        assert res["num_examples"] == 360  # every test digit once, padding masked out
+        assert res["best_step"] in (6, 12)
+    # The 16x16 evaluation runs the 8x8-trained model on a 2x larger token grid.
+    assert final["evals"]["size16"]["resolution"] == "16x16"
+    with open(os.path.join(workdir, "final.json")) as f:
+        assert json.load(f) == json.loads(json.dumps(final))
+    records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    assert [r["step"] for r in records] == [2, 4, 6, 8, 10, 12]
+    assert all(k in records[0] for k in ("loss", "lr", "throughput", "grad_norm"))
+    assert "size8/accuracy" in records[2] and "size8/accuracy" not in records[1]
+    assert os.listdir(os.path.join(workdir, "tensorboard"))
+    steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")))
+    assert steps == [8, 12]  # keep=2 latest of 4, 8, 12
+
+
+def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir):
+    workdir, final = reference
+    again = train.train_and_evaluate(_config(tfds_dir), workdir)
+    assert again["evals"]["size8"]["accuracy"] == final["evals"]["size8"]["accuracy"]
+    assert len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))) == 6
+
+
+# Training in a subprocess; after every checkpoint save it sleeps (when SLOW is set), so the
+# parent can SIGKILL it mid-run, after the first checkpoint and before the last one.
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from tests import test_train
+    from rope_lie import train
+
+    if os.environ.get("SLOW"):
+        save = train.ckpt.save
+        def slow_save(*args, **kwargs):
+            out = save(*args, **kwargs)
+            time.sleep(0.5)
+            return out
+        train.ckpt.save = slow_save
+    train.train_and_evaluate(test_train._config(sys.argv[2]), sys.argv[3])
+    """
+)
+
+
+def _child(tfds_dir, workdir, slow):
+    pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath, SLOW="1" if slow else "")
+    cmd = [sys.executable, "-c", _CHILD, REPO, tfds_dir, workdir]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def test_resume_after_kill_9_is_bit_identical(reference, tfds_dir, tmp_path):
+    ref_dir, ref_final = reference
+    workdir = str(tmp_path / "killed")
+    proc = _child(tfds_dir, workdir, slow=True)
+    first = os.path.join(workdir, "checkpoints", "4")  # renamed into place once complete
+    deadline = time.time() + 240
+    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "training ended before it could be killed:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))[-1]["step"]
+    assert killed_at < 12
+
+    rerun = _child(tfds_dir, workdir, slow=False)
+    out, _ = rerun.communicate(timeout=240)
+    assert rerun.returncode == 0, out[-3000:]
+    assert "Resuming from step" in out
+
+    ref_step, ref_state = checkpoint.load_state(os.path.join(ref_dir, "checkpoints"))
+    step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    assert step == ref_step == 12
+    ref_leaves = jax.tree_util.tree_leaves_with_path(ref_state)
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    assert [p for p, _ in leaves] == [p for p, _ in ref_leaves]
+    for (path, ref), (_, value) in zip(ref_leaves, leaves, strict=True):
+        np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
+    with open(os.path.join(workdir, "final.json")) as f:
+        assert json.load(f) == json.loads(json.dumps(ref_final))
+    drop = lambda r: {k: v for k, v in r.items() if k != "throughput"}
+    ref_records = metrics.read_jsonl(os.path.join(ref_dir, "metrics.jsonl"))
+    records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    assert [drop(r) for r in records] == [drop(r) for r in ref_records]
+
+
+def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
+    # lr = 1e38: the first update sends the weights to ~1e38, the next forward pass overflows.
+    config = _config(
+        tfds_dir, **{"optim.lr": 1e38, "optim.warmup_steps": 0, "checkpoint.every_steps": 1}
+    )
+    config.checkpoint.async_save = False
+    with pytest.raises(FloatingPointError, match=r"at step 2; .* latest checkpoint is step 1"):
+        train.train_and_evaluate(config, str(tmp_path))
+    assert os.listdir(tmp_path / "checkpoints") == ["1"]
