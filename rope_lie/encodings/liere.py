@@ -18,8 +18,13 @@ positions).
 
 Conventions: interleaved pairs (2j, 2j+1) for b = 2, contiguous blocks, rotation multiplies from
 the left, axis order of ``pos`` = array order of the input, prefix (class) tokens at position 0
-get R(0) = I (not rotated). Exponentials are computed in float32 by ``lie.expm_skew`` (finite
-for every finite generator norm); the output has x's dtype.
+get R(0) = I (not rotated). Exponentials are computed in float32 by
+``lie.expm_skew_combination`` (the Taylor parts of all tokens from one matrix product against
+monomials of the generators; finite for every finite generator norm); the output has x's dtype.
+
+``precompute(params, pos)`` returns the rotations and ``apply_precomputed(pre, x)`` applies them
+(``apply`` is the two in sequence): the model computes them once per step for all layers and
+heads that share generators, and caches them per resolution at evaluation.
 """
 
 from __future__ import annotations
@@ -152,6 +157,16 @@ def _pair_angles(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
     return -jnp.einsum(spec, pos.astype(jnp.float32), upper_ANK, precision=_HIGHEST)
 
 
+def _checked_pos(gen_ANKbb: jax.Array, pos) -> jax.Array:
+    pos = jnp.asarray(pos)
+    if pos.ndim not in (2, 3) or pos.shape[-1] != gen_ANKbb.shape[0]:
+        raise ValueError(
+            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
+            f"A={gen_ANKbb.shape[0]}, got shape {tuple(pos.shape)}"
+        )
+    return pos
+
+
 def rotations(params: dict[str, jax.Array], pos: jax.Array) -> jax.Array:
     """The block rotations R(p) = expm(sum_a p_a G_a), one per token, head and block.
 
@@ -164,24 +179,75 @@ def rotations(params: dict[str, jax.Array], pos: jax.Array) -> jax.Array:
       channels [r*b, (r+1)*b), and leftover channels past K*b are not rotated.
     """
     gen_ANKbb = _generator_blocks(params)
-    pos = jnp.asarray(pos)
-    if pos.ndim not in (2, 3) or pos.shape[-1] != gen_ANKbb.shape[0]:
-        raise ValueError(
-            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
-            f"A={gen_ANKbb.shape[0]}, got shape {tuple(pos.shape)}"
-        )
-    return _rotations(gen_ANKbb, pos)
+    return _rotations(gen_ANKbb, _checked_pos(gen_ANKbb, pos))
 
 
 @jax.jit
 def _rotations(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
     if gen_ANKbb.shape[-1] == 2:
         return lie.pair_rotation_blocks(_pair_angles(gen_ANKbb, pos))
-    skew_ANKbb = lie.skew_from_upper(gen_ANKbb)
-    spec = "TA,ANKij->TNKij" if pos.ndim == 2 else "BTA,ANKij->BTNKij"
-    # One batched exponential for every (token, head, block).
-    gen_XNKbb = jnp.einsum(spec, pos.astype(jnp.float32), skew_ANKbb, precision=_HIGHEST)
-    return lie.expm_skew(gen_XNKbb)
+    num_axes, num_heads, num_blocks, block = gen_ANKbb.shape[:4]
+    skew_AYbb = lie.skew_from_upper(gen_ANKbb).reshape(num_axes, -1, block, block)
+    # One exponential per (token, head, block), the Taylor parts of all tokens from one product.
+    r_XYbb = lie.expm_skew_combination(pos.reshape(-1, num_axes).astype(jnp.float32), skew_AYbb)
+    return r_XYbb.reshape(*pos.shape[:-1], num_heads, num_blocks, block, block)
+
+
+def precompute(params: dict[str, jax.Array], pos: jax.Array) -> dict[str, jax.Array]:
+    """Everything ``apply`` needs that depends on positions only: the rotations.
+
+    Computed once per step for a position set, it is shared by every layer and head that
+    shares the parameters, and can be cached per resolution at evaluation.
+
+    Args:
+      params: {"gen_ANKbb": (A, N, K, b, b)}.
+      pos: pos_TA (shared by the batch) or pos_BTA (per example).
+
+    Returns:
+      {"angle_TNK": (T, N, K) pair angles} for b = 2 (closed form), else
+      {"r_TNKbb": (T, N, K, b, b) rotations}; with a leading B for pos_BTA. float32.
+    """
+    gen_ANKbb = _generator_blocks(params)
+    pos = _checked_pos(gen_ANKbb, pos)
+    if gen_ANKbb.shape[-1] == 2:
+        return {"angle_TNK": _pair_angles(gen_ANKbb, pos)}
+    return {"r_TNKbb": _rotations(gen_ANKbb, pos)}
+
+
+def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array:
+    """Rotate queries or keys with rotations from ``precompute``: x'_t = R(p_t) x_t.
+
+    Rotations computed for one head (``num_heads=1``, heads sharing parameters) apply to every
+    head of x.
+
+    Args:
+      pre: the output of ``precompute``.
+      x_BTNH: queries or keys, any float dtype.
+
+    Returns:
+      (B, T, N, H) array in x's dtype; channels past K*b are unchanged.
+    """
+    _checks.check_x(x_BTNH, _FAMILY)
+    rot = pre["angle_TNK"] if "angle_TNK" in pre else pre["r_TNKbb"]
+    lead = 3 if "angle_TNK" in pre else 5  # (T, N, K) or (T, N, K, b, b), without batch
+    block = 2 if "angle_TNK" in pre else rot.shape[-1]
+    tokens, heads, num_blocks = rot.shape[rot.ndim - lead : rot.ndim - lead + 3]
+    batch_ok = rot.ndim == lead or rot.shape[0] == x_BTNH.shape[0]
+    if (
+        not batch_ok
+        or tokens != x_BTNH.shape[1]
+        or heads not in (1, x_BTNH.shape[2])
+        or x_BTNH.shape[3] // block != num_blocks
+    ):
+        raise ValueError(
+            f"{_FAMILY}: precomputed rotations of shape {tuple(rot.shape)} do not fit x of "
+            f"shape {tuple(x_BTNH.shape)} (tokens, heads and H // {block} == {num_blocks} "
+            "must match)"
+        )
+    if "angle_TNK" in pre:
+        # rotate_pairs broadcasts the (T, N, K) angles over the batch (and N = 1 over heads).
+        return lie.rotate_pairs(x_BTNH, rot)
+    return lie.apply_blocks(x_BTNH, rot)
 
 
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
@@ -205,7 +271,4 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
             f"have num_heads={num_heads} and {num_blocks} blocks of size {block} "
             f"(H // {block} must be {num_blocks})"
         )
-    if block == 2:
-        # rotate_pairs broadcasts the (T, N, K) angles over the batch.
-        return lie.rotate_pairs(x_BTNH, _pair_angles(gen_ANKbb, pos))
-    return lie.apply_blocks(x_BTNH, rotations(params, pos))
+    return apply_precomputed(precompute(params, pos), x_BTNH)

@@ -380,3 +380,49 @@ def test_apply_errors():
         liere.apply(params, np.zeros((B, T, 3, 8), np.float32), np.zeros((T, 2), np.float32))
     with pytest.raises(ValueError, match="rank 4"):
         liere.apply(params, x[0], np.zeros((T, 2), np.float32))
+
+
+@pytest.mark.parametrize("block_size", [None, 4, 3, 2])
+@pytest.mark.parametrize("pos_shape", [(T, 2), (B, T, 2)])
+def test_precompute_then_apply_equals_apply(block_size, pos_shape):
+    params = _params(40, block_size=block_size)
+    pos, x = _pos(41, pos_shape), _x(42, 8)
+    pre = liere.precompute(params, pos)
+    assert set(pre) == ({"angle_TNK"} if block_size == 2 else {"r_TNKbb"})
+    np.testing.assert_allclose(liere.apply_precomputed(pre, x), _apply(params, x, pos), atol=1e-6)
+
+
+@pytest.mark.parametrize("block_size", [None, 4, 2])
+def test_one_head_of_rotations_applies_to_every_head(block_size):
+    params = _params(43, block_size=block_size)
+    one_head = {"gen_ANKbb": params["gen_ANKbb"][:, :1]}
+    pos, x = _pos(44, (T, 2)), _x(45, 8)
+    tiled = {"gen_ANKbb": jnp.repeat(one_head["gen_ANKbb"], N, axis=1)}
+    np.testing.assert_allclose(
+        liere.apply_precomputed(liere.precompute(one_head, pos), x), _apply(tiled, x, pos),
+        atol=1e-6,
+    )  # fmt: skip
+
+
+def test_apply_precomputed_errors():
+    pre = liere.precompute(_params(46, block_size=4), _pos(47, (T, 2)))
+    with pytest.raises(ValueError, match="do not fit x of shape"):
+        liere.apply_precomputed(pre, _x(48, 8, t=T + 1))
+    with pytest.raises(ValueError, match="do not fit x of shape"):
+        liere.apply_precomputed(pre, np.zeros((B, T, N + 1, 8), np.float32))
+
+
+@pytest.mark.parametrize("norm", [1e-3, 1.0, 1e2, 1e3])
+def test_dense_64_rotations_accurate_over_norms(norm):
+    # ViT-B head size: max |R - R_f64| and max |R^T R - I| within 1e-4 up to norm 1e3.
+    rng = _rng(49)
+    gen = rng.uniform(0.0, 2 * math.pi, (2, 1, 1, 64, 64))
+    skew = _dense_generators(gen, 64)
+    gen = gen / np.linalg.norm(skew[:, 0], axis=(-2, -1)).max() * norm
+    params = {"gen_ANKbb": jnp.asarray(gen, jnp.float32)}
+    pos_TA = np.array([[0.0, 0.0], [1.0, 0.0], [0.3, 0.9], [1.0, 1.0]], np.float32)
+    r = np.asarray(_rotations(params, pos_TA), np.float64)[:, 0, 0]
+    ref = _reference_r(params["gen_ANKbb"], 64, pos_TA)[:, 0]
+    np.testing.assert_allclose(r, ref, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(np.swapaxes(r, -1, -2) @ r, np.broadcast_to(np.eye(64), r.shape),
+                               atol=1e-4)  # fmt: skip
