@@ -8,9 +8,10 @@ with S a learned skew-symmetric H x H matrix per head (the Cayley transform make
 and RoPE(p) RoPE-Mixed's learnable rotation (``rope_mixed``: angle_j = sum_a p_a f[a, n, j] on
 interleaved pairs (2j, 2j+1)). P acts on the token *before* RoPE: after it, P would cancel in
 q.k (P^T P = I). q.k = q^T P^T RoPE(p_k - p_q) P k depends on p_k - p_q only, in every
-dimension. P does not depend on the position: it is computed once per head per call (never per
-token), and can be folded into the q/k projections for inference with ``fold``, after which only
-``rope_mixed.apply({"freqs_ANF": params["freqs_ANF"]}, q, pos)`` is applied.
+dimension. P does not depend on the position: it is computed once per head per step (never per
+token; ``precompute`` returns it with the RoPE angles, and the model shares it between layers
+that share parameters), and can be folded into the q/k projections for inference with ``fold``,
+after which only ``rope_mixed.apply({"freqs_ANF": params["freqs_ANF"]}, q, pos)`` is applied.
 
 Generators (``generator=``; the sparse ones from the sparse Cayley-STRING study, Sec. 3.1-3.5):
 
@@ -314,16 +315,78 @@ def fold(params: dict[str, jax.Array], w_DNH: jax.Array, *, k: int | None = None
     return folded.astype(w_DNH.dtype)
 
 
-def _apply_orthogonal(params, kind: str, x_BTNH: jax.Array, k) -> jax.Array:
-    """P x for every token, in float32; P is built once per head, not per token."""
+def precompute(
+    params: dict[str, jax.Array], pos: jax.Array, *, k: int | None = None
+) -> dict[str, jax.Array]:
+    """Everything ``apply`` needs that does not depend on x: P per head and the RoPE angles.
+
+    Computed once per step (one Cayley solve per head), it is shared by every layer that shares
+    the parameters, and can be cached per resolution at evaluation.
+
+    Args:
+      params: from ``init``.
+      pos: pos_TA or pos_BTA.
+      k: the top-k count, for top-k params only.
+
+    Returns:
+      {"p_NHH": P} ({"cos_NK", "sin_NK"}: the half-split planes, for block2x2) and
+      {"angle_TNF": RoPE-Mixed angles} (angle_BTNF for pos_BTA); float32.
+    """
+    kind = generator_kind(params)
+    _check_apply_k(kind, k)
+    freqs_ANF = params["freqs_ANF"]
+    num_heads, num_pairs = freqs_ANF.shape[1:]
+    _check_generator_shape(params, kind, num_heads, 2 * num_pairs)
+    pos = jnp.asarray(pos, jnp.float32)
+    if pos.ndim not in (2, 3) or pos.shape[-1] != freqs_ANF.shape[0]:
+        raise ValueError(
+            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
+            f"A={freqs_ANF.shape[0]}, got shape {tuple(pos.shape)}"
+        )
+    spec = "TA,ANF->TNF" if pos.ndim == 2 else "BTA,ANF->BTNF"
+    angle = jnp.einsum(
+        spec, pos, freqs_ANF.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+    )
+    if kind == "block2x2":
+        cos_NK, sin_NK = _block2x2_cos_sin(params[_KEYS[kind]])
+        return {"cos_NK": cos_NK, "sin_NK": sin_NK, "angle_TNF": angle}
+    return {"p_NHH": orthogonal(params, k=k), "angle_TNF": angle}
+
+
+def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array:
+    """x'_t = RoPE(p_t) P x_t from ``precompute``; one head's P and angles apply to every head.
+
+    Args:
+      pre: the output of ``precompute``.
+      x_BTNH: queries or keys, any float dtype.
+
+    Returns:
+      (B, T, N, H) array in x's dtype.
+    """
+    _checks.check_x(x_BTNH, _FAMILY)
+    angle = pre["angle_TNF"]
+    tokens, heads, num_pairs = angle.shape[-3:]
+    if (
+        tokens != x_BTNH.shape[1]
+        or heads not in (1, x_BTNH.shape[2])
+        or 2 * num_pairs != x_BTNH.shape[3]
+        or (angle.ndim == 4 and angle.shape[0] != x_BTNH.shape[0])
+    ):
+        raise ValueError(
+            f"{_FAMILY}: precomputed angles of shape {tuple(angle.shape)} do not fit x of shape "
+            f"{tuple(x_BTNH.shape)}"
+        )
     x32 = x_BTNH.astype(jnp.float32)
-    if kind != "block2x2":
-        return jnp.einsum("nij,btnj->btni", orthogonal(params, k=k), x32)
-    # Elementwise on the half-split planes: (u, v) = (x[:H/2], x[H/2:]) per plane.
-    cos_NK, sin_NK = _block2x2_cos_sin(params[_KEYS[kind]])
-    half = cos_NK.shape[-1]
-    u, v = x32[..., :half], x32[..., half:]
-    return jnp.concatenate([cos_NK * u - sin_NK * v, sin_NK * u + cos_NK * v], axis=-1)
+    if "p_NHH" in pre:
+        p_NHH = pre["p_NHH"]
+        spec = "nij,btnj->btni" if p_NHH.shape[0] == x32.shape[2] else "ij,btnj->btni"
+        mixed = jnp.einsum(spec, p_NHH if spec[0] == "n" else p_NHH[0], x32)
+    else:
+        # Elementwise on the half-split planes: (u, v) = (x[:H/2], x[H/2:]) per plane.
+        cos_NK, sin_NK = pre["cos_NK"], pre["sin_NK"]
+        u, v = x32[..., :num_pairs], x32[..., num_pairs:]
+        mixed = jnp.concatenate([cos_NK * u - sin_NK * v, sin_NK * u + cos_NK * v], axis=-1)
+    return lie.rotate_pairs(mixed, angle).astype(x_BTNH.dtype)
 
 
 def apply(
@@ -348,5 +411,4 @@ def apply(
     _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
     _check_generator_shape(params, kind, num_heads, 2 * num_pairs)
-    mixed = _apply_orthogonal(params, kind, x_BTNH, k)
-    return rope_mixed.apply({"freqs_ANF": freqs_ANF}, mixed, pos).astype(x_BTNH.dtype)
+    return apply_precomputed(precompute(params, pos, k=k), x_BTNH)

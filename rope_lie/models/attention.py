@@ -5,10 +5,15 @@
     o_BTNH = softmax(q k^T / sqrt(H) + bias_NTS) v   bias families (``encodings.BIAS``, ALiBi)
     y_BTD = o_BTNH w_NHD + b_D
 
-The rotary ``apply`` runs once on q and k concatenated along the batch axis, so position-
-dependent rotations (LieRE's matrix exponentials, Cayley solves) are computed once per layer,
-not once for q and once for k. Attention itself is ``jax.nn.dot_product_attention`` so fused
-kernels are used where the platform has them.
+Everything the hook needs that depends on the positions only is the encoder *state*
+(``precompute_pe``): a family's ``precompute(params, pos)`` where it has one (LieRE's rotations,
+Cayley-STRING's P and angles), the bias of a bias family, or else the parameters and positions
+themselves. The ``ViT`` builds the states once per call (once for all layers when the layers
+share parameters, so shared generators share their exponentials), or takes them from a cache
+per resolution at evaluation (``ViT.precompute_pe``); ``Attention`` builds its own when given
+none. Without ``precompute``, the rotary ``apply`` runs once on q and k concatenated along the
+batch axis. Attention itself is ``jax.nn.dot_product_attention`` so fused kernels are used where
+the platform has them.
 
 Encoder parameters live in ``PositionParam`` variables (an ``nnx.Param`` subclass, so that the
 optimizer can exclude them from weight decay by type). Sharing is decided by config:
@@ -20,7 +25,8 @@ optimizer can exclude them from weight decay by type). Sharing is decided by con
 - shared across layers: the ``ViT`` owns one set and passes it to every block
   (``Attention(..., own_pe=False)`` and ``__call__(..., pe_params=...)``).
 
-One code path either way: ``__call__`` uses the parameters passed in, or its own.
+One code path either way: ``__call__`` uses the state passed in, or builds it from the
+parameters passed in, or from its own.
 """
 
 from __future__ import annotations
@@ -180,6 +186,69 @@ def position_bias(
     return bias_NTS[None]
 
 
+def precompute_pe(
+    module: ModuleType,
+    params: Mapping[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    num_prefix: int,
+    hparams: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The encoder state for a position set: everything the hook needs that depends on the
+    parameters and positions only, computed once and shared by every layer that shares them.
+
+    Args:
+      module: the family's module.
+      params: its parameters (for 1 head when shared across heads).
+      pos: ``pos_TA`` (or ``pos_BTA`` for rotary families).
+      num_heads: heads the parameters were initialised for (bias families).
+      num_prefix: prefix (class) tokens at the start of the sequence (bias families).
+      hparams: the family's apply hyperparameters.
+
+    Returns:
+      {"bias_1NTS": bias} for bias families; {"rotations": module.precompute(params, pos)} for
+      rotary families that define ``precompute`` (LieRE, Cayley-STRING); else
+      {"params": params, "pos": pos}.
+    """
+    if module in encodings.BIAS.values():
+        bias = position_bias(
+            module, params, pos, num_heads=num_heads, num_prefix=num_prefix, hparams=hparams
+        )
+        return {"bias_1NTS": bias}
+    if hasattr(module, "precompute"):
+        return {"rotations": module.precompute(params, pos, **hparams)}
+    return {"params": dict(params), "pos": pos}
+
+
+def apply_pe(
+    module: ModuleType,
+    state: Mapping[str, Any],
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    *,
+    share_heads: bool,
+    hparams: Mapping[str, Any],
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """Apply an encoder state from ``precompute_pe`` to queries and keys.
+
+    Returns:
+      (q_BTNH, k_BTNH, bias_1NTS or None).
+    """
+    if "bias_1NTS" in state:
+        return q_BTNH, k_BTNH, state["bias_1NTS"]
+    if "rotations" in state:
+        # Precomputed rotations: q and k each cost only their application; rotations for one
+        # head apply to every head.
+        rot = state["rotations"]
+        return module.apply_precomputed(rot, q_BTNH), module.apply_precomputed(rot, k_BTNH), None
+    q_BTNH, k_BTNH = rotate_qk(
+        module, state["params"], q_BTNH, k_BTNH, state["pos"], share_heads=share_heads,
+        hparams=hparams,
+    )  # fmt: skip
+    return q_BTNH, k_BTNH, None
+
+
 def project(x_BTD: jax.Array, w_DNH: jax.Array, b_NH: jax.Array) -> jax.Array:
     """Per-head projection ``x w + b`` in x's dtype (parameters are stored in float32).
 
@@ -261,23 +330,18 @@ class Attention(nnx.Module):
                 share_heads=share_pe_heads, hparams=pe_hparams,
             )  # fmt: skip
 
-    def __call__(
-        self,
-        x_BTD: jax.Array,
-        pos: jax.Array,
-        *,
-        pe_params: Mapping[str, Any] | None = None,
-    ) -> jax.Array:
-        """Attend.
+    def pe_state(
+        self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """This layer's encoder state (``precompute_pe``) at positions ``pos``.
 
         Args:
-          x_BTD: tokens, prefix tokens first.
           pos: ``pos_TA`` (or ``pos_BTA`` for rotary families); prefix tokens at position 0.
           pe_params: encoder parameters shared across layers (a mapping of ``PositionParam``
             or arrays); None uses this layer's own.
 
         Returns:
-          (B, T, D) array in the activation dtype.
+          the state dict, a pytree of arrays.
         """
         if (pe_params is None) == (self.pe_params is None):
             raise ValueError(
@@ -287,22 +351,47 @@ class Attention(nnx.Module):
             )
         params = self.pe_params if pe_params is None else pe_params
         params = {name: jnp.asarray(value[...]) for name, value in params.items()}
-        module, hparams = pe_module(self.pe), dict(self.hparams)
+        heads = 1 if self.share_pe_heads else self.num_heads
+        return precompute_pe(
+            pe_module(self.pe), params, pos, num_heads=heads, num_prefix=self.num_prefix,
+            hparams=dict(self.hparams),
+        )  # fmt: skip
+
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        pos: jax.Array | None,
+        *,
+        pe_params: Mapping[str, Any] | None = None,
+        pe_state: Mapping[str, Any] | None = None,
+    ) -> jax.Array:
+        """Attend.
+
+        Args:
+          x_BTD: tokens, prefix tokens first.
+          pos: ``pos_TA`` (or ``pos_BTA`` for rotary families); prefix tokens at position 0.
+            Unused (may be None) when ``pe_state`` is given.
+          pe_params: encoder parameters shared across layers (a mapping of ``PositionParam``
+            or arrays); None uses this layer's own.
+          pe_state: a precomputed encoder state (``pe_state``/``precompute_pe``) to use instead
+            of building one from parameters and positions; excludes ``pe_params``.
+
+        Returns:
+          (B, T, D) array in the activation dtype.
+        """
+        if pe_state is None:
+            pe_state = self.pe_state(pos, pe_params=pe_params)
+        elif pe_params is not None:
+            raise ValueError("Attention takes pe_params or pe_state, not both")
         x_BTD = x_BTD.astype(self.dtype)
         q_BTNH = project(x_BTD, self.wq_DNH[...], self.bq_NH[...])
         k_BTNH = project(x_BTD, self.wk_DNH[...], self.bk_NH[...])
         v_BTNH = project(x_BTD, self.wv_DNH[...], self.bv_NH[...])
-        bias = None
-        if self.is_bias:
-            heads = 1 if self.share_pe_heads else self.num_heads
-            bias = position_bias(
-                module, params, pos, num_heads=heads, num_prefix=self.num_prefix, hparams=hparams
-            ).astype(self.dtype)
-        else:
-            share = self.share_pe_heads
-            q_BTNH, k_BTNH = rotate_qk(
-                module, params, q_BTNH, k_BTNH, pos, share_heads=share, hparams=hparams
-            )
+        q_BTNH, k_BTNH, bias = apply_pe(
+            pe_module(self.pe), pe_state, q_BTNH, k_BTNH, share_heads=self.share_pe_heads,
+            hparams=dict(self.hparams),
+        )  # fmt: skip
+        bias = None if bias is None else bias.astype(self.dtype)
         o_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, bias=bias)
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
         return y_BTD + self.bo_D[...].astype(self.dtype)

@@ -153,10 +153,8 @@ class Block(nnx.Module):
         self.ln2 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
         self.mlp = MlpBlock(width, mlp_dim, dropout=dropout, dtype=dtype, rngs=rngs)
 
-    def __call__(
-        self, x_BTD: jax.Array, pos_TA: jax.Array, *, pe_params: Any, train: bool
-    ) -> jax.Array:
-        y_BTD = self.attn(self.ln1(x_BTD), pos_TA, pe_params=pe_params)
+    def __call__(self, x_BTD: jax.Array, pe_state: Any, *, train: bool) -> jax.Array:
+        y_BTD = self.attn(self.ln1(x_BTD), None, pe_state=pe_state)
         x_BTD = x_BTD + self.dropout(y_BTD, deterministic=not train)
         return x_BTD + self.mlp(self.ln2(x_BTD), train=train)
 
@@ -319,7 +317,11 @@ class ViT(nnx.Module):
                 f"images must have shape {layout} with C={self.channels} for "
                 f"image_shape={self.image_shape}; got shape {tuple(images.shape)}"
             )
-        return token_grid(images.shape[1:-1], self.patch, "images spatial shape")
+        return self.grid_of(images.shape[1:-1])
+
+    def grid_of(self, spatial_shape: Sequence[int]) -> tuple[int, ...]:
+        """The token grid of images with this spatial shape (divisible by the patch size)."""
+        return token_grid(tuple(spatial_shape), self.patch, "images spatial shape")
 
     def embed_tokens(self, images: jax.Array, grid: tuple[int, ...]) -> jax.Array:
         """Patch embedding, class token and additive table: (B, T, D), prefix tokens first."""
@@ -335,27 +337,69 @@ class ViT(nnx.Module):
             x_BTD = x_BTD + emb_TD.astype(x_BTD.dtype)
         return x_BTD
 
-    def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
-        """Classify a batch at any resolution divisible by the patch size.
-
-        Args:
-          images: (B, H, W, C) or (B, D, H, W, C), matching ``image_shape``'s rank.
-          train: apply dropout (uses the ``dropout`` RNG stream).
-
-        Returns:
-          float32 logits (B, K).
-        """
-        grid = self.input_grid(images)
-        pos_TA = positions.grid_positions(
-            grid,
+    def positions(self, grid: Sequence[int]) -> jax.Array:
+        """pos_TA of a token grid under ``position_convention``, prefix tokens at 0."""
+        return positions.grid_positions(
+            tuple(grid),
             self.position_convention,
             num_prefix=self.num_prefix,
             train_grid=self.train_grid,
             anchor_grid=self.train_grid,
         )
+
+    def pe_states(self, pos_TA: jax.Array) -> list[dict[str, Any]]:
+        """One encoder state per block (``attention.precompute_pe``): rotations, bias, or
+        parameters and positions. Layers that share parameters share one state, so shared
+        generators cost one exponential per step, not one per layer."""
+        if self.pe_params is not None:  # shared across layers
+            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params)
+            return [state] * len(self.blocks)
+        return [block.attn.pe_state(pos_TA) for block in self.blocks]
+
+    def precompute_pe(self, grid: Sequence[int]) -> list[dict[str, Any]]:
+        """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
+
+        They depend on the encoder parameters and the grid only, so an evaluation loop computes
+        them once per resolution (e.g. ``jax.jit(model.precompute_pe, static_argnums=0)`` after
+        ``nnx.split``/``merge``) and every batch then costs what a model with a cheap encoder
+        does. Gradients do not flow into a cache computed outside the loss.
+
+        Args:
+          grid: tokens per axis, e.g. ``model.input_grid(images)``.
+
+        Returns:
+          a list of per-block state dicts (pytrees of arrays).
+        """
+        return self.pe_states(self.positions(grid))
+
+    def __call__(
+        self,
+        images: jax.Array,
+        *,
+        train: bool = False,
+        pe_cache: Sequence[Mapping[str, Any]] | None = None,
+    ) -> jax.Array:
+        """Classify a batch at any resolution divisible by the patch size.
+
+        Args:
+          images: (B, H, W, C) or (B, D, H, W, C), matching ``image_shape``'s rank.
+          train: apply dropout (uses the ``dropout`` RNG stream).
+          pe_cache: ``precompute_pe(self.input_grid(images))`` computed beforehand, or None to
+            compute the encoder states here.
+
+        Returns:
+          float32 logits (B, K).
+        """
+        grid = self.input_grid(images)
+        states = self.precompute_pe(grid) if pe_cache is None else list(pe_cache)
+        if len(states) != len(self.blocks):
+            raise ValueError(
+                f"pe_cache has {len(states)} block states, the model has {len(self.blocks)} "
+                "blocks (use model.precompute_pe(grid))"
+            )
         x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
-        for block in self.blocks:
-            x_BTD = block(x_BTD, pos_TA, pe_params=self.pe_params, train=train)
+        for block, state in zip(self.blocks, states, strict=True):
+            x_BTD = block(x_BTD, state, train=train)
         x_BTD = self.norm(x_BTD)
         pooled_BD = x_BTD[:, 0] if self.pool == "cls" else jnp.mean(x_BTD, axis=1)
         return self.head(pooled_BD).astype(jnp.float32)

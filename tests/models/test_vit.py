@@ -361,3 +361,79 @@ def test_patchify_matches_convolution_layout():
     chex.assert_shape(patches, (2, 4, 18))
     # Token 3 is grid cell (1, 1): rows 2-3, columns 3-5, flattened (row, col, channel).
     np.testing.assert_array_equal(patches[:, 3], images[:, 2:4, 3:6].reshape(2, 18))
+
+
+@pytest.mark.parametrize(
+    "pe, hparams, share_heads, share_layers",
+    [
+        ("liere", None, False, False),
+        ("liere", None, True, True),
+        ("liere", {"block_size": 4}, False, False),
+        ("liere", {"block_size": 2}, True, False),
+        ("cayley_string", {"init_std": 0.3}, False, True),
+        ("rope_mixed", None, False, False),
+        ("alibi", {"learnable": True}, False, False),
+    ],
+)
+def test_cached_encoder_states_give_the_same_logits(pe, hparams, share_heads, share_layers):
+    model = ViT(
+        **TINY, pe=pe, pe_hparams=hparams, share_pe_heads=share_heads,
+        share_pe_layers=share_layers, position_convention="sequential", head_zero_init=False,
+        rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    graphdef, state = nnx.split(model)
+    precompute = jax.jit(lambda s, grid: nnx.merge(graphdef, s).precompute_pe(grid),
+                         static_argnums=1)  # fmt: skip
+    forward = jax.jit(lambda s, x, cache: nnx.merge(graphdef, s)(x, pe_cache=cache))
+    for shape in [(2, 8, 12, 3), (3, 12, 16, 3)]:  # training grid (2, 3), then (3, 4)
+        images = _images(shape, seed=shape[0])
+        cache = precompute(state, model.input_grid(images))
+        uncached = _jit_forward(model, images)
+        np.testing.assert_allclose(forward(state, images, cache), uncached, rtol=1e-6, atol=1e-6)
+        assert np.max(np.abs(uncached)) > 1e-3
+    with pytest.raises(ValueError, match="pe_cache has 1 block states"):
+        model(images, pe_cache=cache[:1])
+
+
+@pytest.mark.parametrize("share_heads", [False, True])
+@pytest.mark.parametrize("share_layers, calls", [(False, 2), (True, 1)])
+def test_shared_generators_share_the_exponential(monkeypatch, share_heads, share_layers, calls):
+    shapes = []
+    precompute = encodings.ROTARY["liere"].precompute
+
+    def counting(params, pos):
+        out = precompute(params, pos)
+        shapes.append(out["r_TNKbb"].shape)
+        return out
+
+    monkeypatch.setattr(encodings.ROTARY["liere"], "precompute", counting)
+    model = ViT(
+        **TINY, pe="liere", share_pe_heads=share_heads, share_pe_layers=share_layers,
+        head_zero_init=False, rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    chex.assert_tree_all_finite(_jit_forward(model, _images((2, 8, 12, 3))))
+    # Once per forward pass for all layers sharing generators (depth 2 otherwise), and for one
+    # head when the heads share them: 7 tokens, dense 16 x 16 generators.
+    assert shapes == [(7, 1 if share_heads else 2, 1, 16, 16)] * calls
+
+
+@pytest.mark.parametrize("generator", ["dense", "block2x2"])
+def test_cayley_string_fold_through_the_vit(generator):
+    hparams = {"generator": generator, "init_std": 0.3}
+    model = ViT(**TINY, pe="cayley_string", pe_hparams=hparams, head_zero_init=False,
+                rngs=nnx.Rngs(0))  # fmt: skip
+    images = _images((2, 8, 12, 3))
+    expected = model(images)
+    for block in model.blocks:
+        attn, pe = block.attn, block.attn.pe_params
+        params = {name: value[...] for name, value in pe.items()}
+        p_NHH = encodings.ROTARY["cayley_string"].orthogonal(params)
+        for w, b in (("wq_DNH", "bq_NH"), ("wk_DNH", "bk_NH")):
+            getattr(attn, w)[...] = encodings.ROTARY["cayley_string"].fold(
+                params, getattr(attn, w)[...]
+            )
+            getattr(attn, b)[...] = jnp.einsum("nij,nj->ni", p_NHH, getattr(attn, b)[...])
+        key = next(name for name in pe if name.startswith("s_"))
+        pe[key][...] = jnp.zeros_like(pe[key][...])  # P = I: only RoPE-Mixed is left
+    np.testing.assert_allclose(model(images), expected, rtol=1e-5, atol=1e-5)
+    assert np.max(np.abs(expected)) > 1e-3
