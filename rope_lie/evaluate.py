@@ -1,5 +1,10 @@
 """Evaluation: loss and accuracy over a whole split, at any resolution, optionally shuffled.
 
+Position-encoder states (LieRE's rotations, Cayley-STRING's P, ALiBi's bias) depend only on the
+parameters and the token grid, so ``evaluate`` computes them once per resolution and passes them
+to every batch (``make_eval_step(..., precompute_fn=...)``): an eval batch then costs what it
+costs with a cheap encoder.
+
 Shuffled-patch evaluation (LieRE, Sec. 5.5) permutes the image's patches *before*
 patchification, with one random permutation per example, so it works with any model whose
 tokens are the patches: a model that ignores positions scores the same shuffled or not.
@@ -9,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,16 +62,34 @@ def shuffle_patches(
     return x.transpose(from_patches).reshape(images.shape)
 
 
-def make_eval_step(apply_fn: Callable[[Any, jax.Array], jax.Array]) -> Callable:
-    """Jitted (params, batch) -> {loss_sum, correct, count} over the unmasked examples.
+class EvalStep(NamedTuple):
+    """The jitted pieces of evaluation (from ``make_eval_step``).
+
+    step: (params, batch, cache) -> {loss_sum, correct, count} over the unmasked examples.
+    precompute: (params, spatial_shape) -> cache, the encoder states at that resolution
+      (``spatial_shape`` static); None when the model takes no cache (``cache`` is then None).
+    """
+
+    step: Callable
+    precompute: Callable | None
+
+
+def make_eval_step(
+    apply_fn: Callable[[Any, jax.Array, Any], jax.Array],
+    precompute_fn: Callable[[Any, tuple[int, ...]], Any] | None = None,
+) -> EvalStep:
+    """Jitted evaluation of one batch, and of the encoder states it may reuse.
 
     Args:
-      apply_fn: (params, images) -> logits_BK in eval mode (no dropout).
+      apply_fn: (params, images, cache) -> logits_BK in eval mode (no dropout); cache is
+        ``precompute_fn``'s output for the images' spatial shape, or None without one.
+      precompute_fn: (params, spatial_shape) -> cache, e.g. ``ViT.precompute_pe`` of the
+        grid; None to compute everything per batch.
     """
 
     @jax.jit
-    def eval_step(params, batch):
-        logits_BK = apply_fn(params, batch["image"])
+    def eval_step(params, batch, cache):
+        logits_BK = apply_fn(params, batch["image"], cache)
         mask_B = batch.get("mask", jnp.ones(logits_BK.shape[:1], bool)).astype(jnp.float32)
         loss_B = cross_entropy(logits_BK, batch["label"])
         correct_B = (jnp.argmax(logits_BK, axis=-1) == batch["label"]).astype(jnp.float32)
@@ -76,7 +99,8 @@ def make_eval_step(apply_fn: Callable[[Any, jax.Array], jax.Array]) -> Callable:
             "count": jnp.sum(mask_B),
         }
 
-    return eval_step
+    precompute = None if precompute_fn is None else jax.jit(precompute_fn, static_argnums=1)
+    return EvalStep(eval_step, precompute)
 
 
 def evaluate(
@@ -91,7 +115,7 @@ def evaluate(
     """Accuracy, mean loss and example count over every batch of an eval iterator.
 
     Args:
-      eval_step: from `make_eval_step`.
+      eval_step: from `make_eval_step`; its encoder states are computed once per resolution.
       params: the model parameters (already sharded).
       batches: numpy dicts with "image", "label" and optionally "mask" (padding = 0).
       mesh: the device mesh; batches are split over all its devices.
@@ -105,12 +129,17 @@ def evaluate(
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
     resolution = ""
     rng = np.random.default_rng(seed)
+    caches = {}  # spatial shape -> encoder states, computed once for these params
     for batch in batches:
         batch = {k: batch[k] for k in ("image", "label", "mask") if k in batch}
-        resolution = "x".join(str(d) for d in batch["image"].shape[1:-1])
+        spatial = tuple(int(d) for d in batch["image"].shape[1:-1])
+        resolution = "x".join(str(d) for d in spatial)
+        if eval_step.precompute is not None and spatial not in caches:
+            caches[spatial] = eval_step.precompute(params, spatial)
         if shuffle_patch is not None:
             batch["image"] = shuffle_patches(batch["image"], shuffle_patch, rng)
-        sums = jax.device_get(eval_step(params, sharding.shard_batch(batch, mesh)))
+        sums = eval_step.step(params, sharding.shard_batch(batch, mesh), caches.get(spatial))
+        sums = jax.device_get(sums)
         for key in totals:
             totals[key] += float(sums[key])
     count = totals["count"]

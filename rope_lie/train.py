@@ -193,11 +193,17 @@ def make_train_step(setup: Setup):
     )
 
 
-def make_eval_fn(setup: Setup, other: nnx.State):
-    def apply_fn(params, images):
-        return merge_model(setup, params, other)(images, train=False)
+def make_eval_fn(setup: Setup, other: nnx.State) -> evaluate.EvalStep:
+    """Eval step whose encoder states are precomputed once per resolution (``pe_cache``)."""
 
-    return evaluate.make_eval_step(apply_fn)
+    def apply_fn(params, images, cache):
+        return merge_model(setup, params, other)(images, train=False, pe_cache=cache)
+
+    def precompute_fn(params, spatial_shape):
+        model = merge_model(setup, params, other)
+        return model.precompute_pe(model.grid_of(spatial_shape))
+
+    return evaluate.make_eval_step(apply_fn, precompute_fn)
 
 
 def schedule_steps(config: mc.ConfigDict) -> tuple[int, int, int]:

@@ -51,3 +51,53 @@ def test_metrics_writer_drops_lines_after_the_resume_step(tmp_path):
 def test_format_table():
     table = metrics.format_table([{"eval": "g08", "accuracy": 0.5}], ["eval", "accuracy"])
     assert table.splitlines() == ["eval  accuracy", "----  --------", "g08   0.5000"]
+
+
+def _liere_eval_steps():
+    """(model, cached EvalStep, uncached EvalStep, params) for a tiny LieRE ViT."""
+    from flax import nnx
+
+    from rope_lie.models.vit import ViT
+
+    model = ViT(
+        variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5, pe="liere",
+        position_convention="sequential", head_zero_init=False, rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    graphdef, state = nnx.split(model)
+
+    def apply_fn(params, images, cache):
+        return nnx.merge(graphdef, params)(images, pe_cache=cache)
+
+    def precompute_fn(params, spatial_shape):
+        merged = nnx.merge(graphdef, params)
+        return merged.precompute_pe(merged.grid_of(spatial_shape))
+
+    cached = evaluate.make_eval_step(apply_fn, precompute_fn)
+    return cached, evaluate.make_eval_step(apply_fn), state
+
+
+def test_evaluate_caches_encoder_states_once_per_resolution():
+    from rope_lie import sharding
+
+    cached, uncached, params = _liere_eval_steps()
+    calls = []
+
+    def counting(p, spatial):
+        calls.append(spatial)
+        return cached.precompute(p, spatial)
+
+    counted = evaluate.EvalStep(cached.step, counting)
+    mesh = sharding.make_mesh({"data": -1})
+    rng = np.random.default_rng(0)
+    for size in [(8, 12), (12, 16)]:  # the training resolution, then a larger one
+        batches = [
+            {"image": rng.normal(size=(2, *size, 3)).astype(np.float32),
+             "label": rng.integers(0, 5, size=(2,))}
+            for _ in range(3)
+        ]  # fmt: skip
+        got = evaluate.evaluate(counted, params, batches, mesh)
+        expected = evaluate.evaluate(uncached, params, batches, mesh)
+        assert got["num_examples"] == expected["num_examples"] == 6
+        assert got["accuracy"] == expected["accuracy"]
+        np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-6)
+    assert calls == [(8, 12), (12, 16)]  # once per resolution, not once per batch
