@@ -133,6 +133,62 @@ def params_from_freqs(freqs_ANF, *, head_dim: int | None = None) -> dict[str, ja
     return {"freqs_ANF": freqs_ANF}
 
 
+def _checked_freqs(params: dict[str, jax.Array]) -> jax.Array:
+    freqs_ANF = params["freqs_ANF"]
+    if freqs_ANF.ndim != 3:
+        raise ValueError(f"rope_mixed: freqs_ANF must be (A, N, F), got {tuple(freqs_ANF.shape)}")
+    return freqs_ANF
+
+
+def precompute(params: dict[str, jax.Array], pos: jax.Array) -> dict[str, jax.Array]:
+    """The rotation angles theta_j(p) = sum_a p_a f[a, n, j]: everything ``apply`` needs that
+    does not depend on x, computed once per layer and step for q and k (and cached per
+    resolution at evaluation).
+
+    Args:
+      params: ``{"freqs_ANF": (A, N, F)}``.
+      pos: ``pos_TA`` or ``pos_BTA``, A == num_axes.
+
+    Returns:
+      ``{"angle_TNF": (T, N, F)}`` (``(B, T, N, F)`` for per-example positions), float32.
+    """
+    freqs_ANF = _checked_freqs(params)
+    pos = jnp.asarray(pos)
+    if pos.ndim not in (2, 3) or pos.shape[-1] != freqs_ANF.shape[0]:
+        raise ValueError(
+            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
+            f"A={freqs_ANF.shape[0]}, got shape {tuple(pos.shape)}"
+        )
+    return {"angle_TNF": _angles(pos.astype(jnp.float32), freqs_ANF.astype(jnp.float32))}
+
+
+def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array:
+    """Rotate queries or keys by the angles of ``precompute``; angles for one head (heads
+    sharing frequencies) apply to every head.
+
+    Args:
+      pre: the output of ``precompute``.
+      x_BTNH: queries or keys (B, T, N, H), any float dtype.
+
+    Returns:
+      (B, T, N, H) array in x's dtype.
+    """
+    _checks.check_x(x_BTNH, _FAMILY)
+    angle = pre["angle_TNF"]
+    tokens, heads, num_pairs = angle.shape[-3:]
+    if (
+        tokens != x_BTNH.shape[1]
+        or heads not in (1, x_BTNH.shape[2])
+        or 2 * num_pairs != x_BTNH.shape[3]
+        or (angle.ndim == 4 and angle.shape[0] != x_BTNH.shape[0])
+    ):
+        raise ValueError(
+            f"{_FAMILY}: precomputed angles of shape {tuple(angle.shape)} do not fit x of shape "
+            f"{tuple(x_BTNH.shape)}"
+        )
+    return lie.rotate_pairs(x_BTNH, angle)
+
+
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
     """Rotate queries or keys by R(p), theta_j = sum_a p_a f[a, n, j].
 
@@ -144,20 +200,17 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     Returns:
       (B, T, N, H) array in x's dtype.
     """
-    freqs_ANF = params["freqs_ANF"]
-    if freqs_ANF.ndim != 3:
-        raise ValueError(f"rope_mixed: freqs_ANF must be (A, N, F), got {tuple(freqs_ANF.shape)}")
+    freqs_ANF = _checked_freqs(params)
     num_axes, num_heads, num_pairs = freqs_ANF.shape
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
-    return _rotate(x_BTNH, jnp.asarray(pos, jnp.float32), freqs_ANF.astype(jnp.float32))
+    return apply_precomputed(precompute(params, pos), x_BTNH)
 
 
 @jax.jit
-def _rotate(x_BTNH: jax.Array, pos32: jax.Array, freqs32_ANF: jax.Array) -> jax.Array:
+def _angles(pos32: jax.Array, freqs32_ANF: jax.Array) -> jax.Array:
     spec = "TA,ANF->TNF" if pos32.ndim == 2 else "BTA,ANF->BTNF"
     # HIGHEST: TPUs would otherwise contract float32 in bfloat16 passes, and angles of positions
     # in the tens need float32's resolution.
-    angle_XNF = jnp.einsum(spec, pos32, freqs32_ANF, precision=jax.lax.Precision.HIGHEST)
-    return lie.rotate_pairs(x_BTNH, angle_XNF)
+    return jnp.einsum(spec, pos32, freqs32_ANF, precision=jax.lax.Precision.HIGHEST)

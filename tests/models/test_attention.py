@@ -126,7 +126,9 @@ def test_alibi_bias_added_to_logits():
     assert np.max(np.abs(_reference(attn, x_BTD, lambda x: x) - expected)) > 1e-2
 
 
-def test_rotate_qk_calls_apply_once():
+def test_rotate_qk_rotates_q_and_k_apart_and_folds_shared_heads():
+    # Families without precompute are cheap to rebuild: q and k get one apply each (no
+    # concatenation); shared heads are folded into the batch for 1-head parameters.
     calls = []
 
     def apply(params, x_BTNH, pos):
@@ -134,14 +136,15 @@ def test_rotate_qk_calls_apply_once():
         return x_BTNH * 2.0
 
     module = types.SimpleNamespace(apply=apply)
-    q = jnp.ones((BATCH, TOKENS, HEADS, HEAD_DIM))
+    q = jnp.asarray(np.random.default_rng(0).normal(size=(BATCH, TOKENS, HEADS, HEAD_DIM)))
     pos_TA = jnp.zeros((TOKENS, AXES))
     q2, k2 = attention.rotate_qk(module, {}, q, -q, pos_TA, share_heads=False, hparams={})
-    assert calls == [(2 * BATCH, TOKENS, HEADS, HEAD_DIM)]
+    assert calls == [(BATCH, TOKENS, HEADS, HEAD_DIM)] * 2
     np.testing.assert_array_equal(q2, 2.0 * q)
     np.testing.assert_array_equal(k2, -2.0 * q)
-    attention.rotate_qk(module, {}, q, q, pos_TA, share_heads=True, hparams={})
-    assert calls[1] == (2 * BATCH * HEADS, TOKENS, 1, HEAD_DIM)
+    q3, _ = attention.rotate_qk(module, {}, q, q, pos_TA, share_heads=True, hparams={})
+    assert calls[2:] == [(BATCH * HEADS, TOKENS, 1, HEAD_DIM)] * 2
+    np.testing.assert_array_equal(q3, 2.0 * q)  # heads unfolded back in place
 
 
 @pytest.mark.parametrize("share_heads", [False, True])
