@@ -10,8 +10,9 @@ interleaved pairs (2j, 2j+1)). P acts on the token *before* RoPE: after it, P wo
 q.k (P^T P = I). q.k = q^T P^T RoPE(p_k - p_q) P k depends on p_k - p_q only, in every
 dimension. P does not depend on the position: it is computed once per head per step (never per
 token; ``precompute`` returns it with the RoPE angles, and the model shares it between layers
-that share parameters), and can be folded into the q/k projections for inference with ``fold``,
-after which only ``rope_mixed.apply({"freqs_ANF": params["freqs_ANF"]}, q, pos)`` is applied.
+that share parameters), and can be folded into the q/k projections with ``fold``, after which
+only ``rope_mixed.apply({"freqs_ANF": params["freqs_ANF"]}, q, pos)`` is applied. The ViT folds
+it at every step (``precompute_folded``): D N H^2 work per layer instead of B T N H^2.
 
 Generators (``generator=``; the sparse ones from the sparse Cayley-STRING study, Sec. 3.1-3.5):
 
@@ -353,11 +354,35 @@ def precompute(
     return {"p_NHH": orthogonal(params, k=k), "angle_TNF": angle}
 
 
+def precompute_folded(
+    params: dict[str, jax.Array], pos: jax.Array, *, k: int | None = None
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """P to fold into the q/k projections, and the RoPE-only state to apply after them.
+
+    ``apply_precomputed(pre, x @ fold(w))`` equals ``apply(params, x @ w, pos)``: folding P
+    into the weights costs D N H^2 per layer and step instead of B T N H^2 for applying it to
+    every token, and the gradient reaches S through the folded weights (the model does this at
+    every step, not only for export).
+
+    Args:
+      params: from ``init``.
+      pos: pos_TA or pos_BTA.
+      k: the top-k count, for top-k params only.
+
+    Returns:
+      (p_NHH, {"angle_TNF": RoPE-Mixed angles}) in float32; p_NHH dense for every generator.
+    """
+    pre = precompute(params, pos, k=k)
+    return orthogonal(params, k=k), {"angle_TNF": pre["angle_TNF"]}
+
+
 def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array:
     """x'_t = RoPE(p_t) P x_t from ``precompute``; one head's P and angles apply to every head.
 
+    A state without P (the second output of ``precompute_folded``) applies RoPE only.
+
     Args:
-      pre: the output of ``precompute``.
+      pre: the output of ``precompute`` or the second output of ``precompute_folded``.
       x_BTNH: queries or keys, any float dtype.
 
     Returns:
@@ -381,11 +406,13 @@ def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array
         p_NHH = pre["p_NHH"]
         spec = "nij,btnj->btni" if p_NHH.shape[0] == x32.shape[2] else "ij,btnj->btni"
         mixed = jnp.einsum(spec, p_NHH if spec[0] == "n" else p_NHH[0], x32)
-    else:
+    elif "cos_NK" in pre:
         # Elementwise on the half-split planes: (u, v) = (x[:H/2], x[H/2:]) per plane.
         cos_NK, sin_NK = pre["cos_NK"], pre["sin_NK"]
         u, v = x32[..., :num_pairs], x32[..., num_pairs:]
         mixed = jnp.concatenate([cos_NK * u - sin_NK * v, sin_NK * u + cos_NK * v], axis=-1)
+    else:  # P already folded into the projections
+        mixed = x32
     return lie.rotate_pairs(mixed, angle).astype(x_BTNH.dtype)
 
 

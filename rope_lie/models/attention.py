@@ -7,15 +7,16 @@
 
 Everything the hook needs that depends on the positions only is the encoder *state*
 (``precompute_pe``): a family's ``precompute(params, pos)`` where it has one (LieRE's rotations,
-Cayley-STRING's P and angles), the bias of a bias family, or else the parameters and positions
-themselves. The ``ViT`` builds the states once per call (once for all layers when the layers
-share parameters, so shared generators share their exponentials), or takes them from a cache
-per resolution at evaluation (``ViT.precompute_pe``); ``Attention`` builds its own when given
-none. Without ``precompute`` (families whose rotations are cheap to rebuild), ``apply`` runs
-on q and on k separately: concatenating them along the batch costs more in the backward pass
-than the angles it would share (measured: ~300 ms of a 2.5 s ViT-Ti train step on CPU, even
-for NoPE). Attention itself is ``jax.nn.dot_product_attention`` so fused kernels are used where
-the platform has them.
+RoPE-Mixed's angles), or its ``precompute_folded`` (Cayley-STRING: P, folded into the q/k
+projection weights at every step, and the angles), the bias of a bias family, or else the
+parameters and positions themselves. The ``ViT`` builds the states once per call (once for all
+layers when the layers share parameters, so shared generators share their exponentials), or
+takes them from a cache per resolution at evaluation (``ViT.precompute_pe``); ``Attention``
+builds its own when given none. Without ``precompute`` (families whose rotations are cheap to
+rebuild), ``apply`` runs on q and on k separately: concatenating them along the batch costs more
+in the backward pass than the angles it would share (measured: ~300 ms of a 2.5 s ViT-Ti train
+step on CPU, even for NoPE). Attention itself is ``jax.nn.dot_product_attention`` so fused
+kernels are used where the platform has them.
 
 Encoder parameters live in ``PositionParam`` variables (an ``nnx.Param`` subclass, so that the
 optimizer can exclude them from weight decay by type). Sharing is decided by config:
@@ -210,18 +211,44 @@ def precompute_pe(
       hparams: the family's apply hyperparameters.
 
     Returns:
-      {"bias_1NTS": bias} for bias families; {"rotations": module.precompute(params, pos)} for
-      rotary families that define ``precompute`` (LieRE, Cayley-STRING); else
-      {"params": params, "pos": pos}.
+      {"bias_1NTS": bias} for bias families; for rotary families that define
+      ``precompute_folded`` (Cayley-STRING) {"fold_NHH": P, "rotations": the rest}, P to fold
+      into the q/k projections; {"rotations": module.precompute(params, pos)} for those that
+      define ``precompute`` (LieRE, RoPE-Mixed); else {"params": params, "pos": pos}.
     """
     if module in encodings.BIAS.values():
         bias = position_bias(
             module, params, pos, num_heads=num_heads, num_prefix=num_prefix, hparams=hparams
         )
         return {"bias_1NTS": bias}
+    if hasattr(module, "precompute_folded"):
+        fold_NHH, rotations = module.precompute_folded(params, pos, **hparams)
+        return {"fold_NHH": fold_NHH, "rotations": rotations}
     if hasattr(module, "precompute"):
         return {"rotations": module.precompute(params, pos, **hparams)}
     return {"params": dict(params), "pos": pos}
+
+
+def fold_projection(
+    fold_NHH: jax.Array, w_DNH: jax.Array, b_NH: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Weights and biases of ``P (x w + b)``: ``(w P^T, P b)`` per head, in float32.
+
+    Args:
+      fold_NHH: per-head P (N = 1: one P for every head).
+      w_DNH: projection weights.
+      b_NH: projection biases.
+
+    Returns:
+      (w_DNH, b_NH) folded.
+    """
+    p = fold_NHH.astype(jnp.float32)
+    heads = "n" if p.shape[0] == w_DNH.shape[1] else ""
+    p = p if heads else p[0]
+    hi = jax.lax.Precision.HIGHEST
+    w = jnp.einsum(f"{heads}ij,dnj->dni", p, w_DNH.astype(jnp.float32), precision=hi)
+    b = jnp.einsum(f"{heads}ij,nj->ni", p, b_NH.astype(jnp.float32), precision=hi)
+    return w, b
 
 
 def apply_pe(
@@ -387,8 +414,12 @@ class Attention(nnx.Module):
         elif pe_params is not None:
             raise ValueError("Attention takes pe_params or pe_state, not both")
         x_BTD = x_BTD.astype(self.dtype)
-        q_BTNH = project(x_BTD, self.wq_DNH[...], self.bq_NH[...])
-        k_BTNH = project(x_BTD, self.wk_DNH[...], self.bk_NH[...])
+        wq, bq, wk, bk = self.wq_DNH[...], self.bq_NH[...], self.wk_DNH[...], self.bk_NH[...]
+        if "fold_NHH" in pe_state:  # a position-independent P: fold it, never apply per token
+            (wq, bq), (wk, bk) = (fold_projection(pe_state["fold_NHH"], w, b)
+                                  for w, b in ((wq, bq), (wk, bk)))  # fmt: skip
+        q_BTNH = project(x_BTD, wq, bq)
+        k_BTNH = project(x_BTD, wk, bk)
         v_BTNH = project(x_BTD, self.wv_DNH[...], self.bv_NH[...])
         q_BTNH, k_BTNH, bias = apply_pe(
             pe_module(self.pe), pe_state, q_BTNH, k_BTNH, share_heads=self.share_pe_heads,

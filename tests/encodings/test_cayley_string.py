@@ -308,6 +308,26 @@ def test_fold_reproduces_apply(generator):
     )
 
 
+@pytest.mark.parametrize("generator", GENERATORS)
+@pytest.mark.parametrize("pos_shape", [(T, 2), (B, T, 2)])
+def test_precompute_folded_with_folded_weights_equals_apply(generator, pos_shape):
+    # What the ViT does every step: P into the q/k weights, RoPE from the remaining state.
+    params = _params(60, generator, init_std=1.0)
+    kk = _k(generator)
+    x_BTD = _rng(61).standard_normal((B, T, 12)).astype(np.float32)
+    w_DNH = _rng(62).standard_normal((12, N, H)).astype(np.float32)
+    pos = _pos(63, pos_shape)
+    p_NHH, pre = cayley_string.precompute_folded(params, pos, k=kk)
+    assert set(pre) == {"angle_TNF"}
+    np.testing.assert_allclose(p_NHH, cayley_string.orthogonal(params, k=kk), atol=1e-6)
+    q = jnp.einsum("btd,dnj,nij->btni", x_BTD, w_DNH, p_NHH)
+    want = _apply(params, jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH), pos, k=kk)
+    np.testing.assert_allclose(cayley_string.apply_precomputed(pre, q), want, atol=1e-5)
+    # Without the fold the RoPE-only state gives a different result: P matters here.
+    unfolded = cayley_string.apply_precomputed(pre, jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH))
+    assert np.max(np.abs(np.asarray(unfolded) - np.asarray(want))) > 1e-2
+
+
 def _loss(params, x, w, pos, k):
     return jnp.sum(cayley_string.apply(params, x, pos, k=k) * w)
 
