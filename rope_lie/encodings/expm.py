@@ -373,11 +373,39 @@ def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Arr
     return e.reshape(-1, h, h)
 
 
+# Rows per group (their Taylor rows and squarings): about 4 MiB of rotations, so a group stays
+# in cache through its squarings. Dense 64 x 64, 12 heads: 1.9x faster at 1024 tokens, linear in
+# tokens (measured 2-16 MiB: 4 best). Broadcast products (b <= 8) are grouped only in the
+# backward pass: there it is 1.4-2x faster (b = 8, 12 heads: 196 tokens 66 -> 49 ms, 1024
+# tokens 391 -> 196 ms), in the forward pass 1.4-2x slower.
+_GROUP_BYTES = 4 * 2**20
+
+
+def _map_row_groups(fn, matrix_shape: tuple[int, int], *arrays_X, group_broadcasts: bool = False):
+    """``fn`` on groups of rows (``lax.map``, padded with zero rows), each row holding
+    ``num_gen`` H x H matrices (``matrix_shape = (H, num_gen)``); on all rows at once where the
+    products are broadcasts (unless ``group_broadcasts``) or the rows fit in one group."""
+    h, num_gen = matrix_shape
+    rows = arrays_X[0].shape[0]
+    most = max(1, _GROUP_BYTES // (num_gen * h * h * 4))
+    if (_broadcasts(h) and not group_broadcasts) or rows <= most:
+        return fn(*arrays_X)
+    groups = -(-rows // most)
+    group = -(-rows // groups)  # as even as possible: little padding
+    padded = [jnp.pad(x, [(0, groups * group - rows)] + [(0, 0)] * (x.ndim - 1)) for x in arrays_X]
+    out = jax.lax.map(lambda xs: fn(*xs), [x.reshape(groups, group, *x.shape[1:]) for x in padded])
+    return out.reshape(groups * group, *out.shape[2:])[:rows]
+
+
 def _combination_impl(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
     s_X, b_XA, basis, degree = _combination_setup(coef_XA, gen_AYHH)
-    s_Z = jnp.repeat(s_X, gen_AYHH.shape[1])
-    r = _chunked(_square, s_Z, _taylor_rows(b_XA, basis, degree))
-    return r.reshape(coef_XA.shape[0], *gen_AYHH.shape[1:])
+    num_gen, h = gen_AYHH.shape[1], gen_AYHH.shape[-1]
+
+    def rows(s_x, b_xa):
+        r = _chunked(_square, jnp.repeat(s_x, num_gen), _taylor_rows(b_xa, basis, degree))
+        return r.reshape(s_x.shape[0], num_gen, h, h)
+
+    return _map_row_groups(rows, (h, num_gen), s_X, b_XA)
 
 
 @jax.custom_vjp
@@ -393,9 +421,14 @@ def _combination_bwd(res, r_bar_XYHH):
     # The Frechet adjoint at A^T per row, as in expm_skew's VJP (measured: as fast as a
     # reverse-mode adjoint through the squarings, without its extra code).
     coef_XA, gen_AYHH = res
-    a_XYHH = jnp.einsum("xa,ayij->xyij", coef_XA, gen_AYHH, precision=_HIGHEST)
     impl = functools.partial(_expm_flat, _expm_skew_chunked)
-    _, a_bar = jax.jvp(impl, (_mt(a_XYHH),), (r_bar_XYHH,))
+
+    def rows(coef_xa, r_bar_xyhh):
+        a_xyhh = jnp.einsum("xa,ayij->xyij", coef_xa, gen_AYHH, precision=_HIGHEST)
+        return jax.jvp(impl, (_mt(a_xyhh),), (r_bar_xyhh,))[1]
+
+    shape = (gen_AYHH.shape[-1], gen_AYHH.shape[1])
+    a_bar = _map_row_groups(rows, shape, coef_XA, r_bar_XYHH, group_broadcasts=True)
     coef_bar = jnp.einsum("xyij,ayij->xa", a_bar, gen_AYHH, precision=_HIGHEST)
     gen_bar = jnp.einsum("xa,xyij->ayij", coef_XA, a_bar, precision=_HIGHEST)
     return coef_bar, gen_bar

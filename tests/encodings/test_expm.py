@@ -141,6 +141,30 @@ def test_expm_skew_combination_vjp_matches_finite_differences(h):
     np.testing.assert_allclose(got, fd / (2 * eps), rtol=1e-4)
 
 
+@pytest.mark.parametrize("h", [5, 16])
+def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
+    # Groups of rows (lax.map) keep the exponentials in cache at many tokens; 37 rows in groups
+    # of at most 8 (uneven, padded) must give the ungrouped values and gradients, for broadcast
+    # products (H = 5: grouped in the backward only) and dot products (H = 16: both passes).
+    rng = np.random.default_rng(13)
+    gen = jnp.asarray(np.stack([_random_skew(rng, 2, h, 3.0), _random_skew(rng, 2, h, 1.0)]),
+                      jnp.float32)  # fmt: skip
+    coef = jnp.asarray(rng.uniform(-1.0, 1.0, size=(37, 2)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(37, 2, h, h)), jnp.float32)
+
+    def value_and_grads():
+        f = lambda c, g: jnp.sum(w * expm.expm_skew_combination(c, g))  # noqa: E731
+        return expm.expm_skew_combination(coef, gen), jax.grad(f, (0, 1))(coef, gen)
+
+    whole, (gc_whole, gg_whole) = value_and_grads()
+    monkeypatch.setattr(expm, "_GROUP_BYTES", 8 * 2 * h * h * 4)
+    jax.clear_caches()  # the jitted exponentials read _GROUP_BYTES when traced
+    grouped, (gc, gg) = value_and_grads()
+    np.testing.assert_allclose(grouped, whole, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(gc, gc_whole, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gg, gg_whole, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("h", [3, 4])
 @pytest.mark.parametrize("norm", [0.0, 1e-4, 0.7, 30.0, 1e3])
 def test_closed_forms_match_scipy_float64(h, norm):
