@@ -1,0 +1,49 @@
+"""experiments/benchmarks: the measuring helpers the reported numbers rest on (the benchmarks
+themselves are not tests: they take minutes and print ratios)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from experiments.benchmarks import common, rotations
+
+
+def test_timeit_interleaved_rotates_the_order_and_keeps_every_time():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = common.timeit_interleaved(fns, repeats=3)
+    # One warm-up each, then rounds starting at a, b, c: every function takes every position.
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+    assert set(times) == set("abc")
+    assert all(t["repeats"] == 3 and 0 <= t["min_s"] <= t["median_s"] for t in times.values())
+
+
+def test_timeit_interleaved_times_the_slow_function_as_slow():
+    times = common.timeit_interleaved(
+        {"fast": lambda: None, "slow": lambda: time.sleep(0.02)}, repeats=2
+    )
+    assert times["slow"]["min_s"] >= 0.02 > times["fast"]["median_s"]
+    assert common.ratio(times["slow"], times["fast"])["min_s"] > 1.0
+
+
+def test_peak_rss_growth_sees_a_transient_allocation():
+    size = 256 * 2**20
+
+    def allocate():
+        x = np.ones(size // 8)  # touched: resident, freed on return
+        time.sleep(0.02)
+        return x.sum()
+
+    growth = common.peak_rss_growth(allocate, min_seconds=0.05)
+    assert 0.8 * size < growth < 2 * size, growth
+    assert common.peak_rss_growth(lambda: None, min_seconds=0.05) < 32 * 2**20
+
+
+def test_rotation_accuracy_flags_a_wrong_exponential():
+    gen, pos, _ = rotations.make_inputs(block=2)
+    good = rotations._JAX_FORWARD["ours"](gen, pos)
+    assert rotations.accuracy(good, gen, pos)["max_abs_err"] < 1e-5
+    bad = np.asarray(good).copy()
+    bad[..., 0, 0] += 1e-2
+    assert rotations.accuracy(bad, gen, pos)["max_abs_err"] == pytest.approx(1e-2, rel=1e-3)
