@@ -8,10 +8,16 @@ from its latest checkpoint.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+import os
 
-from rope_lie import train
+# TensorFlow (imported for the data pipeline) logs its start-up from C++ at INFO level (oneDNN,
+# CPU features) before anything of ours; keep its warnings and errors. A user's own setting wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from rope_lie import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",

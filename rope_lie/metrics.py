@@ -4,6 +4,11 @@ Only process 0 writes. On resume from step s, lines of ``metrics.jsonl`` with a 
 dropped first (they were written after the checkpoint the run restarts from and will be
 written again), so the file of a resumed run reads like that of an uninterrupted one.
 TensorBoard event files are append-only; TensorBoard shows the latest value of a repeated step.
+
+The events are written by TensorFlow itself (``tf.summary.write`` with the scalars plugin's
+metadata, exactly what ``tf.summary.scalar`` records), because TensorFlow is already a core
+dependency (TFDS reads through it) while ``tf.summary.scalar`` and ``clu`` would need the
+``tensorboard`` package too. TensorFlow is imported only when TensorBoard output is on.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from tensorboardX import SummaryWriter
 
 JSONL_NAME = "metrics.jsonl"
 
@@ -40,6 +44,32 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+class _EventWriter:
+    """TensorBoard scalar events through TensorFlow's own summary writer (eager, no graph)."""
+
+    def __init__(self, logdir: str):
+        import tensorflow as tf  # imported here: the core loop needs TF only for events and data
+
+        self._tf = tf
+        self._writer = tf.summary.create_file_writer(logdir)
+        # What tensorboard.plugins.scalar.summary_v2.scalar attaches: the scalars plugin, with
+        # an empty ScalarPluginData (version 0), so TensorBoard shows these as scalar charts.
+        self._metadata = tf.compat.v1.SummaryMetadata(
+            plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+        )
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        tf = self._tf
+        with self._writer.as_default():
+            tf.summary.write(tag, tf.constant(value, tf.float32), step, metadata=self._metadata)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class MetricsWriter:
     """Writes scalars to `workdir/metrics.jsonl` and to TensorBoard under `workdir/tensorboard`."""
 
@@ -54,7 +84,7 @@ class MetricsWriter:
         with open(self.path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
         if tensorboard:
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._tb = _EventWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, scalars: Mapping[str, Any]) -> None:
         """One JSON line {"step": step, **scalars} and one TensorBoard scalar per entry."""
@@ -66,7 +96,7 @@ class MetricsWriter:
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, global_step=int(step))
+                    self._tb.scalar(key, value, int(step))
             self._tb.flush()
 
     def close(self) -> None:

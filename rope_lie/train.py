@@ -206,9 +206,9 @@ def make_eval_fn(setup: Setup, other: nnx.State) -> evaluate.EvalStep:
     return evaluate.make_eval_step(apply_fn, precompute_fn)
 
 
-def schedule_steps(config: mc.ConfigDict) -> tuple[int, int, int]:
+def schedule_steps(config: mc.ConfigDict, num_train_examples: int) -> tuple[int, int, int]:
     """(total_steps, steps_per_epoch, eval_every) from the config and the train split size."""
-    steps_per_epoch = max(1, data_summary(config)["num_train_examples"] // config.batch_size)
+    steps_per_epoch = max(1, num_train_examples // config.batch_size)
     total = config.total_steps or int(round(config.num_epochs * steps_per_epoch))
     if config.total_steps < 0 or total < 1:
         raise ValueError(
@@ -265,7 +265,9 @@ class Run:
 
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
-    total, steps_per_epoch, eval_every = schedule_steps(config)
+    num_train = data_summary(config)["num_train_examples"]
+    prepare_eval_data(config)  # a missing eval dataset fails now, not after training
+    total, steps_per_epoch, eval_every = schedule_steps(config, num_train)
     setup, abstract_state, init, init_other = create_setup_and_state(config, mesh, total)
     manager = ckpt.make_manager(os.path.join(workdir, "checkpoints"), **config.checkpoint)
     init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
@@ -281,11 +283,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         start, state, meta = restored
         other, best = init_other(init_key), meta.get("best", {})
         say(f"Resuming from step {start} of {total} in {workdir}")
-    num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
-    say(
-        f"{num_params:,} parameters; {total} steps of {config.batch_size} examples "
-        f"({total / steps_per_epoch:.1f} epochs) on mesh {dict(mesh.shape)}"
-    )
+    say(describe_run(config, abstract_state, mesh, total, num_train))
     writer = metrics.MetricsWriter(workdir, start_step=start, tensorboard=config.tensorboard)
     run = Run(
         config,
@@ -312,6 +310,28 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     if results is None:  # resumed a finished run: evaluate its final state again
         results = _evals(run, state, step)
     return metrics.write_final(workdir, step, results)
+
+
+def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_train: int) -> str:
+    """What is trained, on which data and mesh, for how long: the run's first two lines."""
+    m = config.model
+    num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
+    pe = m.get("pe", "nope") + (f" {dict(m.pe_hparams)}" if m.get("pe_hparams") else "")
+    if m.get("additive", "none") != "none":
+        pe += f" + {m.additive}"
+    devices = mesh.devices.flatten()
+    kinds = "/".join(sorted({d.platform for d in devices}))
+    processes = jax.process_count()
+    axes = " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+    return (
+        f"Training ViT {m.variant} ({num_params:,} parameters; pe={pe}, "
+        f"{m.get('position_convention', 'integer')} positions) on {config.dataset.name} "
+        f"({num_train:,} training examples)\n"
+        f"{total} steps of {config.batch_size} examples "
+        f"({total * config.batch_size / num_train:.1f} epochs) on a {axes} mesh of "
+        f"{len(devices)} {kinds} device{'s' * (len(devices) > 1)} in {processes} "
+        f"process{'es' * (processes > 1)}"
+    )
 
 
 def _evals(run: Run, state: Any, step: int) -> dict[str, dict[str, Any]]:
@@ -364,7 +384,9 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
             pbar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{record['throughput']:.0f}")
             window = []
         if step % run.eval_every == 0 or step == run.total:
+            pbar.set_description("evaluating")
             results = _evals(run, state, step)
+            pbar.set_description("")
             record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
         if record:
             run.writer.write(step, record)
@@ -408,3 +430,12 @@ def data_summary(config: mc.ConfigDict) -> dict[str, Any]:
             f"dataset {config.dataset.name!r} (image_size={config.dataset.image_size}): {expected}"
         )
     return summary
+
+
+def prepare_eval_data(config: mc.ConfigDict) -> None:
+    """Every dataset of ``config.evals`` prepared (ours generated, catalogue ones checked)."""
+    from rope_lie.data import catalog
+
+    names = {entry.name or config.dataset.name for entry in config.evals.values()}
+    for name in sorted(names):
+        catalog.prepare(name, config.dataset.data_dir)

@@ -48,6 +48,24 @@ def test_metrics_writer_drops_lines_after_the_resume_step(tmp_path):
     assert records[0] == {"step": 10, "loss": 0.5, "acc": "nan"}  # numpy -> JSON; nan as text
 
 
+def test_metrics_writer_writes_tensorboard_scalar_events(tmp_path):
+    import tensorflow as tf
+
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write(10, {"loss": np.float32(0.5), "eval/accuracy": 1, "note": "text"})
+    writer.write(20, {"loss": 0.25, "bad": float("inf")})
+    writer.close()
+    (events_file,) = (tmp_path / "tensorboard").iterdir()
+    scalars = []
+    for record in tf.data.TFRecordDataset(str(events_file)):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        for value in event.summary.value:
+            assert value.metadata.plugin_data.plugin_name == "scalars"  # what TensorBoard charts
+            scalars.append((event.step, value.tag, float(tf.make_ndarray(value.tensor))))
+    # Numbers only; text and non-finite values stay in metrics.jsonl.
+    assert scalars == [(10, "loss", 0.5), (10, "eval/accuracy", 1.0), (20, "loss", 0.25)]
+
+
 def test_format_table():
     table = metrics.format_table([{"eval": "g08", "accuracy": 0.5}], ["eval", "accuracy"])
     assert table.splitlines() == ["eval  accuracy", "----  --------", "g08   0.5000"]

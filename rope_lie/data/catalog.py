@@ -9,11 +9,16 @@ mnist, imagenet2012, ucf101) must be prepared by the user, and a missing one
 raises an error that says how.
 """
 
+import contextlib
 import dataclasses
+import io
+import logging
 import time
 
 import ml_collections
 import tensorflow_datasets as tfds
+from absl import logging as absl_logging
+from tensorflow_datasets.core.utils import tqdm_utils
 
 from rope_lie.data import sklearn_digits, spatial_arrows, spatial_arrows_3d
 
@@ -196,16 +201,48 @@ def prepare(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
       FileNotFoundError: for a catalogue dataset that is not prepared, saying how
         to prepare it.
     """
-    builder = tfds.builder(name, data_dir=data_dir)
-    if builder.is_prepared():
-        return builder
-    if base_name(name) not in LOCAL_BUILDERS:
-        raise FileNotFoundError(missing_dataset_message(name, str(builder.data_dir_root)))
-    print(f"Generating {name} into {builder.data_dir} (first use) ...", flush=True)
-    start = time.perf_counter()
-    builder.download_and_prepare()
+    with _without_tfds_warnings():
+        builder = tfds.builder(name, data_dir=data_dir)
+        if builder.is_prepared():
+            return builder
+        if base_name(name) not in LOCAL_BUILDERS:
+            raise FileNotFoundError(missing_dataset_message(name, str(builder.data_dir_root)))
+        print(f"Generating {name} into {builder.data_dir} (first use) ...", flush=True)
+        start = time.perf_counter()
+        with _without_tfds_prints():  # our builders show one progress bar per split instead
+            builder.download_and_prepare()
     print(f"Generated {name} in {time.perf_counter() - start:.1f}s", flush=True)
     return builder
+
+
+def _not_tfds_chatter(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR or "tensorflow_datasets" not in record.pathname
+
+
+@contextlib.contextmanager
+def _without_tfds_warnings():
+    """TFDS's absl warnings off (e.g. "Variant folder ... has no dataset_info.json" before a
+    first generation); its errors still show."""
+    absl_logger = absl_logging.get_absl_logger()
+    absl_logger.addFilter(_not_tfds_chatter)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(_not_tfds_chatter)
+
+
+@contextlib.contextmanager
+def _without_tfds_prints():
+    """TFDS's nested progress bars and its "Downloading and preparing dataset Unknown size ..."
+    prints off while it generates one of our datasets: we print what is generated, where and
+    how long it took, and our builders show one progress bar per split."""
+    was_active = getattr(tqdm_utils, "_active", True)
+    tfds.display_progress_bar(False)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        tfds.display_progress_bar(was_active)
 
 
 def write_mock_metadata(

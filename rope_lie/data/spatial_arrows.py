@@ -30,6 +30,7 @@ import dataclasses
 
 import numpy as np
 import tensorflow_datasets as tfds
+from tqdm import tqdm
 
 from rope_lie.data import glyphs
 
@@ -158,9 +159,12 @@ class SpatialArrows(tfds.core.GeneratorBasedBuilder):
         }
 
     def _generate_examples(self, split: str, num_examples: int):
-        for chunk in range(-(-num_examples // CHUNK)):
-            data = generate_chunk(self.builder_config, split, chunk)
-            for i in range(min(CHUNK, num_examples - chunk * CHUNK)):
-                example = {k: v[i] for k, v in data.items()}
-                example["image"] = glyphs.png_bytes(example["image"])
-                yield chunk * CHUNK + i, example
+        desc = f"{self.name}/{self.builder_config.name} {split}"
+        with tqdm(total=num_examples, desc=desc, unit="ex", leave=False, mininterval=1) as bar:
+            for chunk in range(-(-num_examples // CHUNK)):
+                data = generate_chunk(self.builder_config, split, chunk)
+                for i in range(min(CHUNK, num_examples - chunk * CHUNK)):
+                    example = {k: v[i] for k, v in data.items()}
+                    example["image"] = glyphs.png_bytes(example["image"])
+                    yield chunk * CHUNK + i, example
+                bar.update(min(CHUNK, num_examples - chunk * CHUNK))

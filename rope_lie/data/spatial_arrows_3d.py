@@ -24,6 +24,7 @@ import dataclasses
 
 import numpy as np
 import tensorflow_datasets as tfds
+from tqdm import tqdm
 
 from rope_lie.data import glyphs
 
@@ -158,7 +159,10 @@ class SpatialArrows3d(tfds.core.GeneratorBasedBuilder):
         }
 
     def _generate_examples(self, split: str, num_examples: int):
-        for chunk in range(-(-num_examples // CHUNK)):
-            data = generate_chunk(self.builder_config, split, chunk)
-            for i in range(min(CHUNK, num_examples - chunk * CHUNK)):
-                yield chunk * CHUNK + i, {k: v[i] for k, v in data.items()}
+        desc = f"{self.name}/{self.builder_config.name} {split}"
+        with tqdm(total=num_examples, desc=desc, unit="ex", leave=False, mininterval=1) as bar:
+            for chunk in range(-(-num_examples // CHUNK)):
+                data = generate_chunk(self.builder_config, split, chunk)
+                for i in range(min(CHUNK, num_examples - chunk * CHUNK)):
+                    yield chunk * CHUNK + i, {k: v[i] for k, v in data.items()}
+                bar.update(min(CHUNK, num_examples - chunk * CHUNK))
