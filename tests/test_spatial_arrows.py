@@ -1,5 +1,7 @@
 """Tests for the spatial_arrows builder and the 2D glyphs: labels, layout, determinism."""
 
+import io
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -130,3 +132,18 @@ def test_build_is_deterministic_and_splits_differ(tmp_path):
     train = sa.generate_chunk(config, "train", 0)["image"]
     test = sa.generate_chunk(config, "test", 0)["image"]
     assert not (train == test).all(axis=(1, 2, 3)).any()
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 1), (3, 5, 1), (1, 1, 1)])
+def test_png_bytes_decode_exactly_with_pil_and_tensorflow(shape):
+    import tensorflow as tf
+    from PIL import Image
+
+    rng = np.random.default_rng(sum(shape))
+    for image in (rng.integers(0, 256, shape, dtype=np.uint8), 255 * (rng.random(shape) < 0.2)):
+        image = image.astype(np.uint8)
+        data = glyphs.png_bytes(image)
+        np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(data)))[..., None], image)
+        np.testing.assert_array_equal(tf.io.decode_png(data).numpy(), image)
+    with pytest.raises(ValueError, match=r"expected uint8 \(H, W, 1\), got float32"):
+        glyphs.png_bytes(np.zeros((2, 2, 1), np.float32))
