@@ -56,5 +56,5 @@ def get_config(arg=None):
         test_shuffled=common.eval_entry(shuffle_patches=True),  # shuffled patches (Sec. 5.5)
     )
     if args.smoke:
-        common.make_smoke(c, variant="mu")
+        common.make_smoke(c, variant="pico")
     return c

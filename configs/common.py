@@ -138,9 +138,9 @@ def eval_entry(
     return e
 
 
-def make_smoke(c: mc.ConfigDict, variant: str = "mu") -> None:
+def make_smoke(c: mc.ConfigDict, variant: str = "pico") -> None:
     """Shrink a recipe to a few steps of a tiny model (checks the whole path, not accuracy)."""
-    c.model.variant = variant  # tiny ViT (mu: H = 16)
+    c.model.variant = variant  # tiny ViT (pico: 2 layers of width 32, H = 16)
     if "block_size" in c.model.pe_hparams:
         c.model.pe_hparams.block_size = min(c.model.pe_hparams.block_size, 16)
     c.total_steps = 4

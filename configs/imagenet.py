@@ -65,8 +65,13 @@ def get_config(arg=None):
         **{f"val{s}": common.eval_entry(image_size=s) for s in EVAL_SIZES},  # Fig. 7
     )
     if args.smoke:
-        common.make_smoke(c, variant="mu")
+        common.make_smoke(c, variant="pico")
         c.model.dtype = "float32"
-        for s in EVAL_SIZES[1:]:
-            del c.evals[f"val{s}"]  # one other resolution is enough to check the path
+        c.dataset.image_size = 64  # 4x4 patches of 16 px: the same path, a fraction of the work
+        c.model.image_shape = (64, 64)
+        c.evals = dict(
+            val64=common.eval_entry(),  # the (smoke) training resolution
+            val64_shuffled=common.eval_entry(shuffle_patches=True),
+            val96=common.eval_entry(image_size=96),  # one other resolution checks the path
+        )
     return c

@@ -9,12 +9,13 @@ patches (a model that uses positions should drop to chance, 25%).
     python -m rope_lie.main --config=configs/quickstart.py:smoke --workdir=/tmp/qs_smoke
 
 Arguments: pe=<family> (liere, rope_mixed, rope_axial, visionllama, cayley_string, alibi,
-nope, or the additive tables ape, sincos), block=<LieRE block size>, smoke (20 steps, < 1 min).
+nope, or the additive tables ape, sincos), block=<LieRE block size>, smoke (8 steps; 41 s on
+2 cores, 60 s when it first generates its datasets).
 Compare encoders with e.g. `:pe=ape` and `:pe=rope_mixed` in other workdirs.
 
 Measured (one seed, 2-core CPU machine shared with other jobs, fresh data_dir):
   runtime 295 s in all (4.9 min: ~30 s generating the three datasets, compilation, 500 steps
-  at ~330-400 examples/s, evaluations at steps 250 and 500); smoke 47 s. pe=rope_mixed took
+  at ~330-400 examples/s, evaluations at steps 250 and 500). pe=rope_mixed took
   380 s and pe=ape 287 s (the machine's load varied).
   accuracy       c8_g8 (64 px)  c8_g12 (96 px)  c8_g16 (128 px)  c8_g8 shuffled
   pe=liere       1.000          1.000           0.998            0.321
@@ -72,13 +73,14 @@ def get_config(arg=None):
     )
 
     if args.smoke:
-        c.total_steps = 20  # a few steps: checks the whole path, not the accuracy
-        c.batch_size = 32
+        c.total_steps = 8  # a few steps: checks the whole path, not the accuracy
+        c.batch_size = 16
         c.optim.warmup_steps = 2
-        c.log_every_steps = 5
+        c.log_every_steps = 4
         c.eval_every_steps = 0  # only at the end
-        c.checkpoint.every_steps = 10
-        c.dataset.eval_split = "test[:250]"  # a slice: faster evaluation
-        c.evals.g12.split = "test[:250]"
+        c.eval_batch_size = 32
+        c.checkpoint.every_steps = 4
+        c.dataset.eval_split = "test[:64]"  # a slice: faster evaluation
+        c.evals.g12.split = "test[:64]"
         del c.evals["g16"]  # one extrapolation grid is enough to check the path
     return c

@@ -60,7 +60,7 @@ def get_config(arg=None):
         test_shuffled=common.eval_entry(shuffle_patches=True),  # shuffled tubelets
     )
     if args.smoke:
-        common.make_smoke(c, variant="mu")
+        common.make_smoke(c, variant="pico")
         c.dataset.image_size = 32  # 4 x 2 x 2 tubelets per clip
         c.model.image_shape = (8, 32, 32)
         c.model.dtype = "float32"

@@ -47,7 +47,7 @@ def test_adamw_decays_only_masked_params():
     cfg = dict(name="adamw", lr=0.1, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.5, grad_clip=0.0)
     tx, _ = optim.make_optimizer(cfg, params_state, total_steps=10)
     zero_grads = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = tx.update(zero_grads, tx.init(params), params)
+    updates, _ = jax.jit(tx.update)(zero_grads, jax.jit(tx.init)(params), params)
     mask = optim.decay_mask(params_state)
     for decayed, upd, p in zip(
         jax.tree.leaves(mask), jax.tree.leaves(updates), jax.tree.leaves(params), strict=True
@@ -73,7 +73,7 @@ def test_grad_clip_rescales_gradients_to_the_max_global_norm():
     cfg = dict(name="adam", lr=1.0, b1=0.0, b2=0.0, eps=10.0, grad_clip=1.0)
     tx, _ = optim.make_optimizer(cfg, params_state, total_steps=10)
     grads = jax.tree.map(lambda p: jnp.full_like(p, 3.0), params)
-    updates, _ = tx.update(grads, tx.init(params), params)
+    updates, _ = jax.jit(tx.update)(grads, jax.jit(tx.init)(params), params)
     scale = 1.0 / optax.tree.norm(grads)
     for g, u in zip(jax.tree.leaves(grads), jax.tree.leaves(updates), strict=True):
         np.testing.assert_allclose(u, -(g * scale) / (jnp.abs(g * scale) + 10.0), rtol=1e-5)

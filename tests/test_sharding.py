@@ -80,7 +80,7 @@ _SCRIPT = textwrap.dedent(
 
     config = mc.ConfigDict(dict(
         fsdp_min_size=256,
-        model=dict(variant="mu/4", image_shape=(16, 16), channels=3, num_classes=5,
+        model=dict(variant="pico/4", image_shape=(16, 16), channels=3, num_classes=5,
                    pe="rope_mixed", dropout=0.1, pool="mean"),
         optim=dict(name="adamw", lr=1e-1, b1=0.9, b2=0.999, eps=1.0, weight_decay=1e-2,
                    grad_clip=1.0, warmup_steps=0, end_lr_ratio=0.0),
@@ -114,7 +114,8 @@ _SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def eight_device_results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = dict(os.environ, XLA_FLAGS=flags.strip())
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=300

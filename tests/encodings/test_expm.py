@@ -109,8 +109,9 @@ def test_expm_skew_combination_finite_at_huge_norms_and_zero_generators():
     assert np.isfinite(r).all()
     # Each squaring doubles the rounding error, so after s ~ 19 squarings orthogonality holds to
     # about 2^s u (u = 2^-24 ~ 6e-8): ~3e-2 here (measured 0.6-1.7 x 2^s u over seeds).
-    s = np.asarray(expm._combination_setup(jnp.asarray(coef, jnp.float32),
-                                          jnp.asarray(gen, jnp.float32))[0])  # fmt: skip
+    # Jitted: one compiled program instead of hundreds of eagerly dispatched operations.
+    squarings = jax.jit(lambda c, g: expm._combination_setup(c, g)[0])
+    s = np.asarray(squarings(jnp.asarray(coef, jnp.float32), jnp.asarray(gen, jnp.float32)))
     assert s.max() >= 17
     ortho = np.abs(np.swapaxes(r, -1, -2) @ r - np.eye(8)).max(axis=(-2, -1))
     assert (ortho <= 4.0 * 2.0 ** s[:, None] * 2.0**-24).all(), (ortho, s)
@@ -158,7 +159,12 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
 
     whole, (gc_whole, gg_whole) = value_and_grads()
     monkeypatch.setattr(expm, "_GROUP_BYTES", 8 * 2 * h * h * 4)
-    jax.clear_caches()  # the jitted exponentials read _GROUP_BYTES when traced
+    # The exponential reads _GROUP_BYTES when traced, and jit and custom_vjp cache their traces
+    # per function: fresh ones trace it again (jax.clear_caches() would do it too, but then
+    # every later test recompiles what it shares with earlier ones).
+    fresh = jax.custom_vjp(expm._combination_impl)
+    fresh.defvjp(expm._combination_fwd, expm._combination_bwd)
+    monkeypatch.setattr(expm, "_combination_jit", jax.jit(fresh))
     grouped, (gc, gg) = value_and_grads()
     np.testing.assert_allclose(grouped, whole, rtol=0, atol=1e-6)
     np.testing.assert_allclose(gc, gc_whole, rtol=1e-5, atol=1e-5)
