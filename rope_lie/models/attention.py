@@ -15,8 +15,8 @@ takes them from a cache per resolution at evaluation (``ViT.precompute_pe``); ``
 builds its own when given none. Without ``precompute`` (families whose rotations are cheap to
 rebuild), ``apply`` runs on q and on k separately: concatenating them along the batch costs more
 in the backward pass than the angles it would share (measured: ~300 ms of a 2.5 s ViT-Ti train
-step on CPU, even for NoPE). Attention itself is ``jax.nn.dot_product_attention`` so fused
-kernels are used where the platform has them.
+step on CPU, even for NoPE). Attention itself is ``attend``: the XLA path of
+``jax.nn.dot_product_attention`` written out (see its docstring).
 
 Encoder parameters live in ``PositionParam`` variables (an ``nnx.Param`` subclass, so that the
 optimizer can exclude them from weight decay by type). Sharing is decided by config:
@@ -34,6 +34,7 @@ parameters passed in, or from its own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -166,7 +167,7 @@ def position_bias(
     num_prefix: int,
     hparams: Mapping[str, Any],
 ) -> jax.Array:
-    """The attention-logit bias of a bias family, shaped for ``dot_product_attention``.
+    """The attention-logit bias of a bias family, shaped for ``attend`` (B, N, T, S).
 
     Args:
       module: a bias family module (ALiBi).
@@ -292,6 +293,35 @@ def project(x_BTD: jax.Array, w_DNH: jax.Array, b_NH: jax.Array) -> jax.Array:
     """
     w_DNH, b_NH = w_DNH.astype(x_BTD.dtype), b_NH.astype(x_BTD.dtype)
     return jnp.einsum("BTD,DNH->BTNH", x_BTD, w_DNH) + b_NH
+
+
+def attend(
+    q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, bias: jax.Array | None = None
+) -> jax.Array:
+    """Scaled dot-product attention, ``softmax(q k^T / sqrt(H) + bias) v`` per head.
+
+    The XLA path of ``jax.nn.dot_product_attention`` (same operations in the same order:
+    float32 logits, scale, bias, float32 softmax, probabilities cast to v's dtype), written
+    out without its grouped-query ``vmap``: XLA:CPU fused the size-1 group axis into slow
+    five-dimensional kernels, and this form made a ViT train step 5-9 % faster on CPU
+    (``experiments/benchmarks/vs_pytorch.py``, issue 14). jax.nn's cuDNN kernel is used only
+    when asked for explicitly, so nothing is lost on GPU.
+
+    Args:
+      q_BTNH: queries.
+      k_BTNH: keys (S = T tokens).
+      v_BTNH: values.
+      bias: None or a logit bias broadcastable to (B, N, T, S).
+
+    Returns:
+      (B, T, N, H) in v's dtype.
+    """
+    logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q_BTNH, k_BTNH, preferred_element_type=jnp.float32)
+    logits_BNTS = logits_BNTS * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
+    if bias is not None:
+        logits_BNTS = (logits_BNTS + bias).astype(jnp.float32)
+    probs_BNTS = jax.nn.softmax(logits_BNTS, axis=-1).astype(v_BTNH.dtype)
+    return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, v_BTNH)
 
 
 def xavier_uniform(in_axis, out_axis) -> jax.nn.initializers.Initializer:
@@ -426,6 +456,6 @@ class Attention(nnx.Module):
             hparams=dict(self.hparams),
         )  # fmt: skip
         bias = None if bias is None else bias.astype(self.dtype)
-        o_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, bias=bias)
+        o_BTNH = attend(q_BTNH, k_BTNH, v_BTNH, bias)
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
         return y_BTD + self.bo_D[...].astype(self.dtype)

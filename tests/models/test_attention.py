@@ -199,6 +199,31 @@ def test_shared_layer_params_come_from_exactly_one_place():
         owner(x_BTD, pos_TA, pe_params=owner.pe_params)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attend_is_jax_dot_product_attention(dtype, with_bias):
+    """``attend`` is jax.nn's XLA attention written out: same values and gradients."""
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.normal(size=(BATCH, TOKENS, HEADS, HEAD_DIM)), dtype) for _ in "qkv")
+    bias = jnp.asarray(rng.normal(size=(1, HEADS, TOKENS, TOKENS)), dtype) if with_bias else None
+    w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+
+    def loss(f, q, k, v):
+        return jnp.sum(w * f(q, k, v, bias=bias).astype(jnp.float32))
+
+    ours = attention.attend(q, k, v, bias)
+    theirs = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
+    assert ours.dtype == theirs.dtype == dtype
+    tol = 1e-6 if dtype == jnp.float32 else 1e-2
+    np.testing.assert_allclose(np.float32(ours), np.float32(theirs), atol=tol, rtol=tol)
+    g_ours = jax.grad(lambda *a: loss(attention.attend, *a), argnums=(0, 1, 2))(q, k, v)
+    g_theirs = jax.grad(lambda *a: loss(jax.nn.dot_product_attention, *a), argnums=(0, 1, 2))(
+        q, k, v
+    )
+    for a, b in zip(g_ours, g_theirs, strict=True):
+        np.testing.assert_allclose(np.float32(a), np.float32(b), atol=10 * tol, rtol=10 * tol)
+
+
 def test_bfloat16_activations():
     attn = Attention(
         WIDTH,
