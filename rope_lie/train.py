@@ -366,13 +366,18 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
         mininterval=1.0,
     )
     batches = data_train_batches(config, start)
-    tick, timed, step = time.perf_counter(), 0, start
-    for step in range(start + 1, run.total + 1):
+
+    def next_batch():
         batch = next(batches)
-        batch = sharding.shard_batch(
-            {k: batch[k] for k in TRAIN_KEYS if k in batch}, run.setup.mesh
-        )
+        return sharding.shard_batch({k: batch[k] for k in TRAIN_KEYS if k in batch}, run.setup.mesh)
+
+    tick, timed, step = time.perf_counter(), 0, start
+    batch = next_batch() if start < run.total else None
+    for step in range(start + 1, run.total + 1):
         state, m = run.train_step(state, batch, run.other, run.dropout_key)
+        # Read and place the next batch while the step runs (dispatch is asynchronous), then
+        # wait for this step's metrics: host and device work overlap (issue 14).
+        batch = next_batch() if step < run.total else None
         m = jax.device_get(m)
         check_step(step, m, run.manager)
         window.append(m)
