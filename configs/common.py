@@ -77,6 +77,9 @@ def pe_fields(pe: str, block: int = 8) -> dict[str, Any]:
     )
 
 
+TOPK_INIT_STD = 0.02  # Cayley-STRING top-k: S ~ N(0, 0.02) at init (see cayley_hparams)
+
+
 def cayley_hparams(generator: str, bandwidth: int, k: int) -> dict[str, Any]:
     """Cayley-STRING init arguments for the sparse-generator study (cayley_string.py)."""
     hparams: dict[str, Any] = dict(generator=generator)  # dense | block2x2 | banded | topk
@@ -84,6 +87,10 @@ def cayley_hparams(generator: str, bandwidth: int, k: int) -> dict[str, Any]:
         hparams["bandwidth"] = bandwidth  # |i - j| <= bandwidth kept in S
     if generator == "topk":
         hparams["k"] = k  # largest |S_ij| kept (mask symmetrised)
+        # From S = 0 top_k would keep the first k entries forever (no gradient reaches the
+        # rest); small random entries let the selection follow the learned magnitudes. The
+        # study gives no init; 0.02 is the usual small-parameter scale (ViT's APE, timm).
+        hparams["init_std"] = TOPK_INIT_STD
     return hparams
 
 

@@ -18,6 +18,7 @@ from flax import nnx
 from configs import common
 from rope_lie import train
 from rope_lie.data import catalog
+from rope_lie.encodings import cayley_string
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = [
@@ -79,6 +80,19 @@ def test_paper_model_sizes():
     for generator in ("dense", "block2x2", "banded", "topk"):
         n = count_params(get_config("cifar10_cayley", f"generator={generator}"))
         assert 0.110e6 < n < 0.125e6, (generator, n)
+
+
+@pytest.mark.parametrize("recipe", ["cifar10_cayley", "mnist_cayley"])
+def test_topk_recipes_start_from_a_random_generator(recipe):
+    """From S = 0, top_k would keep the first k entries forever: the recipes draw S."""
+    hparams = get_config(recipe, "generator=topk").model.pe_hparams
+    assert hparams["init_std"] > 0
+    params = cayley_string.init(jax.random.key(0), num_heads=4, head_dim=12, num_axes=2, **hparams)
+    mask = np.asarray(cayley_string.generator(params, k=hparams["k"])) != 0
+    assert mask[0].sum() >= hparams["k"]  # k entries kept, and their transposes
+    first_k = np.zeros(12 * 12, bool)  # what top_k picks from all-equal scores
+    first_k[np.flatnonzero(~np.eye(12, dtype=bool).ravel())[: hparams["k"]]] = True
+    assert not np.array_equal(mask[0].ravel(), first_k | first_k.reshape(12, 12).T.ravel())
 
 
 def _smoke(recipe, arg, tfds_dir, workdir, **overrides):

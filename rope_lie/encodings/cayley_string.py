@@ -29,7 +29,8 @@ Generators (``generator=``; the sparse ones from the sparse Cayley-STRING study,
   S = A*M - (A*M)^T; ``k`` is needed by ``apply`` too.
 
 The generator is read from the single ``s_*`` key present in the params. S starts at 0 (R =
-RoPE exactly) unless ``init_std > 0`` (entries N(0, init_std)).
+RoPE exactly) unless ``init_std > 0`` (entries N(0, init_std)); "topk" requires
+``init_std > 0`` (from S = 0 the selection would keep the first k entries forever).
 
 Conventions: interleaved RoPE pairs, rotation multiplies from the left, axis order of ``pos`` =
 array order of the input. Prefix (class) tokens at position 0 get R(0) = P (RoPE's identity
@@ -110,6 +111,12 @@ def _check_hparams(generator, head_dim: int, bandwidth, k, init_std) -> None:
         isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std >= 0
     ):
         raise ValueError(f"{_FAMILY}: init_std={init_std!r} must be a finite number >= 0")
+    if generator == "topk" and init_std == 0:
+        raise ValueError(
+            f"{_FAMILY}: generator='topk' needs init_std > 0, got init_std={init_std!r}: from "
+            "S = 0 every |S_ij| ties, top_k keeps the first k entries, and no gradient ever "
+            "reaches the others, so the selection would never change"
+        )
 
 
 def init(
@@ -133,7 +140,8 @@ def init(
       num_axes: A, position axes.
       generator: one of ``GENERATORS``: "dense", "block2x2", "banded", "topk".
       base: RoPE-Mixed's frequency magnitude base.
-      init_std: standard deviation of the normal init of the generator entries (0: S = 0).
+      init_std: standard deviation of the normal init of the generator entries (0: S = 0;
+        must be > 0 for "topk").
       bandwidth: b in [1, H - 1], for generator="banded" only.
       k: kept entries in [1, H(H-1)], for generator="topk" only (pass it to ``apply`` too).
 

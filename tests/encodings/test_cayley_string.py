@@ -150,7 +150,11 @@ def test_apply_matches_float64_reference(generator, pos_shape):
 
 @pytest.mark.parametrize("generator", GENERATORS)
 def test_zero_generator_is_exactly_rope_mixed(generator):
-    params = _init(3, generator, init_std=0.0)
+    if generator == "topk":  # init refuses S = 0 for top-k (test_init_errors); set it here
+        params = _init(3, generator, init_std=0.5)
+        params[KEYS[generator]] = jnp.zeros_like(params[KEYS[generator]])
+    else:
+        params = _init(3, generator, init_std=0.0)
     ref_params = rope_mixed.init(
         jax.random.split(jax.random.key(3))[0], num_heads=N, head_dim=H, num_axes=2
     )
@@ -388,6 +392,11 @@ def test_gradients(generator, init_std):
         ),
         ({"generator": "block2x2", "k": 3}, ValueError, "k=3 is only used by generator='topk'"),
         ({"init_std": -0.1}, ValueError, "init_std=-0.1"),
+        (
+            {"generator": "topk", "k": 4, "init_std": 0.0},
+            ValueError,
+            "generator='topk' needs init_std > 0, got init_std=0.0: .*first k entries",
+        ),
         ({"head_dim": 2, "generator": "block2x2"}, ValueError, "head_dim=2"),
         ({"head_dim": 7}, ValueError, "head_dim=7 is not divisible by 2"),
         ({"block_size": 2}, TypeError, "block_size"),

@@ -56,7 +56,7 @@ CAYLEY_GENERATORS = [
     {"generator": "dense"},
     {"generator": "block2x2"},
     {"generator": "banded", "bandwidth": 3},
-    {"generator": "topk", "k": 10},
+    {"generator": "topk", "k": 10, "init_std": 0.1},
 ]
 
 
