@@ -2,14 +2,16 @@
 
 A bias added to the attention logits of head n (before the softmax), nothing added to q or k:
 
-    bias[n, t, s] = -slope_n * ||p_t - p_s||_2,    slope_n = 2^(-8n/N),  n = 1, ..., N,
+    bias[n, t, s] = -slope_n * ||p_t - p_s||_2,    slope_n = 2^(-8n/N) for N a power of two,
 
 with ``||p_t - p_s|| = |i - j|`` in 1D and the Euclidean norm of the position difference for
 A >= 2 (2D ALiBi of CROMA, Fuller et al., arXiv:2311.00566). The bias is symmetric (no causal
-mask), zero on the diagonal and translation invariant. The slopes are the geometric sequence
-2^(-8/N), 2^(-16/N), ..., 2^(-8) for every N; for N a power of two this is ALiBi's (and
-CROMA's) ``get_slopes``, for other N the reference code instead interleaves the sequences of the
-neighbouring powers of two.
+mask), zero on the diagonal and translation invariant. The slopes are ALiBi's reference
+``get_slopes`` (Press et al., github.com/ofirpress/attention_with_linear_biases, also used by
+CROMA): for N a power of two the geometric sequence 2^(-8/N), 2^(-16/N), ..., 2^(-8); for other
+N the sequence of the next lower power of two, P = 2^floor(log2 N), followed by every other
+slope of the sequence for 2P (its 1st, 3rd, ...) until there are N, so 3-, 6- and 12-head models
+match published ones (N = 6: 2^-2, 2^-4, 2^-6, 2^-8, then 2^-1, 2^-3).
 
 Bias-family contract:
 
@@ -30,6 +32,8 @@ Axis order of positions = the array order of the input; any number of axes.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,9 +46,22 @@ _FAMILY = "alibi"
 
 
 def slopes(num_heads: int) -> np.ndarray:
-    """The fixed ALiBi slopes ``2^(-8n/N)`` for heads n = 1..N, float64 of shape (N,)."""
+    """The fixed ALiBi slopes of the reference ``get_slopes`` (module docstring), float64 (N,)."""
     _checks.check_positive_int(num_heads, "num_heads", _FAMILY)
-    return 2.0 ** (-8.0 * np.arange(1, num_heads + 1) / num_heads)
+    return np.asarray(_reference_slopes(num_heads), np.float64)
+
+
+def _power_of_two_slopes(n: int) -> np.ndarray:
+    return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+
+
+def _reference_slopes(n: int) -> np.ndarray:
+    lower = 2 ** int(math.floor(math.log2(n)))
+    if lower == n:
+        return _power_of_two_slopes(n)
+    return np.concatenate(
+        [_power_of_two_slopes(lower), _reference_slopes(2 * lower)[0::2][: n - lower]]
+    )
 
 
 def init(

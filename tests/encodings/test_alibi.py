@@ -39,10 +39,18 @@ def test_slopes_match_alibi_reference_for_powers_of_two(num_heads):
     np.testing.assert_allclose(alibi.slopes(num_heads), _reference_slopes(num_heads), rtol=1e-12)
 
 
-def test_slopes_are_geometric_for_any_head_count():
-    slope_N = alibi.slopes(6)
-    np.testing.assert_allclose(slope_N, 2.0 ** (-8.0 * np.arange(1, 7) / 6), rtol=1e-15)
-    np.testing.assert_allclose(slope_N[1:] / slope_N[:-1], 2.0 ** (-8 / 6), rtol=1e-12)
+@pytest.mark.parametrize(
+    "num_heads, exponents",
+    [
+        # ALiBi's get_slopes for non-powers of two, worked by hand: the sequence of the next
+        # lower power of two P, then every other slope of the sequence for 2P.
+        (3, [-4, -8, -2]),
+        (6, [-2, -4, -6, -8, -1, -3]),
+        (12, [-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5]),
+    ],
+)
+def test_slopes_follow_the_alibi_reference_for_other_head_counts(num_heads, exponents):
+    np.testing.assert_allclose(alibi.slopes(num_heads), 2.0 ** np.array(exponents), rtol=1e-12)
 
 
 @pytest.mark.parametrize("grid", [(7,), (3, 4), (2, 3, 2)])
