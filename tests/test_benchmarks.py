@@ -47,3 +47,18 @@ def test_rotation_accuracy_flags_a_wrong_exponential():
     bad = np.asarray(good).copy()
     bad[..., 0, 0] += 1e-2
     assert rotations.accuracy(bad, gen, pos)["max_abs_err"] == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_timeit_alternating_pauses_before_every_call_and_rotates():
+    from experiments.benchmarks import vs_pytorch
+
+    stamps = []
+    fns = {name: (lambda name=name: stamps.append((name, time.perf_counter()))) for name in "ab"}
+    times = vs_pytorch.timeit_alternating(fns, repeats=2, pause=0.03)
+    names = [n for n, _ in stamps]
+    assert names == list("aabb") + list("ab") + list("ba")  # two warm-ups each, then rounds
+    timed = [t for _, t in stamps[4:]]
+    assert all(b - a >= 0.03 for a, b in zip(timed, timed[1:], strict=False))
+    assert set(times) == {"a", "b"} and all(t["repeats"] == 2 for t in times.values())
+    # the pause is idle time before the clock starts, not part of the measured call
+    assert all(t["median_s"] < 0.03 for t in times.values())

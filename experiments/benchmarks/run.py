@@ -1,4 +1,4 @@
-"""Run every benchmark of issue 4, print the tables and write JSON.
+"""Run every benchmark (issues 4 and 14), print the tables and write JSON.
 
     python -m experiments.benchmarks.run            # full: about 15-20 minutes on 2 cores
     python -m experiments.benchmarks.run --quick    # smaller shapes, fewer repeats: ~3 minutes
@@ -16,13 +16,14 @@ import json
 import os
 import time
 
-from experiments.benchmarks import common, flops, model_steps, rotations, scaling
+from experiments.benchmarks import common, flops, model_steps, rotations, scaling, vs_pytorch
 
 BENCHMARKS = {
     "rotations": rotations,
     "model_steps": model_steps,
     "scaling": scaling,
     "flops": flops,
+    "vs_pytorch": vs_pytorch,
 }
 
 
