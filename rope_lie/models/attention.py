@@ -304,8 +304,9 @@ def attend(
     float32 logits, scale, bias, float32 softmax, probabilities cast to v's dtype), written
     out without its grouped-query ``vmap``: XLA:CPU fused the size-1 group axis into slow
     five-dimensional kernels, and this form made a ViT train step 5-9 % faster on CPU
-    (``experiments/benchmarks/vs_pytorch.py``, issue 14). jax.nn's cuDNN kernel is used only
-    when asked for explicitly, so nothing is lost on GPU.
+    (``experiments/benchmarks/vs_pytorch.py``, issue 14). With ``implementation=None``,
+    jax 0.10's dot_product_attention takes this same XLA path on every platform (its cuDNN
+    kernel only when asked for), so nothing is lost on GPU.
 
     Args:
       q_BTNH: queries.
