@@ -9,15 +9,19 @@ shuffled patches. Two scales:
   dropout 0.1 (the paper's 2D recipe). Paper Table 3 (108 / 168 / 276 px): LieRE64
   100 / 100 / 100, LieRE8 99.5 / 99.7 / 99.7, RoPE-Mixed 100 / 98.6 / 88.6,
   VisionLlama 46.4 / 48.6 / 48.6, APE 45.1 / 41.0 / 40.1.
-- `res=cpu`: 8 px cells, 8x8 grid (64 px) on 20,000 layouts, evaluated at 12x12 and 16x16;
-  the quickstart's ViT-mu/8.
+- `res=cpu`: 8 px cells, 8x8 grid (64 px) on 20,000 layouts, evaluated at 12x12, 16x16 and
+  20x20 (2.5x, the paper's 276/108), and on the training grid's test scenes resized to 80, 96
+  and 128 px (`px080`, `px096`, `px128`: the same scenes at more pixels, as Heo et al. change
+  resolution); the quickstart's ViT-mu/8.
 
     python -m rope_lie.main --config=configs/arrows.py:pe=rope_mixed,res=cpu \
         --workdir=workdirs/arrows_cpu_rope_mixed
     python -m rope_lie.main --config=configs/arrows.py:pe=liere,block=64,res=paper \
         --workdir=workdirs/arrows_paper_liere64
 
-Arguments: pe=<family or ape/sincos>, block=<LieRE block size>, res=cpu|paper,
+Arguments: pe=<family, a variant such as visionllama_liere (the LieRE paper's VisionLlama),
+or ape/sincos>, block=<LieRE block size; 2 = the LieRE paper's RoPE-Mixed>, res=cpu|paper,
+ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
 steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the tests).
 
 Expected runtime: res=cpu ~5-10 min on 2 CPU cores (to be measured); res=paper: to be measured
@@ -28,18 +32,23 @@ Expected metric: to be measured.
 from configs import common
 
 SCALES = {
-    # cell px, training grid, eval grids, variant, train steps, batch, lr, dropout
+    # cell px, training grid, larger eval grids, same scenes at more px (cell sizes), variant,
+    # train steps, batch, lr, dropout
     "cpu": dict(
-        cell=8, grid=8, evals=(12, 16), variant="mu/8", steps=500, batch=128, lr=2e-3, dropout=0.0
+        cell=8, grid=8, evals=(12, 16, 20), rescaled=(10, 12, 16), variant="mu/8", steps=500,
+        batch=128, lr=2e-3, dropout=0.0,
     ),
     "paper": dict(
-        cell=12, grid=9, evals=(14, 23), variant="B/12", steps=1563, batch=512, lr=1e-4, dropout=0.1
+        cell=12, grid=9, evals=(14, 23), rescaled=(), variant="B/12", steps=1563, batch=512,
+        lr=1e-4, dropout=0.1,
     ),
-}
+}  # fmt: skip
 
 
 def get_config(arg=None):
-    args = common.parse_arg(arg, pe="liere", block=8, res="cpu", steps=0, smoke=False)
+    args = common.parse_arg(
+        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, res="cpu", steps=0, smoke=False
+    )
     if args.res not in SCALES:
         raise ValueError(f"res={args.res!r}; expected one of {sorted(SCALES)}")
     s = SCALES[args.res]
@@ -59,7 +68,7 @@ def get_config(arg=None):
         num_classes=4,  # direction of the target arrow: up, right, down, left
         pool="cls",  # class token, as in the paper
         dropout=s["dropout"],  # dropout rate
-        **common.pe_fields(args.pe, args.block),  # pe, pe_hparams, additive, positions
+        **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
         share_pe_heads=False,  # encoder parameters per head ...
         share_pe_layers=False,  # ... and per layer (paper default)
         head_zero_init=True,  # zero-initialised classifier
@@ -79,11 +88,15 @@ def get_config(arg=None):
         **{f"g{s['grid']:02d}": common.eval_entry()},  # training grid, held-out layouts
         **{f"g{g:02d}": common.eval_entry(name=name(g)) for g in s["evals"]},  # larger grids
         **{f"g{s['grid']:02d}_shuffled": common.eval_entry(shuffle_patches=True)},
-    )
+        # the training grid's test scenes resized to more pixels (c8_g8's layouts)
+        **{f"px{c * s['grid']:03d}": common.eval_entry(name=f"spatial_arrows/c{c}_g{s['grid']}")
+           for c in s["rescaled"]},
+    )  # fmt: skip
     if args.smoke:
         common.make_smoke(c, variant=s["variant"].replace("B", "mu"))
         c.model.dropout = 0.0
         c.dataset.eval_split = "test[:16]"  # a slice: faster evaluation
-        for g in s["evals"]:
-            c.evals[f"g{g:02d}"].split = "test[:16]"
+        for name in c.evals:
+            if c.evals[name].name:
+                c.evals[name].split = "test[:16]"
     return c

@@ -11,6 +11,7 @@ Encoder parameters per layer and head. The paper's Table 1 reports top-1 70.3 (L
         --workdir=workdirs/cifar100_liere8 --config.dataset.data_dir=$TFDS
 
 Arguments: pe=<family or ape/sincos>, block=<LieRE block size (64 = dense, H = 64)>,
+ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
 variant=<ViT variant> (default B), smoke (tiny model, a few steps; used by the tests).
 
 Expected runtime: the paper's 8x L4 GPUs took < 30 min per run (ours: to be measured).
@@ -21,7 +22,9 @@ from configs import common
 
 
 def get_config(arg=None):
-    args = common.parse_arg(arg, pe="liere", block=8, variant="B", smoke=False)
+    args = common.parse_arg(
+        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, variant="B", smoke=False
+    )
     c = common.base_config()
     c.dataset = common.dataset_config(
         "cifar100",  # TFDS catalogue dataset, prepared by the user (tfds build)
@@ -35,7 +38,7 @@ def get_config(arg=None):
         num_classes=100,  # CIFAR-100 fine labels
         pool="cls",  # class token, as in the paper
         dropout=0.1,  # as in the paper
-        **common.pe_fields(args.pe, args.block),  # pe, pe_hparams, additive, positions
+        **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
         share_pe_heads=False,  # encoder parameters per head ...
         share_pe_layers=False,  # ... and per layer (paper default)
         head_zero_init=True,  # zero-initialised classifier

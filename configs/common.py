@@ -59,21 +59,39 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
 
 ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
 CONVENTIONS = {"liere": "sequential", "visionllama": "autoscale"}  # others: "integer"
+# `pe=` values that name a variant of a family: (family, its init arguments, positions).
+PE_VARIANTS = {
+    # The LieRE paper's "VisionLlama" baseline (its reference code), not VisionLLaMA's AS2DRoPE.
+    "visionllama_liere": ("visionllama", dict(variant="liere"), "sequential"),
+}
+APE_INIT_STD = 0.02  # ViT/timm's APE init std (quickstart, digits, Cayley recipes)
+LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py); LieRE recipes
 
 
-def pe_fields(pe: str, block: int = 8) -> dict[str, Any]:
+def pe_fields(
+    pe: str, block: int = 8, *, ape_std: float = APE_INIT_STD, convention: str | None = None
+) -> dict[str, Any]:
     """The model fields for a recipe's `pe=` argument.
 
-    `pe` is a rotary/bias family (liere, rope_mixed, ...) or an additive table (ape, sincos,
-    with no rotary family). Positions follow each family's reference: LieRE "sequential",
-    VisionLlama "autoscale", the rest "integer" (patch indices). `block` is LieRE's block size.
+    `pe` is a rotary/bias family (liere, rope_mixed, ...), a named variant (`PE_VARIANTS`,
+    e.g. visionllama_liere), or an additive table (ape, sincos, with no rotary family).
+    Positions follow each family's reference: LieRE "sequential", VisionLlama "autoscale", the
+    LieRE paper's VisionLlama "sequential", the rest "integer" (patch indices); `convention`
+    overrides that. `block` is LieRE's block size (2 = the LieRE paper's "RoPE-Mixed"),
+    `ape_std` the APE table's init std.
     """
     additive = pe if pe in ADDITIVE_PES else "none"
+    family, hparams, default_convention = PE_VARIANTS.get(
+        pe, (pe, {}, CONVENTIONS.get(pe, "integer"))
+    )
+    if pe == "liere":
+        hparams = dict(block_size=block)
     return dict(
-        pe="nope" if additive != "none" else pe,  # rotary/bias family on q and k
-        pe_hparams=dict(block_size=block) if pe == "liere" else {},  # family init arguments
+        pe="nope" if additive != "none" else family,  # rotary/bias family on q and k
+        pe_hparams=dict(hparams),  # family init arguments
         additive=additive,  # absolute table added to the tokens ("none", "ape", "sincos")
-        position_convention=CONVENTIONS.get(pe, "integer"),  # token positions (positions.py)
+        additive_hparams=dict(init_std=ape_std) if additive == "ape" else {},  # table init
+        position_convention=convention or default_convention,  # token positions (positions.py)
     )
 
 

@@ -8,7 +8,8 @@ range) and with shuffled patches.
     python -m rope_lie.main --config=configs/digits.py:pe=liere --workdir=workdirs/digits
     python -m rope_lie.main --config=configs/digits.py:smoke --workdir=/tmp/digits_smoke
 
-Arguments: pe=<family>, block=<LieRE block size>, smoke (a few steps; used by the tests).
+Arguments: pe=<family, variant or ape/sincos (common.pe_fields)>, block=<LieRE block size>,
+smoke (a few steps; used by the tests).
 
 Measured (one seed, pe=liere block 4, 2-core CPU shared with other jobs): 126 s in all
 (673 steps); test accuracy 0.953 at 8x8 (best 0.953), 0.250 at 16x16 (upsampled digits put a
@@ -36,9 +37,8 @@ def get_config(arg=None):
         num_classes=10,  # digits 0-9
         pool="mean",  # mean of the patch tokens
         dropout=0.1,  # after the embedding, attention and MLP
-        pe=args.pe,  # rotary/bias family on q and k
-        pe_hparams=dict(block_size=args.block) if args.pe == "liere" else {},  # family init args
-        position_convention="normalized",  # [-1, 1] at every size: 16x16 interpolates
+        # pe, pe_hparams, additive, positions: [-1, 1] at every size, so 16x16 interpolates
+        **common.pe_fields(args.pe, args.block, convention="normalized"),
         share_pe_heads=False,  # encoder parameters per head
         share_pe_layers=False,  # and per layer
         head_zero_init=True,  # zero-initialised classifier

@@ -16,6 +16,7 @@ Not included: the paper's second recipe, fine-tuning at 256 px for 30 epochs at 
 1e-5 (train_and_evaluate cannot yet start from another run's parameters).
 
 Arguments: pe=<family or ape/sincos>, block=<LieRE block size>, variant=<ViT variant>,
+ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
 smoke (tiny model, a few steps; used by the tests).
 
 Expected runtime: < 2 days 5 h on 8x L40 GPUs in the paper (ours: to be measured).
@@ -28,7 +29,9 @@ EVAL_SIZES = (192, 256, 320, 384, 448)  # extra validation resolutions in px (Fi
 
 
 def get_config(arg=None):
-    args = common.parse_arg(arg, pe="liere", block=8, variant="B", smoke=False)
+    args = common.parse_arg(
+        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, variant="B", smoke=False
+    )
     c = common.base_config()
     c.dataset = common.dataset_config(
         "imagenet2012",  # TFDS catalogue dataset, prepared by the user (manual download)
@@ -42,7 +45,7 @@ def get_config(arg=None):
         num_classes=1000,  # ImageNet-1k classes
         pool="cls",  # class token, as in the paper
         dropout=0.1,  # as in the paper
-        **common.pe_fields(args.pe, args.block),  # pe, pe_hparams, additive, positions
+        **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
         share_pe_heads=False,  # encoder parameters per head ...
         share_pe_layers=False,  # ... and per layer (paper default)
         head_zero_init=True,  # zero-initialised classifier

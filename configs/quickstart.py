@@ -9,7 +9,8 @@ patches (a model that uses positions should drop to chance, 25%).
     python -m rope_lie.main --config=configs/quickstart.py:smoke --workdir=/tmp/qs_smoke
 
 Arguments: pe=<family> (liere, rope_mixed, rope_axial, visionllama, cayley_string, alibi,
-nope, or the additive tables ape, sincos), block=<LieRE block size>, smoke (8 steps; 41 s on
+nope, or the additive tables ape, sincos), block=<LieRE block size>,
+ape_std=<APE init std, default 0.02>, smoke (8 steps; 41 s on
 2 cores, 60 s when it first generates its datasets).
 Compare encoders with e.g. `:pe=ape` and `:pe=rope_mixed` in other workdirs.
 
@@ -30,7 +31,7 @@ TRAIN = "spatial_arrows/c8_g8"
 
 
 def get_config(arg=None):
-    args = common.parse_arg(arg, pe="liere", block=8, smoke=False)
+    args = common.parse_arg(arg, pe="liere", block=8, ape_std=common.APE_INIT_STD, smoke=False)
     c = common.base_config()
     # Fields documented in rope_lie/data/pipeline.py; the dataset is generated on first use.
     c.dataset = common.dataset_config(
@@ -47,7 +48,7 @@ def get_config(arg=None):
         num_classes=4,  # direction of the target arrow: up, right, down, left
         pool="cls",  # classify from the class token (as in the LieRE paper)
         dropout=0.0,  # no dropout: a short run over 20,000 distinct layouts
-        **common.pe_fields(args.pe, args.block),  # pe, pe_hparams, additive, positions
+        **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
         share_pe_heads=False,  # encoder parameters per head ...
         share_pe_layers=False,  # ... and per layer (LieRE default)
         head_zero_init=True,  # zero-initialised classifier

@@ -12,6 +12,7 @@ RandAugment (rope_lie/data refuses it for clips), so this recipe runs without it
         --workdir=workdirs/ucf101_liere8 --config.dataset.data_dir=$TFDS
 
 Arguments: pe=<family or ape/sincos>, block=<LieRE block size>, variant=<ViT variant>,
+ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
 smoke (tiny model and clips, a few steps; used by the tests).
 
 Expected runtime: to be measured (paper: 8x A100).
@@ -22,7 +23,9 @@ from configs import common
 
 
 def get_config(arg=None):
-    args = common.parse_arg(arg, pe="liere", block=8, variant="B", smoke=False)
+    args = common.parse_arg(
+        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, variant="B", smoke=False
+    )
     c = common.base_config()
     c.dataset = common.dataset_config(
         "ucf101/ucf101_1_256",  # TFDS catalogue dataset (split 1, 256 px), prepared by the user
@@ -39,7 +42,7 @@ def get_config(arg=None):
         num_classes=101,  # UCF101 actions
         pool="cls",  # class token, as in the paper
         dropout=0.1,  # as in the paper
-        **common.pe_fields(args.pe, args.block),  # pe, pe_hparams, additive, positions
+        **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
         share_pe_heads=False,  # encoder parameters per head ...
         share_pe_layers=False,  # ... and per layer (paper default)
         head_zero_init=True,  # zero-initialised classifier

@@ -27,6 +27,8 @@ RECIPES = [
     ("arrows", "pe=rope_mixed"),
     ("arrows", "pe=liere,block=64,res=paper"),
     ("digits", ""),
+    ("digits", "pe=ape"),
+    ("arrows", "pe=visionllama_liere"),
     ("cifar100", "pe=liere,block=8"),
     ("cifar100", "pe=visionllama"),
     ("imagenet", "pe=rope_mixed"),
@@ -52,6 +54,48 @@ def get_config(recipe: str, arg: str):
 def count_params(config) -> int:
     model = nnx.eval_shape(lambda: train.build_model(config.model, jax.random.key(0)))
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_the_liere_papers_baselines_are_what_its_code_ran():
+    # "RoPE-Mixed" in the LieRE paper: LieRE with 2x2 blocks, LieRE's init and positions.
+    mixed = get_config("arrows", "pe=liere,block=2").model
+    assert (mixed.pe, dict(mixed.pe_hparams), mixed.position_convention) == (
+        "liere",
+        dict(block_size=2),
+        "sequential",
+    )
+    # Heo et al.'s RoPE-Mixed stays its own arm, on patch indices.
+    heo = get_config("arrows", "pe=rope_mixed").model
+    assert (heo.pe, heo.position_convention) == ("rope_mixed", "integer")
+    # "VisionLlama" in the LieRE paper: its fixed tiled rotation on [0, 1] positions.
+    vl = get_config("arrows", "pe=visionllama_liere").model
+    assert (vl.pe, dict(vl.pe_hparams), vl.position_convention) == (
+        "visionllama",
+        dict(variant="liere"),
+        "sequential",
+    )
+    assert get_config("arrows", "pe=visionllama").model.pe_hparams.to_dict() == {}
+
+
+@pytest.mark.parametrize(
+    "recipe, std", [("arrows", 1.0), ("cifar100", 1.0), ("imagenet", 1.0), ("quickstart", 0.02)]
+)
+def test_ape_init_std_follows_the_recipes_reference(recipe, std):
+    config = get_config(recipe, "pe=ape")
+    assert config.model.additive_hparams.init_std == std
+    table = nnx.state(train.build_model(config.model, jax.random.key(0)).additive_params)
+    values = np.concatenate([np.ravel(x) for x in jax.tree.leaves(table)])
+    assert abs(values.std() / std - 1) < 0.05
+    assert get_config(recipe, "pe=ape,ape_std=0.5").model.additive_hparams.init_std == 0.5
+    assert get_config(recipe, "pe=liere").model.additive_hparams.to_dict() == {}
+
+
+@pytest.mark.parametrize("pe", ["ape", "sincos", "alibi", "rope_mixed", "visionllama_liere"])
+def test_digits_accepts_every_pe_and_keeps_normalized_positions(pe):
+    model = get_config("digits", f"pe={pe}").model
+    assert model.position_convention == "normalized"
+    assert model.additive == (pe if pe in ("ape", "sincos") else "none")
+    assert count_params(get_config("digits", f"pe={pe}")) > 0
 
 
 @pytest.mark.parametrize("recipe, arg", RECIPES)

@@ -76,6 +76,47 @@ def test_named_configs_match_the_paper_resolutions():
     sides = {c.name: c.cell_size * c.grid_size for c in sa.CONFIGS}
     assert sides["c12_g9"] == 108 and sides["c12_g14"] == 168 and sides["c12_g23"] == 276
     assert {"c8_g8", "c8_g12", "c8_g16"} <= set(sides)
+    assert sides["c8_g20"] / sides["c8_g8"] == 2.5  # the paper's 276 / 108 step, rounded
+
+
+def _named(name: str) -> sa.SpatialArrowsConfig:
+    return next(c for c in sa.CONFIGS if c.name == name)
+
+
+@pytest.mark.parametrize("name, side", [("c10_g8", 80), ("c12_g8", 96), ("c16_g8", 128)])
+def test_resized_configs_hold_c8_g8s_scenes_at_more_pixels(name, side):
+    base, big = (sa.generate_chunk(_named(n), "test", 0) for n in ("c8_g8", name))
+    for key in ("glyphs", "label", "y_cell", "target_cell", "y_orientation"):
+        np.testing.assert_array_equal(big[key], base[key], err_msg=key)
+    assert big["image"].shape == (sa.CHUNK, side, side, 1)
+    # Same scene: the 8 px rendering resized, bilinear weights written out here; the ink is the
+    # same in proportion to the area.
+    small = base["image"][:64, ..., 0].astype(np.float64)
+    src = np.clip((np.arange(side) + 0.5) * 64 / side - 0.5, 0, 63)
+    lo, frac = np.floor(src).astype(int), src - np.floor(src)
+    hi = np.minimum(lo + 1, 63)
+    rows = small[:, lo] * (1 - frac)[:, None] + small[:, hi] * frac[:, None]
+    ref = rows[:, :, lo] * (1 - frac) + rows[:, :, hi] * frac
+    # (+-1 where a value sits on .5 and the two sums round differently)
+    np.testing.assert_allclose(big["image"][:64, ..., 0], ref, rtol=0, atol=0.5 + 1e-9)
+    np.testing.assert_allclose(
+        big["image"].mean(axis=(1, 2, 3)), base["image"].mean(axis=(1, 2, 3)), rtol=0.02
+    )
+
+
+def test_bilinear_weights_by_hand():
+    # 2 -> 4 px, half-pixel centres: samples at -0.25, 0.25, 0.75, 1.25 (clamped to [0, 1]).
+    np.testing.assert_allclose(
+        glyphs.bilinear_weights(2, 4), [[1, 0], [0.75, 0.25], [0.25, 0.75], [0, 1]]
+    )
+    np.testing.assert_allclose(glyphs.bilinear_weights(5, 5), np.eye(5))
+    image = np.array([[[0, 255], [255, 0]]], np.uint8)
+    np.testing.assert_array_equal(glyphs.resize_bilinear(image, (2, 2)), image)
+
+
+def test_render_cell_larger_than_the_cell_is_rejected():
+    with pytest.raises(ValueError, match=r"render_cell=12 > cell_size=8"):
+        _tiny(render_cell=12)
 
 
 @pytest.mark.parametrize("grid_size", [6, 12])

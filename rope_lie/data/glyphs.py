@@ -186,6 +186,35 @@ def render_grid(glyphs_NG: np.ndarray, bank: np.ndarray) -> np.ndarray:
     return cells.transpose(order).reshape(out_shape)
 
 
+def bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) matrix of 1D bilinear resampling with half-pixel centres.
+
+    Output pixel j samples input coordinate (j + 1/2) n_in / n_out - 1/2 (clamped to the
+    edges), as ``jax.image.resize``/``tf.image.resize`` "bilinear" and PIL do when enlarging.
+    Every row sums to 1.
+    """
+    src = np.clip((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0.0, n_in - 1)
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, n_in - 1)
+    frac = src - lo
+    weights = np.zeros((n_out, n_in))
+    np.add.at(weights, (np.arange(n_out), lo), 1.0 - frac)
+    np.add.at(weights, (np.arange(n_out), hi), frac)
+    return weights
+
+
+def resize_bilinear(images_NHW: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """Resizes uint8 images (N, H, W) to (N, *out_hw) bilinearly (half-pixel centres), rounded.
+
+    The same scene at another resolution, as a camera with more pixels sees it: glyph edges
+    become grey where they fall between the new pixels.
+    """
+    rows = bilinear_weights(images_NHW.shape[1], out_hw[0])
+    cols = bilinear_weights(images_NHW.shape[2], out_hw[1])
+    out = rows @ images_NHW.astype(np.float64) @ cols.T  # (i, h) @ (n, h, w) @ (w, j)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
 def check_layout_sizes(
     grid_shape: tuple[int, ...], num_distractor_arrows: int, num_letters: int, num_kinds: int
 ) -> None:

@@ -17,8 +17,15 @@ The paper trains on 108 px images (12 px cells, 9 x 9 grid) and evaluates at
 168 and 276 px with the same cell size, i.e. larger grids (14 x 14, 23 x 23)
 holding the same number of objects; configs ``c12_g9``, ``c12_g14``,
 ``c12_g23``. CPU-scale configs use 8 px cells (patch = cell, so the grid is the
-token grid): ``c8_g8`` for training and ``c8_g12``, ``c8_g16`` for
-extrapolation. Images are grayscale uint8 (G c, G c, 1), glyphs 255 on 0.
+token grid): ``c8_g8`` for training and ``c8_g12``, ``c8_g16``, ``c8_g20`` (2.5x, the paper's
+276/108) for extrapolation. Images are grayscale uint8 (G c, G c, 1), glyphs 255 on 0.
+
+The same scenes at more pixels (a resolution change as Heo et al.'s RoPE-ViT study makes it,
+rather than a larger grid): ``c10_g8``, ``c12_g8``, ``c16_g8`` hold exactly the layouts of
+``c8_g8`` (same seed, grid and streams), rendered at 8 px cells and resized bilinearly to
+80, 96 and 128 px (``render_cell=8``). A model with 8 px patches trained on ``c8_g8`` then sees
+each glyph over 1.25-2 patches per side. The eval-only configs have 2,000 training examples
+(the first 2,000 of the stream), which keeps their generation short.
 
 Generation is deterministic: examples come in chunks of ``CHUNK`` drawn from
 ``np.random.default_rng([seed, split_id, chunk])`` with split_id 0 for train
@@ -50,6 +57,9 @@ class SpatialArrowsConfig(tfds.core.BuilderConfig):
       seed: generation seed; train and test derive different streams from it.
       num_distractor_arrows: arrows besides the target.
       num_letters: distinct distractor letters drawn from A-E (0..5).
+      render_cell: 0 to draw glyphs in ``cell_size`` px cells; otherwise draw them in
+        ``render_cell`` px cells and resize the image bilinearly to ``cell_size`` px cells
+        (the same scene at another resolution).
     """
 
     cell_size: int = 8
@@ -59,18 +69,26 @@ class SpatialArrowsConfig(tfds.core.BuilderConfig):
     seed: int = 0
     num_distractor_arrows: int = 7
     num_letters: int = 5
+    render_cell: int = 0
 
     def __post_init__(self):
         glyphs.check_layout_sizes(
             (self.grid_size,) * 2, self.num_distractor_arrows, self.num_letters, len(glyphs.LETTERS)
         )
-        glyphs.glyph_bank_2d(self.cell_size)  # validates cell_size
+        glyphs.glyph_bank_2d(self.render_cell or self.cell_size)  # validates the cell sizes
+        if self.render_cell and self.render_cell > self.cell_size:
+            raise ValueError(
+                f"render_cell={self.render_cell} > cell_size={self.cell_size} ({self.name}): "
+                "resizing is for the same scene at more pixels"
+            )
         for field in ("num_train", "num_test"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}={getattr(self, field)} must be >= 1 ({self.name})")
 
 
-def _config(cell: int, grid: int, num_train: int, num_test: int, note: str) -> SpatialArrowsConfig:
+def _config(
+    cell: int, grid: int, num_train: int, num_test: int, note: str, render_cell: int = 0
+) -> SpatialArrowsConfig:
     return SpatialArrowsConfig(
         name=f"c{cell}_g{grid}",
         description=f"{cell} px cells, {grid}x{grid} grid ({cell * grid} px); {note}",
@@ -78,6 +96,7 @@ def _config(cell: int, grid: int, num_train: int, num_test: int, note: str) -> S
         grid_size=grid,
         num_train=num_train,
         num_test=num_test,
+        render_cell=render_cell,
     )
 
 
@@ -88,6 +107,11 @@ CONFIGS = (
     _config(8, 8, 20_000, 2_000, "CPU scale, training grid"),
     _config(8, 12, 20_000, 2_000, "CPU scale, extrapolation"),
     _config(8, 16, 20_000, 2_000, "CPU scale, extrapolation"),
+    _config(8, 20, 2_000, 2_000, "CPU scale, extrapolation at 2.5x (the paper's 276/108)"),
+    *(
+        _config(c, 8, 2_000, 2_000, f"c8_g8's scenes resized to {8 * c} px", render_cell=8)
+        for c in (10, 12, 16)
+    ),
 )
 
 
@@ -114,8 +138,12 @@ def generate_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[
         letter_ids=glyphs.LETTER_IDS_2D,
         num_letters=config.num_letters,
     )
-    bank = glyphs.glyph_bank_2d(config.cell_size)
-    layout["image"] = glyphs.render_grid(layout["glyphs"], bank)[..., None]
+    bank = glyphs.glyph_bank_2d(config.render_cell or config.cell_size)
+    image = glyphs.render_grid(layout["glyphs"], bank)
+    if config.render_cell:
+        side = config.grid_size * config.cell_size
+        image = glyphs.resize_bilinear(image, (side, side))
+    layout["image"] = image[..., None]
     return layout
 
 

@@ -19,6 +19,21 @@ axis order = array order of the input ((row, col) for images, (depth/time, row, 
 volumes); R(p) multiplies q and k from the left (never v); prefix (class) tokens sit at position
 0 and get R(0) = I. Angles in float32, output in x's dtype. No parameters: ``init`` returns
 ``{}``; the number of axes is read from ``pos`` in ``apply``.
+
+``variant="liere"``: the baseline the LieRE paper (arXiv:2406.10322) calls "VisionLlama", as
+its reference code builds it (github.com/StanfordMIMI/LieRE, ``models/rope_vit.py``,
+``TiledPositionEncoder`` with ``phase_type="inverse_exp"``). It is a different encoding from
+VisionLLaMA's own: with P = H // A // 2 phases
+
+    phase_p = exp(-4 * p / (P - 1)),    p = 0, ..., P - 1    (``exp(-4 * linspace(0, 1, P))``),
+
+pairs are laid out axis-major: pair ``a * P + p`` is rotated by ``pos_a * phase_p``, the same
+for every head; the H - 2 A P leftover channels (when 2A does not divide H) are not rotated.
+Its positions are LieRE's ``"sequential"`` ones ([0, 1] at the training grid), and the
+rotation (a, b) -> (a cos t - b sin t, a sin t + b cos t) is the reference's
+``matrix_exp(t [[0, -1], [1, 0]])``, the same as here. Where we differ: nothing in the
+maths; the reference builds the 2x2 rotations with ``torch.matrix_exp`` and multiplies, we use
+cos/sin of the same angles.
 """
 
 from __future__ import annotations
@@ -28,7 +43,8 @@ import numpy as np
 
 from rope_lie.encodings import _checks, rope
 
-APPLY_HPARAMS: tuple[str, ...] = ("base",)
+APPLY_HPARAMS: tuple[str, ...] = ("base", "variant")
+VARIANTS = ("visionllama", "liere")
 
 _FAMILY = "visionllama"
 
@@ -49,30 +65,82 @@ def pair_frequencies(head_dim: int, num_axes: int, base: float = 10000.0):
     return j % num_axes, base ** (-2.0 * num_axes * (j // num_axes) / head_dim)
 
 
+def liere_pair_frequencies(head_dim: int, num_axes: int):
+    """Axis and frequency of every pair of the LieRE paper's "VisionLlama" (``variant="liere"``).
+
+    Args:
+      head_dim: H, even.
+      num_axes: A.
+
+    Returns:
+      (axis_F, freq_F): pair ``a * P + p`` (P = H // A // 2) has axis a and frequency
+      exp(-4 p / (P - 1)) (1 when P = 1); the leftover pairs have frequency 0 (not rotated).
+    """
+    num_phases = head_dim // num_axes // 2
+    phase_P = np.exp(-4.0 * np.linspace(0.0, 1.0, num_phases))
+    axis_F = np.zeros(head_dim // 2, np.int64)
+    freq_F = np.zeros(head_dim // 2)
+    axis_F[: num_axes * num_phases] = np.repeat(np.arange(num_axes), num_phases)
+    freq_F[: num_axes * num_phases] = np.tile(phase_P, num_axes)
+    return axis_F, freq_F
+
+
+def _check_variant(variant) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"{_FAMILY}: variant={variant!r}; expected one of {VARIANTS}")
+    return variant
+
+
+def _check_dims(head_dim: int, num_axes: int, variant: str) -> None:
+    if variant == "visionllama":
+        _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
+        return
+    _checks.check_divisible(head_dim, 2, "2", _FAMILY)
+    if head_dim < 2 * num_axes:
+        raise ValueError(
+            f"{_FAMILY}: head_dim={head_dim} leaves no pair for some of the num_axes={num_axes} "
+            f"axes (variant='liere' needs head_dim >= 2*num_axes={2 * num_axes})"
+        )
+
+
 def init(
-    key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int, base: float = 10000.0
+    key: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_axes: int,
+    base: float = 10000.0,
+    variant: str = "visionllama",
 ) -> dict[str, jax.Array]:
-    """Validate the configuration; AS2DRoPE has no parameters.
+    """Validate the configuration; neither variant has parameters.
 
     Args:
       key: unused (kept for the common ``init`` signature).
       num_heads: number of heads N.
-      head_dim: head dimension H, divisible by 2 * num_axes.
+      head_dim: head dimension H, divisible by 2 * num_axes (``variant="liere"``: even, and
+        at least 2 * num_axes).
       num_axes: number of position axes A.
-      base: frequency base (10000 in VisionLlama).
+      base: frequency base (10000 in VisionLlama; unused by ``variant="liere"``).
+      variant: ``"visionllama"`` (VisionLLaMA's AS2DRoPE) or ``"liere"`` (the LieRE paper's
+        baseline, see the module docstring).
 
     Returns:
       ``{}``.
     """
     del key
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
-    _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
+    _check_dims(head_dim, num_axes, _check_variant(variant))
     rope.check_base(base, _FAMILY)
     return {}
 
 
 def apply(
-    params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array, *, base: float = 10000.0
+    params: dict[str, jax.Array],
+    x_BTNH: jax.Array,
+    pos: jax.Array,
+    *,
+    base: float = 10000.0,
+    variant: str = "visionllama",
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
@@ -82,6 +150,7 @@ def apply(
       pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example (already
         auto-scaled if wanted, see the module docstring).
       base: frequency base, the same as given to ``init``.
+      variant: the same as given to ``init``.
 
     Returns:
       (B, T, N, H) array in x's dtype.
@@ -91,6 +160,10 @@ def apply(
     _checks.check_pos(pos, x_BTNH, _FAMILY)
     num_axes, head_dim = pos.shape[-1], x_BTNH.shape[-1]
     _checks.check_positive_int(num_axes, "num_axes", _FAMILY)
-    _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
-    axis_F, freq_F = pair_frequencies(head_dim, num_axes, rope.check_base(base, _FAMILY))
+    _check_dims(head_dim, num_axes, _check_variant(variant))
+    base = rope.check_base(base, _FAMILY)
+    if variant == "liere":
+        axis_F, freq_F = liere_pair_frequencies(head_dim, num_axes)
+    else:
+        axis_F, freq_F = pair_frequencies(head_dim, num_axes, base)
     return rope.rotate_fixed(x_BTNH, pos, axis_F, freq_F)

@@ -160,4 +160,72 @@ def test_unknown_hparam_is_a_type_error():
 
 
 def test_apply_hparams():
-    assert visionllama.APPLY_HPARAMS == ("base",)
+    assert visionllama.APPLY_HPARAMS == ("base", "variant")
+
+
+def liere_angles_ref(pos_XA, head_dim):
+    """The LieRE reference's "VisionLlama" (TiledPositionEncoder, inverse_exp), as a loop:
+    P = H // A // 2 phases exp(-4 * linspace(0, 1, P)); pair a * P + p turns by pos_a * phase_p;
+    leftover pairs do not turn."""
+    pos_XA = np.asarray(pos_XA, np.float64)
+    num_axes = pos_XA.shape[-1]
+    num_phases = head_dim // num_axes // 2
+    phases = np.exp(-4 * np.linspace(0, 1, num_phases))
+    angle = np.zeros(pos_XA.shape[:-1] + (head_dim // 2,))
+    for a in range(num_axes):
+        for p in range(num_phases):
+            angle[..., a * num_phases + p] = pos_XA[..., a] * phases[p]
+    return angle
+
+
+@pytest.mark.parametrize("num_axes, head_dim", [(1, 8), (2, 8), (2, 16), (2, 64), (3, 12), (3, 64)])
+def test_liere_variant_matches_the_reference_construction(num_axes, head_dim):
+    x = _x((2, 9, 3, head_dim))
+    pos_TA = np.random.default_rng(1).uniform(0.0, 1.25, (9, num_axes))
+    params = visionllama.init(
+        KEY, num_heads=3, head_dim=head_dim, num_axes=num_axes, variant="liere"
+    )
+    assert params == {}
+    out = visionllama.apply(params, x, jnp.asarray(pos_TA, jnp.float32), variant="liere")
+    ref = rotate_ref(x, liere_angles_ref(pos_TA, head_dim)[:, None, :])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_liere_variant_layout_and_leftover_channels():
+    """H=14, A=3: P=2 phases (1, e^-4), pairs (row, row, col, col, depth, depth); the 7th pair
+    (channels 12, 13) is never rotated; every head turns alike."""
+    axis_F, freq_F = visionllama.liere_pair_frequencies(14, 3)
+    np.testing.assert_array_equal(axis_F[:6], [0, 0, 1, 1, 2, 2])
+    np.testing.assert_allclose(freq_F, [1, np.exp(-4), 1, np.exp(-4), 1, np.exp(-4), 0])
+    x = _x((1, 4, 2, 14))
+    pos = jnp.asarray(np.random.default_rng(2).uniform(0, 1, (4, 3)), jnp.float32)
+    out = visionllama.apply({}, x, pos, variant="liere")
+    np.testing.assert_array_equal(out[..., 12:], x[..., 12:])
+    same_x = jnp.broadcast_to(x[:, :, :1], x.shape)
+    out_same = visionllama.apply({}, same_x, pos, variant="liere")
+    np.testing.assert_allclose(out_same[:, :, 0], out_same[:, :, 1], rtol=0, atol=0)
+
+
+def test_liere_variant_differs_from_visionllama():
+    x = _x((1, 3, 1, 16))
+    pos = jnp.array([[0.0, 0.0], [0.5, 0.25], [1.0, 1.0]])
+    assert not np.allclose(
+        visionllama.apply({}, x, pos), visionllama.apply({}, x, pos, variant="liere"), atol=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(variant="llama"), r"variant='llama'; expected one of \('visionllama', 'liere'\)"),
+        (dict(variant="liere", head_dim=4, num_axes=3), r"head_dim=4 leaves no pair .*num_axes=3"),
+        (dict(variant="liere", head_dim=9, num_axes=1), r"head_dim=9 is not divisible by 2"),
+    ],
+)
+def test_variant_errors_name_the_bad_value(kwargs, match):
+    args = dict(num_heads=2, head_dim=8, num_axes=2) | kwargs
+    with pytest.raises(ValueError, match=match):
+        visionllama.init(KEY, **args)
+    pos = jnp.zeros((3, args["num_axes"]))
+    with pytest.raises(ValueError, match=match):
+        visionllama.apply({}, jnp.zeros((1, 3, 2, args["head_dim"])), pos, variant=args["variant"])

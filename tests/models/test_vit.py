@@ -60,6 +60,18 @@ def test_forward_2d_every_family(pe, additive):
     chex.assert_tree_all_finite(logits)
 
 
+def test_visionllama_variant_reaches_the_attention():
+    """pe_hparams=dict(variant="liere") is applied in every layer, not only checked at init."""
+    images = _images((2, *TINY["image_shape"], 3))
+    logits = {
+        variant: ViT(
+            **_config_for("visionllama", pe_hparams=dict(variant=variant)), rngs=nnx.Rngs(0)
+        )(images)
+        for variant in ("visionllama", "liere")
+    }
+    assert not np.allclose(logits["visionllama"], logits["liere"], atol=1e-4)
+
+
 def test_rope_is_1d_and_says_so_in_2d():
     with pytest.raises(ValueError, match="rope_axial"):
         ViT(**TINY, pe="rope", rngs=nnx.Rngs(0))
