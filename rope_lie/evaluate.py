@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from rope_lie import sharding
@@ -65,7 +66,8 @@ def shuffle_patches(
 class EvalStep(NamedTuple):
     """The jitted pieces of evaluation (from ``make_eval_step``).
 
-    step: (params, batch, cache) -> {loss_sum, correct, count} over the unmasked examples.
+    step: (params, batch, cache) -> {loss_sum, correct, count} over the unmasked examples, plus
+      the per-example "correct_B" and "mask_B" (B,).
     precompute: (params, spatial_shape) -> cache, the encoder states at that resolution
       (``spatial_shape`` static); None when the model takes no cache (``cache`` is then None).
     """
@@ -97,6 +99,8 @@ def make_eval_step(
             "loss_sum": jnp.sum(loss_B * mask_B),
             "correct": jnp.sum(correct_B * mask_B),
             "count": jnp.sum(mask_B),
+            "correct_B": correct_B.astype(bool),
+            "mask_B": mask_B.astype(bool),
         }
 
     precompute = None if precompute_fn is None else jax.jit(precompute_fn, static_argnums=1)
@@ -124,9 +128,12 @@ def evaluate(
       seed: seed of the shuffling.
 
     Returns:
-      {"accuracy", "loss", "num_examples", "resolution"} (resolution: spatial shape "HxW").
+      {"accuracy", "loss", "num_examples", "resolution", "correct"}: resolution is the spatial
+      shape "HxW"; correct is a bool numpy array, one entry per example in the order read (the
+      bootstrap CIs and paired tests of experiments/studies need it).
     """
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    correct = []
     resolution = ""
     rng = np.random.default_rng(seed)
     caches = {}  # spatial shape -> encoder states, computed once for these params
@@ -139,7 +146,11 @@ def evaluate(
         if shuffle_patch is not None:
             batch["image"] = shuffle_patches(batch["image"], shuffle_patch, rng)
         sums = eval_step.step(params, sharding.shard_batch(batch, mesh), caches.get(spatial))
-        sums = jax.device_get(sums)
+        per_example = [sums.pop("correct_B"), sums.pop("mask_B")]
+        if jax.process_count() > 1:  # every process gets the whole batch's entries
+            per_example = multihost_utils.process_allgather(per_example, tiled=True)
+        sums, (correct_B, mask_B) = jax.device_get((sums, per_example))
+        correct.append(np.asarray(correct_B)[np.asarray(mask_B)])
         for key in totals:
             totals[key] += float(sums[key])
     count = totals["count"]
@@ -150,6 +161,7 @@ def evaluate(
         "loss": totals["loss_sum"] / count,
         "num_examples": int(count),
         "resolution": resolution,
+        "correct": np.concatenate(correct),
     }
 
 
@@ -189,7 +201,8 @@ def evaluate_all(
       best: name -> {"accuracy", "step"} of the best evaluation so far; updated in place.
 
     Returns:
-      name -> `evaluate` results plus "best_accuracy" and "best_step".
+      name -> `evaluate` results (per-example "correct" included) plus "best_accuracy" and
+      "best_step".
     """
     results = {}
     for name, entry in config.evals.items():

@@ -119,6 +119,23 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> s
     return "\n".join(out)
 
 
+EXAMPLES_FILE = "eval_examples.npz"
+
+
+def write_examples(workdir: str, correct: Mapping[str, Any]) -> None:
+    """Write workdir/eval_examples.npz: per evaluation, whether each test example was right.
+
+    Arrays are bool, in the order the evaluation read its split (the same for every run of a
+    dataset on the same process layout), so runs can be compared example by example.
+    """
+    if jax.process_index() == 0:
+        path = os.path.join(workdir, EXAMPLES_FILE)
+        np.savez_compressed(
+            path + ".tmp.npz", **{k: np.asarray(v, bool) for k, v in correct.items()}
+        )
+        os.replace(path + ".tmp.npz", path)
+
+
 def write_final(workdir: str, step: int, results: Mapping[str, Mapping[str, Any]]) -> dict:
     """Write workdir/final.json and print the table of evaluations (process 0 only).
 

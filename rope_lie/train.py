@@ -261,6 +261,7 @@ class Run:
     total: int
     steps_per_epoch: int
     eval_every: int
+    correct: dict = dataclasses.field(default_factory=dict)  # last evals' per-example results
 
 
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
@@ -309,6 +310,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         return {"step": step, "preempted": True}
     if results is None:  # resumed a finished run: evaluate its final state again
         results = _evals(run, state, step)
+    metrics.write_examples(workdir, run.correct)
     return metrics.write_final(workdir, step, results)
 
 
@@ -335,9 +337,12 @@ def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_tr
 
 
 def _evals(run: Run, state: Any, step: int) -> dict[str, dict[str, Any]]:
-    return evaluate.evaluate_all(
+    """Scalar results of every evaluation; the per-example ones are kept in run.correct."""
+    results = evaluate.evaluate_all(
         run.config, run.eval_step, state["params"], run.setup.mesh, run.setup.patch, step, run.best
     )
+    run.correct = {name: res.pop("correct") for name, res in results.items()}
+    return results
 
 
 def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: float) -> dict:

@@ -72,7 +72,7 @@ def test_format_table():
 
 
 def _liere_eval_steps():
-    """(model, cached EvalStep, uncached EvalStep, params) for a tiny LieRE ViT."""
+    """(cached EvalStep, uncached EvalStep, params, graphdef) for a tiny LieRE ViT."""
     from flax import nnx
 
     from rope_lie.models.vit import ViT
@@ -91,13 +91,15 @@ def _liere_eval_steps():
         return merged.precompute_pe(merged.grid_of(spatial_shape))
 
     cached = evaluate.make_eval_step(apply_fn, precompute_fn)
-    return cached, evaluate.make_eval_step(apply_fn), state
+    return cached, evaluate.make_eval_step(apply_fn), state, graphdef
 
 
 def test_evaluate_caches_encoder_states_once_per_resolution():
+    from flax import nnx
+
     from rope_lie import sharding
 
-    cached, uncached, params = _liere_eval_steps()
+    cached, uncached, params, graphdef = _liere_eval_steps()
     calls = []
 
     def counting(p, spatial):
@@ -118,4 +120,10 @@ def test_evaluate_caches_encoder_states_once_per_resolution():
         assert got["num_examples"] == expected["num_examples"] == 6
         assert got["accuracy"] == expected["accuracy"]
         np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-6)
+        # Per example, in reading order: the same as argmax of the logits here.
+        images = np.concatenate([b["image"] for b in batches])
+        labels = np.concatenate([b["label"] for b in batches])
+        logits = nnx.merge(graphdef, params)(jnp.asarray(images))
+        np.testing.assert_array_equal(got["correct"], np.argmax(logits, -1) == labels)
+        assert got["correct"].dtype == bool and got["correct"].mean() == got["accuracy"]
     assert calls == [(8, 12), (12, 16)]  # once per resolution, not once per batch

@@ -57,6 +57,11 @@ def test_run_writes_metrics_checkpoints_and_final(reference):
     assert final["evals"]["size16"]["resolution"] == "16x16"
     with open(os.path.join(workdir, "final.json")) as f:
         assert json.load(f) == json.loads(json.dumps(final))
+    with np.load(os.path.join(workdir, metrics.EXAMPLES_FILE)) as examples:
+        assert sorted(examples) == ["size16", "size8"]
+        for name, correct in examples.items():
+            assert correct.dtype == bool and correct.shape == (360,)
+            assert correct.mean() == final["evals"][name]["accuracy"]
     records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     assert [r["step"] for r in records] == [2, 4, 6, 8, 10, 12]
     assert all(k in records[0] for k in ("loss", "lr", "throughput", "grad_norm"))

@@ -1,0 +1,1 @@
+"""Studies: the papers' comparisons at CPU scale (python -m experiments.studies.run)."""

@@ -1,0 +1,271 @@
+"""Running a study: its arms x seeds as `rope_lie.main` runs, resumable, results recorded.
+
+A study is a list of arms; an arm is a recipe (``configs/<recipe>.py``), its argument string,
+and config overrides. Each (arm, seed) is one training run in its own workdir under
+``<root>/runs/``, named from the recipe, argument, overrides and seed, so studies that share an
+arm share its runs. The runner:
+
+1. skips (arm, seed) pairs already in the study's ``results.csv`` (a finished run is never
+   redone);
+2. otherwise collects a run whose workdir has ``final.json`` and ``eval_examples.npz``;
+3. otherwise starts (or resumes, from the run's last checkpoint) ``python -m rope_lie.main`` in
+   a subprocess, then collects it.
+
+Collecting appends one row per evaluation to ``results.csv`` (columns ``RESULT_COLUMNS``) and the
+per-example results to ``examples.npz`` (packed bits, key ``arm/seed/eval``), both written
+atomically, so killing the runner at any moment loses at most the run in progress, and that
+run resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STUDIES_DIR = os.path.dirname(os.path.abspath(__file__))
+RESULT_COLUMNS = (
+    "study", "arm", "seed", "eval", "accuracy", "num_examples",
+    "best_accuracy", "steps", "train_ex_per_s", "resolution",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm of a study.
+
+    Attributes:
+      name: short key used in files (``results.csv``'s arm column).
+      label: the plain name printed in tables and plots (say whose variant it is).
+      recipe: ``configs/<recipe>.py``.
+      arg: the recipe's argument string at CPU scale (``pe=liere,block=8``).
+      overrides: ``--config.<key>=<value>`` pairs, applied at every scale.
+      paper_arg: the recipe's argument string for ``--scale paper`` (None: arg plus ",res=paper").
+      cpu_overrides: overrides applied only at CPU scale (e.g. fewer training examples).
+    """
+
+    name: str
+    label: str
+    recipe: str
+    arg: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+    paper_arg: str | None = None
+    cpu_overrides: tuple[tuple[str, Any], ...] = ()
+
+    def argument(self, scale: str) -> str:
+        if scale == "cpu":
+            return self.arg
+        return self.paper_arg if self.paper_arg is not None else f"{self.arg},res=paper"
+
+    def all_overrides(self, scale: str) -> tuple[tuple[str, Any], ...]:
+        return self.overrides + (self.cpu_overrides if scale == "cpu" else ())
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """A study: arms, the evaluations it reports, and what the paper says."""
+
+    name: str
+    title: str
+    arms: tuple[Arm, ...]
+    evals: tuple[str, ...]  # evaluation names reported (all a run makes are recorded)
+    paper: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    comparisons: tuple[tuple[str, str], ...] = ()  # (arm a, arm b) paired tests
+    default_seeds: int = 3
+
+    def arm(self, name: str) -> Arm:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(f"study {self.name!r} has no arm {name!r}; arms: {self.arm_names}")
+
+    @property
+    def arm_names(self) -> list[str]:
+        return [a.name for a in self.arms]
+
+
+def run_dir(root: str, arm: Arm, seed: int, scale: str) -> str:
+    """The run's workdir: readable name plus a hash of everything that defines the run."""
+    arg = arm.argument(scale)
+    overrides = arm.all_overrides(scale)
+    key = json.dumps([arm.recipe, arg, [list(o) for o in overrides], seed, scale])
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+    readable = re.sub(r"[^A-Za-z0-9=.]+", "_", f"{arm.recipe}_{arg}").strip("_")
+    return os.path.join(root, "runs", scale, f"{readable}_seed{seed}_{digest}")
+
+
+def command(arm: Arm, seed: int, scale: str, workdir: str, extra: Sequence[str] = ()) -> list[str]:
+    """The ``rope_lie.main`` command line of one run."""
+    config = os.path.join(REPO, "configs", f"{arm.recipe}.py")
+    arg = arm.argument(scale)
+    cmd = [sys.executable, "-m", "rope_lie.main", f"--config={config}:{arg}"]
+    cmd += [f"--workdir={workdir}", f"--config.seed={seed}"]
+    cmd += [f"--config.{k}={_flag_value(v)}" for k, v in arm.all_overrides(scale)]
+    return cmd + list(extra)
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(str(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return str(value)
+
+
+def is_finished(workdir: str) -> bool:
+    return all(os.path.exists(os.path.join(workdir, f)) for f in ("final.json", EXAMPLES))
+
+
+EXAMPLES = "eval_examples.npz"  # rope_lie.metrics.EXAMPLES_FILE (not imported: no JAX here)
+
+
+def collect(study: Study, arm: Arm, seed: int, workdir: str) -> tuple[list[dict], dict]:
+    """Rows for results.csv and per-example arrays of a finished run."""
+    with open(os.path.join(workdir, "final.json")) as f:
+        final = json.load(f)
+    throughput = _median_throughput(os.path.join(workdir, "metrics.jsonl"))
+    rows = []
+    for name, res in sorted(final["evals"].items()):
+        rows.append(
+            dict(
+                study=study.name, arm=arm.name, seed=seed, eval=name,
+                accuracy=res["accuracy"], num_examples=res["num_examples"],
+                best_accuracy=res.get("best_accuracy", res["accuracy"]), steps=final["step"],
+                train_ex_per_s=throughput, resolution=res.get("resolution", ""),
+            )
+        )  # fmt: skip
+    with np.load(os.path.join(workdir, EXAMPLES)) as npz:
+        examples = {f"{arm.name}/{seed}/{k}": np.asarray(v, bool) for k, v in npz.items()}
+    return rows, examples
+
+
+def _median_throughput(path: str) -> float:
+    values = []
+    if os.path.exists(path):
+        with open(path) as f:
+            values = [json.loads(line).get("throughput") for line in f if line.strip()]
+    values = [v for v in values if v]
+    return float(np.median(values)) if values else float("nan")
+
+
+# --------------------------------------------------------------------------- results files
+
+
+def results_path(study_dir: str) -> str:
+    return os.path.join(study_dir, "results.csv")
+
+
+def read_results(study_dir: str) -> list[dict]:
+    """Rows of results.csv with numbers parsed; [] when there is none yet."""
+    path = results_path(study_dir)
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row["seed"], row["num_examples"], row["steps"] = (
+            int(row["seed"]),
+            int(row["num_examples"]),
+            int(row["steps"]),
+        )
+        for key in ("accuracy", "best_accuracy", "train_ex_per_s"):
+            row[key] = float(row[key])
+    return rows
+
+
+def read_examples(study_dir: str) -> dict[str, np.ndarray]:
+    """``arm/seed/eval`` -> bool per-example results."""
+    path = os.path.join(study_dir, "examples.npz")
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    with np.load(path) as npz:
+        for key in npz.files:
+            if key.endswith("/bits"):
+                base = key[: -len("/bits")]
+                out[base] = np.unpackbits(npz[key], count=int(npz[base + "/n"])).astype(bool)
+    return out
+
+
+def append_results(study_dir: str, rows: list[dict], examples: Mapping[str, np.ndarray]) -> None:
+    """Add one run's rows and examples; each file is replaced atomically."""
+    os.makedirs(study_dir, exist_ok=True)
+    all_rows = read_results(study_dir) + rows
+    _atomic_csv(results_path(study_dir), all_rows)
+    merged = {**read_examples(study_dir), **examples}
+    packed = {}
+    for key, bits in merged.items():
+        packed[f"{key}/bits"] = np.packbits(bits)
+        packed[f"{key}/n"] = np.array(len(bits))
+    tmp = os.path.join(study_dir, "examples.tmp.npz")
+    np.savez_compressed(tmp, **packed)
+    os.replace(tmp, os.path.join(study_dir, "examples.npz"))
+
+
+def _atomic_csv(path: str, rows: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in sorted(rows, key=lambda r: (r["arm"], r["seed"], r["eval"])):
+            writer.writerow({k: _fmt(row[k]) for k in RESULT_COLUMNS})
+    os.replace(tmp, path)
+
+
+def _fmt(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+def run_study(
+    study: Study,
+    *,
+    seeds: int,
+    scale: str,
+    root: str,
+    study_dir: str,
+    dry_run: bool = False,
+    extra_flags: Sequence[str] = (),
+    arms: Sequence[str] | None = None,
+    log=print,
+) -> list[tuple[str, int]]:
+    """Run every missing (arm, seed) of `study` in order, one at a time.
+
+    Seeds are 0..seeds-1, taken seed-major (every arm's seed 0 before any seed 1), so a study
+    cut short still has every arm. Returns the (arm, seed) pairs that were run or collected.
+    """
+    if scale not in ("cpu", "paper"):
+        raise ValueError(f"scale={scale!r}; expected 'cpu' or 'paper'")
+    selected = [study.arm(a) for a in arms] if arms else list(study.arms)
+    done = {(r["arm"], r["seed"]) for r in read_results(study_dir)}
+    todo = [(arm, s) for s in range(seeds) for arm in selected if (arm.name, s) not in done]
+    log(f"{study.name}: {len(done)} runs recorded, {len(todo)} to do ({scale} scale)")
+    handled = []
+    for i, (arm, seed) in enumerate(todo, 1):
+        workdir = run_dir(root, arm, seed, scale)
+        cmd = command(arm, seed, scale, workdir, extra_flags)
+        if dry_run:
+            log(" ".join(cmd))
+            continue
+        if not is_finished(workdir):
+            log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: {workdir}")
+            start = time.perf_counter()
+            subprocess.run(cmd, check=True, cwd=REPO)
+            log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: {time.perf_counter() - start:.0f} s")
+            if not is_finished(workdir):  # preempted (SIGTERM): the rerun resumes it
+                raise RuntimeError(f"{workdir} stopped before the end; rerun to resume it")
+        rows, examples = collect(study, arm, seed, workdir)
+        append_results(study_dir, rows, examples)
+        handled.append((arm.name, seed))
+    return handled

@@ -1,0 +1,83 @@
+r"""Run a study, resumably, and summarise it.
+
+    python -m experiments.studies.run arrows                 # 3 seeds, CPU scale
+    python -m experiments.studies.run arrows --seeds 5
+    python -m experiments.studies.run arrows --report        # summary.md and accuracy.png only
+    python -m experiments.studies.run arrows --scale paper --dry-run   # the pod's commands
+
+Every (arm, seed) is one ``rope_lie.main`` run in ``<root>/runs/<scale>/...`` (default root
+``workdirs/studies``, kept out of git); results go to ``experiments/studies/<study>/``
+(``results.csv``, ``examples.npz``, ``summary.md``, ``accuracy.png``). Kill it at any time and
+rerun: finished runs are never redone and the run in progress resumes from its checkpoint.
+One run at a time (the machine has 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from experiments.studies import lib, report
+from experiments.studies.definitions import STUDIES
+
+
+def study_dir(name: str, results_root: str | None) -> str:
+    return os.path.join(results_root or lib.STUDIES_DIR, name)
+
+
+def write_report(study: lib.Study, directory: str, chance: float | None = None) -> str:
+    rows, examples = lib.read_results(directory), lib.read_examples(directory)
+    if not rows:
+        raise SystemExit(f"{study.name}: no results yet in {directory}; run the study first")
+    text = report.markdown(study, rows, examples)
+    with open(os.path.join(directory, "summary.md"), "w") as f:
+        f.write(text)
+    try:
+        report.plot(study, rows, examples, os.path.join(directory, "accuracy.png"), chance)
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[experiments]'): no plot")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
+    parser.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
+    parser.add_argument("--arms", default="", help="comma-separated subset of the arms")
+    parser.add_argument("--root", default=os.path.join(lib.REPO, "workdirs", "studies"))
+    parser.add_argument("--results", default=None, help="results root (default: this folder)")
+    parser.add_argument("--report", action="store_true", help="only write the summary")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument(
+        "--flag", action="append", default=[], help="extra rope_lie.main flag for every run"
+    )
+    args = parser.parse_args(argv)
+    study = STUDIES[args.study]
+    seeds = args.seeds if args.seeds is not None else study.default_seeds
+    if seeds < 1:
+        parser.error(f"--seeds={seeds}; expected at least 1")
+    directory = study_dir(study.name, args.results)
+    if args.scale == "paper" and not args.dry_run and args.results is None:
+        directory = os.path.join(directory, "paper")  # never mixed with the CPU-scale results
+    if not args.report:
+        lib.run_study(
+            study,
+            seeds=seeds,
+            scale=args.scale,
+            root=args.root,
+            study_dir=directory,
+            dry_run=args.dry_run,
+            extra_flags=args.flag,
+            arms=[a for a in args.arms.split(",") if a] or None,
+        )
+    if not args.dry_run:
+        print(write_report(study, directory, chance=CHANCE.get(study.name)))
+    return 0
+
+
+CHANCE = {"arrows": 0.25}
+
+if __name__ == "__main__":
+    sys.exit(main())

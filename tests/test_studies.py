@@ -1,0 +1,149 @@
+"""The studies' runner, statistics and summary, on a tiny smoke study (digits, a few steps)."""
+
+import csv
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from experiments.studies import definitions, lib, report, run, stats
+
+SMOKE = lib.Study(
+    name="smoke",
+    title="Smoke study",
+    arms=(
+        lib.Arm("liere", "LieRE 4x4", "digits", "pe=liere,smoke", (("eval_batch_size", 40),)),
+        lib.Arm("ape", "APE", "digits", "pe=ape,smoke", paper_arg="pe=ape,smoke,block=2"),
+    ),
+    evals=("size8", "size16", "size8_shuffled"),
+    paper={"liere": {"size8": 0.9}},
+    comparisons=(("liere", "ape"),),
+)
+
+
+@pytest.fixture(scope="module")
+def smoke_study(tfds_dir, tmp_path_factory):
+    """The smoke study run once for real: (results dir, runs root, log)."""
+    root = tmp_path_factory.mktemp("studies")
+    results, runs, log = str(root / "results"), str(root / "runs"), []
+    flags = [f"--config.dataset.data_dir={tfds_dir}", "--config.tensorboard=False"]
+    lib.run_study(
+        SMOKE, seeds=1, scale="cpu", root=runs, study_dir=results, extra_flags=flags,
+        log=log.append,
+    )  # fmt: skip
+    return results, runs, log, flags
+
+
+def test_runs_record_one_row_per_evaluation_and_the_examples(smoke_study):
+    results, _, _, _ = smoke_study
+    with open(os.path.join(results, "results.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:6] == ["study", "arm", "seed", "eval", "accuracy", "num_examples"]
+    assert {(r["arm"], r["eval"]) for r in rows} == {
+        (a, e) for a in ("liere", "ape") for e in SMOKE.evals
+    }
+    examples = lib.read_examples(results)
+    for row in rows:
+        correct = examples[f"{row['arm']}/{row['seed']}/{row['eval']}"]
+        assert correct.dtype == bool and len(correct) == int(row["num_examples"]) == 360
+        assert correct.mean() == pytest.approx(float(row["accuracy"]), abs=1e-6)
+
+
+def test_rerun_redoes_nothing_and_more_seeds_run_only_the_new_ones(smoke_study, monkeypatch):
+    results, runs, _, flags = smoke_study
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    assert lib.run_study(SMOKE, seeds=1, scale="cpu", root=runs, study_dir=results) == []
+    assert calls == []
+    # A run whose workdir is finished but not yet recorded (the runner was killed between the
+    # two) is collected without training again.
+    os.remove(os.path.join(results, "results.csv"))
+    handled = lib.run_study(
+        SMOKE, seeds=1, scale="cpu", root=runs, study_dir=results, log=lambda *_: None
+    )
+    assert handled == [("liere", 0), ("ape", 0)] and calls == []
+    # Seed 1 is new: commands, seed-major, each with its own workdir and seed.
+    log = []
+    lib.run_study(
+        SMOKE, seeds=2, scale="cpu", root=runs, study_dir=results, dry_run=True, log=log.append
+    )
+    cmds = [line for line in log if "rope_lie.main" in line]
+    assert len(cmds) == 2 and all("--config.seed=1" in c for c in cmds)
+    assert "--config.eval_batch_size=40" in cmds[0] and "pe=ape,smoke" in cmds[1]
+    assert len({c.split("--workdir=")[1].split()[0] for c in cmds}) == 2
+
+
+def test_paper_scale_uses_the_paper_arguments(tmp_path):
+    log = []
+    lib.run_study(
+        SMOKE, seeds=1, scale="paper", root=str(tmp_path), study_dir=str(tmp_path),
+        dry_run=True, log=log.append,
+    )  # fmt: skip
+    cmds = [line for line in log if "rope_lie.main" in line]
+    assert ":pe=liere,smoke,res=paper " in cmds[0] and ":pe=ape,smoke,block=2 " in cmds[1]
+    with pytest.raises(ValueError, match="scale='tpu'"):
+        lib.run_study(SMOKE, seeds=1, scale="tpu", root="", study_dir="")
+
+
+def test_summary_table_and_plot(smoke_study):
+    results, _, _, _ = smoke_study
+    rows, examples = lib.read_results(results), lib.read_examples(results)
+    text = report.markdown(SMOKE, rows, examples)
+    assert "| LieRE 4x4 | 1 |" in text and "paper 90.0" in text
+    assert "| liere | ape | size8 | 1 |" in text  # the paired test
+    table = report.arm_stats(SMOKE, rows, examples)
+    for entry in table:
+        assert entry["min"] == entry["mean"] == entry["max"]  # one seed
+        assert entry["ci"][0] <= entry["mean"] <= entry["ci"][1]
+    path = os.path.join(results, "accuracy.png")
+    report.plot(SMOKE, rows, examples, path, chance=0.1)
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bootstrap_ci_matches_the_normal_approximation():
+    correct = np.random.default_rng(0).random((3, 4000)) < 0.8
+    low, high = stats.bootstrap_ci(correct)
+    per_example = correct.mean(0)
+    half = 1.96 * per_example.std(ddof=1) / np.sqrt(4000)
+    assert low == pytest.approx(per_example.mean() - half, abs=0.003)
+    assert high == pytest.approx(per_example.mean() + half, abs=0.003)
+    assert stats.bootstrap_ci(correct) == (low, high)  # fixed resampling seed
+    assert stats.bootstrap_ci(np.ones((2, 10), bool)) == (1.0, 1.0)
+
+
+def test_paired_z_matches_scipys_one_sample_test_on_differences():
+    rng = np.random.default_rng(1)
+    a, b = rng.random((2, 500)) < 0.7, rng.random((2, 500)) < 0.6
+    test = stats.paired_z(a, b)
+    d = a.mean(0) - b.mean(0)
+    t = scipy_stats.ttest_1samp(d, 0.0)
+    assert test["diff"] == pytest.approx(d.mean())
+    assert test["z"] == pytest.approx(t.statistic)
+    assert test["p"] == pytest.approx(2 * scipy_stats.norm.sf(abs(t.statistic)))
+    assert test["ci_low"] < test["diff"] < test["ci_high"]
+    with pytest.raises(ValueError, match=r"same examples.*\(500,\) vs \(400,\)"):
+        stats.paired_z(a, b[:, :400])
+
+
+def test_blind_ceiling_of_the_arrows_task():
+    # STUDIES.md: E[max count] / 8 = 0.442 for 8 arrows of 4 directions.
+    assert stats.blind_ceiling() == pytest.approx(0.442, abs=0.001)
+
+
+def test_every_study_has_distinct_arms_and_runs():
+    for study in definitions.STUDIES.values():
+        assert len(set(study.arm_names)) == len(study.arms), study.name
+        dirs = {lib.run_dir("/r", a, 0, "cpu") for a in study.arms}
+        assert len(dirs) == len(study.arms), study.name
+        assert all(a in study.arm_names for pair in study.comparisons for a in pair)
+        assert set(study.paper) <= set(study.arm_names)
+
+
+def test_cli_rejects_unknown_studies_and_arms(tmp_path):
+    with pytest.raises(SystemExit):
+        run.main(["nonexistent"])
+    with pytest.raises(KeyError, match="no arm 'fourier'"):
+        run.main(["arrows", "--arms=fourier", "--dry-run", f"--results={tmp_path}"])
