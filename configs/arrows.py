@@ -22,6 +22,7 @@ shuffled patches. Two scales:
 Arguments: pe=<family, a variant such as visionllama_liere (the LieRE paper's VisionLlama),
 or ape/sincos>, block=<LieRE block size; 2 = the LieRE paper's RoPE-Mixed>, res=cpu|paper,
 ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
+init_scale=<LieRE generator init U[0, s); 0 = the family default 2 pi (LieRE Table 7 uses 1)>,
 steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the tests).
 
 Expected runtime: res=cpu ~5-10 min on 2 CPU cores (to be measured); res=paper: to be measured
@@ -47,8 +48,9 @@ SCALES = {
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, res="cpu", steps=0, smoke=False
-    )
+        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, init_scale=0.0, res="cpu",
+        steps=0, smoke=False,
+    )  # fmt: skip
     if args.res not in SCALES:
         raise ValueError(f"res={args.res!r}; expected one of {sorted(SCALES)}")
     s = SCALES[args.res]
@@ -74,6 +76,10 @@ def get_config(arg=None):
         head_zero_init=True,  # zero-initialised classifier
         dtype="float32",  # activation dtype
     )
+    if args.init_scale:
+        if args.pe != "liere":
+            raise ValueError(f"init_scale={args.init_scale} is for pe=liere, not pe={args.pe}")
+        c.model.pe_hparams.init_scale = args.init_scale  # LieRE Table 7: 2 pi (default) vs 1
     c.batch_size = s["batch"]  # examples per step
     c.total_steps = args.steps or s["steps"]  # paper: 800,000 examples / 512 = 1,563 steps
     c.optim.name = "adamw" if args.res == "cpu" else "adam"

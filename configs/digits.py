@@ -9,6 +9,8 @@ range) and with shuffled patches.
     python -m rope_lie.main --config=configs/digits.py:smoke --workdir=/tmp/digits_smoke
 
 Arguments: pe=<family, variant or ape/sincos (common.pe_fields)>, block=<LieRE block size>,
+generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries> (pe=cayley_string),
+variant=<ViT variant, default mu; string = the sparse Cayley-STRING study's H = 12 ViT>,
 smoke (a few steps; used by the tests).
 
 Measured (one seed, pe=liere block 4, 2-core CPU shared with other jobs): 126 s in all
@@ -21,7 +23,9 @@ from configs import common
 
 
 def get_config(arg=None):
-    args = common.parse_arg(arg, pe="liere", block=4, smoke=False)
+    args = common.parse_arg(
+        arg, pe="liere", block=4, generator="dense", bw=2, k=24, variant="mu", smoke=False
+    )
     c = common.base_config()
     c.dataset = common.dataset_config(
         "sklearn_digits/size8",  # 8x8 pixels, 10 classes (rope_lie/data/sklearn_digits.py)
@@ -29,8 +33,11 @@ def get_config(arg=None):
         mean=(0.5,),  # pixels mapped to [-1, 1]
         std=(0.5,),
     )
+    fields = common.pe_fields(args.pe, args.block, convention="normalized")
+    if args.pe == "cayley_string":
+        fields["pe_hparams"] = common.cayley_hparams(args.generator, args.bw, args.k)
     c.model = dict(
-        variant="mu",  # width 64, depth 4, 4 heads of 16 dims
+        variant=args.variant,  # mu: width 64, depth 4, 4 heads of 16 dims; string: H = 12
         patch_size=2,  # px per patch side: 4x4 tokens at 8x8
         image_shape=(8, 8),  # training input (H, W) in px
         channels=1,  # grayscale
@@ -38,7 +45,7 @@ def get_config(arg=None):
         pool="mean",  # mean of the patch tokens
         dropout=0.1,  # after the embedding, attention and MLP
         # pe, pe_hparams, additive, positions: [-1, 1] at every size, so 16x16 interpolates
-        **common.pe_fields(args.pe, args.block, convention="normalized"),
+        **fields,
         share_pe_heads=False,  # encoder parameters per head
         share_pe_layers=False,  # and per layer
         head_zero_init=True,  # zero-initialised classifier

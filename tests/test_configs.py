@@ -90,6 +90,21 @@ def test_ape_init_std_follows_the_recipes_reference(recipe, std):
     assert get_config(recipe, "pe=liere").model.additive_hparams.to_dict() == {}
 
 
+def test_arrows_init_scale_is_lieres_and_only_lieres():
+    assert get_config("arrows", "pe=liere,block=2,init_scale=1").model.pe_hparams.init_scale == 1
+    assert "init_scale" not in get_config("arrows", "pe=liere").model.pe_hparams  # 2 pi default
+    with pytest.raises(ValueError, match=r"init_scale=1.0 is for pe=liere, not pe=ape"):
+        get_config("arrows", "pe=ape,init_scale=1")
+
+
+def test_digits_takes_the_cayley_generators_and_the_string_vit():
+    model = get_config("digits", "pe=cayley_string,generator=topk,k=24,variant=string").model
+    assert model.variant == "string" and model.pe_hparams.to_dict() == dict(
+        generator="topk", k=24, init_std=common.TOPK_INIT_STD
+    )
+    assert count_params(get_config("digits", "pe=cayley_string,generator=banded,bw=2")) > 0
+
+
 @pytest.mark.parametrize("pe", ["ape", "sincos", "alibi", "rope_mixed", "visionllama_liere"])
 def test_digits_accepts_every_pe_and_keeps_normalized_positions(pe):
     model = get_config("digits", f"pe={pe}").model
