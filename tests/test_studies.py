@@ -147,3 +147,28 @@ def test_cli_rejects_unknown_studies_and_arms(tmp_path):
         run.main(["nonexistent"])
     with pytest.raises(KeyError, match="no arm 'fourier'"):
         run.main(["arrows", "--arms=fourier", "--dry-run", f"--results={tmp_path}"])
+
+
+def test_a_recorded_run_reloads_to_the_same_predictions(smoke_study, tfds_dir):
+    """attention_maps' loader: the checkpoint and config of a run give back, example by
+    example, the results the run recorded (and attention maps of the right shape)."""
+    import jax.numpy as jnp
+    import tensorflow_datasets as tfds
+
+    from experiments.studies import attention_maps
+
+    results, runs, _, _ = smoke_study
+    arm = SMOKE.arm("liere")
+    model = attention_maps.load_model(
+        attention_maps.load_config(arm, 0), lib.run_dir(runs, arm, 0, "cpu")
+    )
+    batch = tfds.as_numpy(
+        tfds.load("sklearn_digits/size8", split="test", batch_size=-1, data_dir=tfds_dir)
+    )
+    images = (batch["image"].astype(np.float32) / 255.0 - 0.5) / 0.5  # the recipe's mean/std
+    predicted = np.asarray(model(jnp.asarray(images))).argmax(-1)
+    recorded = lib.read_examples(results)["liere/0/size8"]
+    np.testing.assert_array_equal(predicted == batch["label"], recorded)
+    assert model.attention_maps(jnp.asarray(images[:2])).shape == (4, 2, 4, 16, 16)
+    with pytest.raises(ValueError, match="0 prefix tokens, not a class token"):
+        attention_maps.class_token_map(model, images[0])  # digits pools the mean

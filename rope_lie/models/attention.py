@@ -317,12 +317,20 @@ def attend(
     Returns:
       (B, T, N, H) in v's dtype.
     """
+    probs_BNTS = attention_probs(q_BTNH, k_BTNH, bias).astype(v_BTNH.dtype)
+    return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, v_BTNH)
+
+
+def attention_probs(
+    q_BTNH: jax.Array, k_BTNH: jax.Array, bias: jax.Array | None = None
+) -> jax.Array:
+    """``softmax(q k^T / sqrt(H) + bias)`` in float32, (B, N, T, S): the weights ``attend``
+    applies to the values (row t: how much query token t takes from each key token)."""
     logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q_BTNH, k_BTNH, preferred_element_type=jnp.float32)
     logits_BNTS = logits_BNTS * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
     if bias is not None:
         logits_BNTS = (logits_BNTS + bias).astype(jnp.float32)
-    probs_BNTS = jax.nn.softmax(logits_BNTS, axis=-1).astype(v_BTNH.dtype)
-    return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, v_BTNH)
+    return jax.nn.softmax(logits_BNTS, axis=-1)
 
 
 def xavier_uniform(in_axis, out_axis) -> jax.nn.initializers.Initializer:
@@ -440,6 +448,28 @@ class Attention(nnx.Module):
         Returns:
           (B, T, D) array in the activation dtype.
         """
+        q_BTNH, k_BTNH, v_BTNH, bias = self.qkv(x_BTD, pos, pe_params=pe_params, pe_state=pe_state)
+        o_BTNH = attend(q_BTNH, k_BTNH, v_BTNH, bias)
+        y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
+        return y_BTD + self.bo_D[...].astype(self.dtype)
+
+    def probs(self, x_BTD: jax.Array, pe_state: Mapping[str, Any]) -> jax.Array:
+        """The attention weights (B, N, T, T) of ``__call__`` (float32), e.g. for attention maps."""
+        q_BTNH, k_BTNH, _, bias = self.qkv(x_BTD, None, pe_state=pe_state)
+        return attention_probs(q_BTNH, k_BTNH, bias)
+
+    def qkv(
+        self,
+        x_BTD: jax.Array,
+        pos: jax.Array | None,
+        *,
+        pe_params: Mapping[str, Any] | None = None,
+        pe_state: Mapping[str, Any] | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+        """Queries and keys with the position encoding applied, values, and the logit bias.
+
+        Arguments as ``__call__``. Returns (q_BTNH, k_BTNH, v_BTNH, bias or None).
+        """
         if pe_state is None:
             pe_state = self.pe_state(pos, pe_params=pe_params)
         elif pe_params is not None:
@@ -457,6 +487,4 @@ class Attention(nnx.Module):
             hparams=dict(self.hparams),
         )  # fmt: skip
         bias = None if bias is None else bias.astype(self.dtype)
-        o_BTNH = attend(q_BTNH, k_BTNH, v_BTNH, bias)
-        y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
-        return y_BTD + self.bo_D[...].astype(self.dtype)
+        return q_BTNH, k_BTNH, v_BTNH, bias

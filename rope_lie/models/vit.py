@@ -372,6 +372,20 @@ class ViT(nnx.Module):
         """
         return self.pe_states(self.positions(grid))
 
+    def attention_maps(self, images: jax.Array) -> jax.Array:
+        """Every layer's attention weights on a batch (eval mode), float32 (L, B, N, T, T).
+
+        Row t of layer l, head n: how much token t takes from each token (prefix tokens first,
+        then the grid row-major); with ``pool="cls"`` row 0 is the class token's attention.
+        """
+        grid = self.input_grid(images)
+        x_BTD = self.embed_tokens(images, grid)
+        maps = []
+        for block, state in zip(self.blocks, self.precompute_pe(grid), strict=True):
+            maps.append(block.attn.probs(block.ln1(x_BTD), state))
+            x_BTD = block(x_BTD, state, train=False)
+        return jnp.stack(maps)
+
     def __call__(
         self,
         images: jax.Array,

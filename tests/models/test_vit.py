@@ -316,3 +316,22 @@ def test_cayley_string_fold_through_the_vit(generator):
         pe[key][...] = jnp.zeros_like(pe[key][...])  # P = I: only RoPE-Mixed is left
     np.testing.assert_allclose(model(images), expected, rtol=1e-5, atol=1e-5)
     assert np.max(np.abs(expected)) > 1e-3
+
+
+@pytest.mark.parametrize("pe", ["liere", "alibi", "cayley_string"])
+def test_attention_maps_are_the_weights_the_model_uses(pe):
+    """Rows sum to 1; weighting the values with a layer's map and projecting gives that
+    layer's attention output (rotations, ALiBi's bias and Cayley's folded P included)."""
+    model = ViT(**_config_for(pe), rngs=nnx.Rngs(0))
+    images = _images((2, *TINY["image_shape"], 3))
+    maps = model.attention_maps(images)
+    depth, heads, tokens = len(model.blocks), model.blocks[0].attn.num_heads, 1 + 2 * 3
+    chex.assert_shape(maps, (depth, 2, heads, tokens, tokens))
+    np.testing.assert_allclose(maps.sum(-1), 1.0, rtol=1e-5)
+    grid = model.input_grid(images)
+    attn, state = model.blocks[0].attn, model.precompute_pe(grid)[0]
+    x_BTD = model.blocks[0].ln1(model.embed_tokens(images, grid))
+    _, _, v_BTNH, _ = attn.qkv(x_BTD, None, pe_state=state)
+    o_BTNH = jnp.einsum("BNTS,BSNH->BTNH", maps[0], v_BTNH)
+    y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, attn.wo_NHD[...]) + attn.bo_D[...]
+    np.testing.assert_allclose(y_BTD, attn(x_BTD, None, pe_state=state), rtol=1e-5, atol=1e-5)
