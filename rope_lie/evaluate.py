@@ -165,13 +165,17 @@ def evaluate(
     }
 
 
-def eval_batches(config: Any, entry: Any) -> Iterable[Mapping[str, np.ndarray]]:
-    """This process's batches of one `config.evals` entry: its dataset name, size and split."""
+def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, np.ndarray]]:
+    """This process's batches of one `config.evals` entry: its dataset name, size and split.
+
+    Batches hold `config.eval_batch_size` rounded up to a multiple of the mesh's devices
+    (`sharding.padded_batch_size`), so any eval batch size works on any mesh.
+    """
     from rope_lie.data import pipeline  # TensorFlow is imported only when data is read
 
     return pipeline.make_eval_iterator(
         config.dataset,
-        batch_size=config.eval_batch_size,
+        batch_size=sharding.padded_batch_size(config.eval_batch_size, mesh),
         split=entry.split,
         name=entry.name,
         image_size=entry.image_size,
@@ -209,7 +213,7 @@ def evaluate_all(
         res = evaluate(
             eval_step,
             params,
-            eval_batches(config, entry),
+            eval_batches(config, entry, mesh),
             mesh,
             shuffle_patch=patch if entry.shuffle_patches else None,
             seed=config.seed,

@@ -123,6 +123,32 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def batch_shards(mesh: Mesh) -> int:
+    """How many ways a batch is split: every device of the mesh (data x fsdp)."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def check_batch_size(batch_size: int, mesh: Mesh, what: str = "batch_size") -> None:
+    """A global batch size must split evenly over the mesh's devices (checked before step 1)."""
+    shards = batch_shards(mesh)
+    if batch_size < 1 or batch_size % shards:
+        raise ValueError(
+            f"{what}={batch_size} is not a positive multiple of the {shards} devices of the "
+            f"mesh {dict(mesh.shape)} ({jax.process_count()} process(es)); use e.g. "
+            f"{max(shards, batch_size // shards * shards)}"
+        )
+
+
+def padded_batch_size(batch_size: int, mesh: Mesh) -> int:
+    """The smallest multiple of the mesh's device count that holds `batch_size` examples.
+
+    Evaluation reads batches of this size; the examples beyond the split are padding with mask
+    0, so any eval batch size works on any mesh and every example still counts once.
+    """
+    shards = batch_shards(mesh)
+    return -(-batch_size // shards) * shards
+
+
 def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Global jax arrays from this process's slice of the batch (multi-host safe).
 
@@ -130,7 +156,7 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
     `local * process_count`, and must divide by the number of devices.
     """
     sharding = batch_sharding(mesh)
-    num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    num_shards = batch_shards(mesh)
     out = {}
     for key, value in batch.items():
         global_len = value.shape[0] * jax.process_count()

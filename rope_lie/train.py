@@ -266,6 +266,7 @@ class Run:
 
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
+    sharding.check_batch_size(config.batch_size, mesh)  # eval batches are padded to the mesh
     num_train = data_summary(config)["num_train_examples"]
     prepare_eval_data(config)  # a missing eval dataset fails now, not after training
     total, steps_per_epoch, eval_every = schedule_steps(config, num_train)

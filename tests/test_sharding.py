@@ -138,3 +138,42 @@ def test_fsdp_mesh_really_shards_params(eight_device_results):
     assert not any("fsdp" in spec or "data" in spec for spec in data8_specs), data8_specs
     fsdp_specs = eight_device_results["data2_fsdp4"]["specs"]
     assert any("fsdp" in spec for spec in fsdp_specs), fsdp_specs
+
+
+def _main_on_devices(num_devices: int, workdir, *flags: str) -> subprocess.CompletedProcess:
+    """`python -m rope_lie.main` on the quickstart's smoke recipe with simulated CPU devices."""
+    xla = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
+    env = dict(os.environ, XLA_FLAGS=xla.strip())
+    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "rope_lie.main", "--config=configs/quickstart.py:smoke"]
+    cmd += [f"--workdir={workdir}", "--config.tensorboard=False", *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+def test_any_eval_batch_size_works_on_8_devices(tfds_dir, tmp_path):
+    """Issue 15: the quickstart trained to the end, then died evaluating 250-example batches
+    on 4 devices. Eval batches are now padded to the mesh: 30 on 8 devices reads 32, and every
+    one of the 64 test examples counts once."""
+    data = f"--config.dataset.data_dir={tfds_dir}"
+    proc = _main_on_devices(8, tmp_path, data, "--config.eval_batch_size=30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "final.json") as f:
+        final = json.load(f)
+    assert final["step"] == 8 and final["evals"]["g08"]["num_examples"] == 64
+    assert "mesh of 8 cpu devices" in proc.stdout + proc.stderr
+
+
+def test_a_training_batch_that_does_not_split_fails_before_training(tfds_dir, tmp_path):
+    data = f"--config.dataset.data_dir={tfds_dir}"
+    proc = _main_on_devices(8, tmp_path, data, "--config.batch_size=12")
+    assert proc.returncode != 0
+    assert "batch_size=12 is not a positive multiple of the 8 devices" in proc.stderr
+    assert not os.path.exists(tmp_path / "checkpoints")  # nothing was trained
+
+
+def test_padded_batch_size_rounds_up_to_the_mesh():
+    mesh = sharding.make_mesh({"data": -1}, jax.devices()[:1])
+    assert sharding.padded_batch_size(250, mesh) == 250
+    sharding.check_batch_size(7, mesh)
+    with pytest.raises(ValueError, match=r"batch_size=0 is not a positive multiple of the 1"):
+        sharding.check_batch_size(0, mesh)
