@@ -141,6 +141,8 @@ def base_config() -> mc.ConfigDict:
     c.mesh.data = -1  # data-parallel axis size (-1 = the remaining devices)
     c.mesh.fsdp = 1  # parameter-sharding axis size (1 = params replicated)
     c.fsdp_min_size = 2**14  # arrays with fewer elements stay replicated under FSDP
+    c.init_from = ""  # workdir or checkpoint step to take parameters from (rope_lie/finetune.py)
+    c.init_head = "keep"  # with init_from: "keep" the source's head, or "new" (another class count)
     c.multihost = False  # call jax.distributed.initialize() (also if JAX_COORDINATOR_ADDRESS set)
     c.progress = True  # tqdm progress bar with throughput and ETA
     c.tensorboard = True  # also write TensorBoard event files to workdir/tensorboard

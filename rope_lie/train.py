@@ -40,7 +40,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from rope_lie import checkpoint as ckpt
-from rope_lie import evaluate, metrics, optim, sharding
+from rope_lie import evaluate, finetune, metrics, optim, sharding
 from rope_lie.models import ViT
 
 TRAIN_KEYS = ("image", "label", "soft_label")
@@ -281,6 +281,8 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     restored = ckpt.restore_latest(manager, abstract)
     if restored is None:
         (state, other), start, best = init(init_key), 0, {}
+        if config.get("init_from"):
+            state = _init_from(config, setup, state)
     else:
         start, state, meta = restored
         other, best = init_other(init_key), meta.get("best", {})
@@ -313,6 +315,16 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         results = _evals(run, state, step)
     metrics.write_examples(workdir, run.correct)
     return metrics.write_final(workdir, step, results)
+
+
+def _init_from(config: mc.ConfigDict, setup: Setup, state: dict) -> dict:
+    """The fresh state with the parameters of ``config.init_from`` (rope_lie/finetune.py)."""
+    step, source = finetune.load_params(config.init_from)
+    params = finetune.adapt_params(
+        source, jax.device_get(state["params"]), init_head=config.get("init_head", "keep")
+    )
+    say(f"Parameters from {config.init_from} (step {step}); optimiser and step start afresh")
+    return {**state, "params": jax.device_put(params, setup.state_shardings["params"])}
 
 
 def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_train: int) -> str:
