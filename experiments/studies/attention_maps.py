@@ -23,7 +23,7 @@ from experiments.studies.definitions import STUDIES
 
 def load_config(arm: lib.Arm, seed: int, scale: str = "cpu"):
     """The run's config, as `rope_lie.main` built it (recipe, argument, overrides, seed)."""
-    recipe = importlib.import_module(f"configs.{arm.recipe}")
+    recipe = importlib.import_module(f"configs.{arm.recipe_for(scale)}")
     config = recipe.get_config(arm.argument(scale))
     for key, value in arm.all_overrides(scale):
         *parents, leaf = key.split(".")

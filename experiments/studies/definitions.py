@@ -31,7 +31,10 @@ MIXED_HEO = _arrows("rope_mixed_heo", "RoPE-Mixed (Heo et al.)", "pe=rope_mixed"
 LIERE_B2 = _arrows("liere_b2", "RoPE-Mixed = LieRE b2 (LieRE paper)", "pe=liere,block=2")
 LIERE_B8 = _arrows("liere_b8", "LieRE 8x8", "pe=liere,block=8")
 LIERE_DENSE = _arrows(
-    "liere_dense", "LieRE dense (16x16 = H)", "pe=liere,block=16", paper_arg="pe=liere,block=64"
+    "liere_dense",
+    "LieRE dense (16x16 = H)",
+    "pe=liere,block=16",
+    paper_arg="pe=liere,block=64,res=paper",  # ViT-B: H = 64
 )
 
 ARROWS_EVALS = ("g08", "g12", "g16", "g20", "g08_shuffled")
@@ -65,7 +68,7 @@ _add(
 
 # --------------------------------------------------------------------------- block size
 
-LIERE_B4 = _arrows("liere_b4", "LieRE 4x4", "pe=liere,block=4", paper_arg="pe=liere,block=4")
+LIERE_B4 = _arrows("liere_b4", "LieRE 4x4", "pe=liere,block=4")
 _add(
     Study(
         name="block_size",
@@ -216,7 +219,16 @@ _add(
 
 
 def _cayley(name: str, label: str, arg: str) -> Arm:
-    return Arm(name, label, "digits", f"{arg},variant=string", paper_arg=None)
+    # CPU: sklearn digits with the study's ViT; paper scale: the study's MNIST recipe.
+    paper_arg = arg.replace("pe=cayley_string,", "")
+    return Arm(
+        name,
+        label,
+        "digits",
+        f"{arg},variant=string",
+        paper_arg=paper_arg,
+        paper_recipe="mnist_cayley",
+    )
 
 
 _add(

@@ -53,6 +53,7 @@ class Arm:
       overrides: ``--config.<key>=<value>`` pairs, applied at every scale.
       paper_arg: the recipe's argument string for ``--scale paper`` (None: arg plus ",res=paper").
       cpu_overrides: overrides applied only at CPU scale (e.g. fewer training examples).
+      paper_recipe: the recipe at ``--scale paper`` when it is another one (None: recipe).
     """
 
     name: str
@@ -62,6 +63,10 @@ class Arm:
     overrides: tuple[tuple[str, Any], ...] = ()
     paper_arg: str | None = None
     cpu_overrides: tuple[tuple[str, Any], ...] = ()
+    paper_recipe: str | None = None
+
+    def recipe_for(self, scale: str) -> str:
+        return self.paper_recipe if scale == "paper" and self.paper_recipe else self.recipe
 
     def argument(self, scale: str) -> str:
         if scale == "cpu":
@@ -99,15 +104,16 @@ def run_dir(root: str, arm: Arm, seed: int, scale: str) -> str:
     """The run's workdir: readable name plus a hash of everything that defines the run."""
     arg = arm.argument(scale)
     overrides = arm.all_overrides(scale)
-    key = json.dumps([arm.recipe, arg, [list(o) for o in overrides], seed, scale])
+    recipe = arm.recipe_for(scale)
+    key = json.dumps([recipe, arg, [list(o) for o in overrides], seed, scale])
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
-    readable = re.sub(r"[^A-Za-z0-9=.]+", "_", f"{arm.recipe}_{arg}").strip("_")
+    readable = re.sub(r"[^A-Za-z0-9=.]+", "_", f"{recipe}_{arg}").strip("_")
     return os.path.join(root, "runs", scale, f"{readable}_seed{seed}_{digest}")
 
 
 def command(arm: Arm, seed: int, scale: str, workdir: str, extra: Sequence[str] = ()) -> list[str]:
     """The ``rope_lie.main`` command line of one run."""
-    config = os.path.join(REPO, "configs", f"{arm.recipe}.py")
+    config = os.path.join(REPO, "configs", f"{arm.recipe_for(scale)}.py")
     arg = arm.argument(scale)
     cmd = [sys.executable, "-m", "rope_lie.main", f"--config={config}:{arg}"]
     cmd += [f"--workdir={workdir}", f"--config.seed={seed}"]
