@@ -29,6 +29,8 @@ RECIPES = [
     ("digits", ""),
     ("digits", "pe=ape"),
     ("arrows", "pe=visionllama_liere"),
+    ("arrows3d", "pe=liere,block=8"),
+    ("arrows3d", "pe=visionllama_liere"),
     ("cifar100", "pe=liere,block=8"),
     ("cifar100", "pe=visionllama"),
     ("imagenet", "pe=rope_mixed"),

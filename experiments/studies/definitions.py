@@ -256,3 +256,28 @@ _add(
         comparisons=(("dense", "block2x2"), ("dense", "topk"), ("dense", "rope_mixed")),
     )
 )
+
+# --------------------------------------------------------------------------- volumes
+
+
+def _volume(name: str, label: str, arg: str) -> Arm:
+    # CPU: spatial_arrows_3d; paper scale: the LieRE paper's 3D task, UCF101 (ViT-B).
+    return Arm(name, label, "arrows3d", arg, paper_arg=arg, paper_recipe="ucf101")
+
+
+_add(
+    Study(
+        name="volumes",
+        title="Spatial arrows in volumes (6x6x6 cells): 3D encodings",
+        arms=(
+            _volume("ape", "APE (N(0,1) init, LieRE ref.)", "pe=ape"),
+            _volume("visionllama_liere", "VisionLlama (LieRE paper)", "pe=visionllama_liere"),
+            _volume("liere_b2", "RoPE-Mixed = LieRE b2 (LieRE paper)", "pe=liere,block=2"),
+            _volume("liere_b8", "LieRE 8x8", "pe=liere,block=8"),
+        ),
+        evals=("g6", "g8", "g6_shuffled"),
+        # Table 1 / Table 5, UCF101 (not arrows): APE 40.9, VisionLlama 45.0, RoPE-Mixed 46.3,
+        # LieRE8 47.0; shuffle drops 0.0 / 17.7 / 39.1 / 40.9 % (README compares the ordering).
+        comparisons=(("liere_b8", "liere_b2"), ("liere_b2", "ape")),
+    )
+)
