@@ -19,8 +19,9 @@ Resume order (a rerun with the same workdir continues exactly, ``kill -9`` inclu
 
 Each step runs in this order: train, check, log, evaluate, checkpoint. A non-finite loss or
 gradient norm stops the run (``FloatingPointError`` naming the step) before that state can be
-checkpointed; the last good checkpoint stays the latest. On a preemption sync point (multi-host
-jobs) the step is checkpointed and the run returns early; rerun it to finish. Rerunning a
+checkpointed; the last good checkpoint stays the latest. On SIGTERM (single process) or a
+preemption sync point (multi-host jobs) the step is checkpointed and the run returns early
+(exit status 0); rerun it to finish. Rerunning a
 finished run only re-evaluates its final state and rewrites ``final.json``.
 """
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -372,6 +375,31 @@ def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: fl
     }
 
 
+class StopOnSigterm:
+    """While active, SIGTERM (what a pod's or cluster's scheduler sends before preempting)
+    sets ``requested`` instead of killing the process: the loop checkpoints the step it is on
+    and returns, and a rerun resumes exactly. Installed in single-process runs from the main
+    thread only; multi-process jobs get the same from JAX's preemption sync point (the
+    checkpoint manager's policy), which keeps every process stopping at the same step."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> StopOnSigterm:
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        del signum, frame
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
     """Steps start+1..total: train, check, log, evaluate, checkpoint (in that order)."""
     config, results, window = run.config, None, []
@@ -391,35 +419,37 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
 
     tick, timed, step = time.perf_counter(), 0, start
     batch = next_batch() if start < run.total else None
-    for step in range(start + 1, run.total + 1):
-        state, m = run.train_step(state, batch, run.other, run.dropout_key)
-        # Read and place the next batch while the step runs (dispatch is asynchronous), then
-        # wait for this step's metrics: host and device work overlap (issue 14).
-        batch = next_batch() if step < run.total else None
-        m = jax.device_get(m)
-        check_step(step, m, run.manager)
-        window.append(m)
-        pbar.update(1)
-        timed += 1
-        record = {}
-        if step % config.log_every_steps == 0 or step == run.total:
-            record = _log_record(run, step, window, timed, time.perf_counter() - tick)
-            pbar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{record['throughput']:.0f}")
-            window = []
-        if step % run.eval_every == 0 or step == run.total:
-            pbar.set_description("evaluating")
-            results = _evals(run, state, step)
-            pbar.set_description("")
-            record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
-        if record:
-            run.writer.write(step, record)
-        meta = {"step": step, "best": run.best}
-        ckpt.save(run.manager, step, state, meta, force=step == run.total)
-        if run.manager.reached_preemption(step):
-            say(f"Preemption at step {step}: checkpoint saved, stopping.")
-            break
-        if record or step == start + 1:  # throughput excludes compiling, evaluating, saving
-            tick, timed = time.perf_counter(), 0
+    with StopOnSigterm() as sigterm:  # a scheduler's notice: save at the next step, stop
+        for step in range(start + 1, run.total + 1):
+            state, m = run.train_step(state, batch, run.other, run.dropout_key)
+            # Read and place the next batch while the step runs (dispatch is asynchronous), then
+            # wait for this step's metrics: host and device work overlap (issue 14).
+            batch = next_batch() if step < run.total else None
+            m = jax.device_get(m)
+            check_step(step, m, run.manager)
+            window.append(m)
+            pbar.update(1)
+            timed += 1
+            record = {}
+            if step % config.log_every_steps == 0 or step == run.total:
+                record = _log_record(run, step, window, timed, time.perf_counter() - tick)
+                pbar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{record['throughput']:.0f}")
+                window = []
+            if step % run.eval_every == 0 or step == run.total:
+                pbar.set_description("evaluating")
+                results = _evals(run, state, step)
+                pbar.set_description("")
+                record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
+            if record:
+                run.writer.write(step, record)
+            meta = {"step": step, "best": run.best}
+            stop = sigterm.requested  # read once: the save and the stop agree
+            ckpt.save(run.manager, step, state, meta, force=step == run.total or stop)
+            if stop or run.manager.reached_preemption(step):
+                say(f"Preemption at step {step}: checkpoint saved, stopping (rerun to resume).")
+                break
+            if record or step == start + 1:  # throughput excludes compiling, evaluating, saving
+                tick, timed = time.perf_counter(), 0
     pbar.close()
     return state, step, results
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,3 +152,35 @@ def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(tfds_dir, tmp_
     with pytest.raises(FloatingPointError, match=r"at step 2; .* latest checkpoint is step 1"):
         train.train_and_evaluate(config, str(tmp_path))
     assert os.listdir(tmp_path / "checkpoints") == ["1"]
+
+
+def test_sigterm_saves_the_step_and_exits_cleanly_then_resumes_exactly(
+    reference, tfds_dir, tmp_path
+):
+    """A scheduler's SIGTERM mid-run: the child checkpoints the step it is on, exits with
+    status 0 and no final.json; the rerun ends bit-identical to the uninterrupted run."""
+    ref_dir, _ = reference
+    workdir = str(tmp_path / "preempted")
+    proc = _child(tfds_dir, workdir)
+    first = os.path.join(workdir, "checkpoints", "4")
+    deadline = time.time() + 240
+    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "training ended before the signal:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    assert "Preemption at step" in out and not os.path.exists(os.path.join(workdir, "final.json"))
+    stopped_at = int(re.search(r"Preemption at step (\d+)", out).group(1))
+    step, _ = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    assert step == stopped_at and 4 <= step < 12  # the step it stopped on is saved
+
+    train.train_and_evaluate(_config(tfds_dir), workdir)
+    _, ref_state = checkpoint.load_state(os.path.join(ref_dir, "checkpoints"))
+    _, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    for (path, ref), (_, value) in zip(
+        jax.tree_util.tree_leaves_with_path(ref_state),
+        jax.tree_util.tree_leaves_with_path(state),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
