@@ -12,11 +12,17 @@ Paper Table 1: top-1 69.6 (LieRE8), 69.3 (LieRE64), 68.8 (RoPE-Mixed), 66.1 (APE
         --workdir=workdirs/imagenet_liere8 --config.dataset.data_dir=$TFDS \
         --config.mesh.data=-1 --config.mesh.fsdp=1
 
-Not included: the paper's second recipe, fine-tuning at 256 px for 30 epochs at learning rate
-1e-5 (train_and_evaluate cannot yet start from another run's parameters).
+The paper's second recipe, `finetune`: from the 224 px run's parameters (`init_from`, the APE
+table resized bicubically, rotary parameters as they are), 30 epochs at 256 px, learning rate
+1e-5, then the same resolution sweep plus 224:
+
+    python -m rope_lie.main \
+        --config=configs/imagenet.py:pe=liere,finetune,init_from=workdirs/imagenet_liere8 \
+        --workdir=workdirs/imagenet_liere8_ft256 --config.dataset.data_dir=$TFDS
 
 Arguments: pe=<family or ape/sincos>, block=<LieRE block size>, variant=<ViT variant>,
-ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
+ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>, finetune (the 256 px
+recipe; needs init_from=<workdir or checkpoint of the 224 px run>),
 smoke (tiny model, a few steps; used by the tests).
 
 Expected runtime: < 2 days 5 h on 8x L40 GPUs in the paper (ours: to be measured).
@@ -26,12 +32,16 @@ Expected metric: to be measured (paper: 69.6 top-1 for LieRE8 at 224).
 from configs import common
 
 EVAL_SIZES = (192, 256, 320, 384, 448)  # extra validation resolutions in px (Fig. 7)
+FINETUNE_SIZE = 256  # the paper's fine-tuning resolution
 
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, variant="B", smoke=False
-    )
+        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, variant="B",
+        finetune=False, init_from="", smoke=False,
+    )  # fmt: skip
+    if args.finetune and not args.init_from:
+        raise ValueError("imagenet.py:finetune needs init_from=<workdir of the 224 px run>")
     c = common.base_config()
     c.dataset = common.dataset_config(
         "imagenet2012",  # TFDS catalogue dataset, prepared by the user (manual download)
@@ -67,6 +77,20 @@ def get_config(arg=None):
         val224_shuffled=common.eval_entry(shuffle_patches=True),  # shuffled patches
         **{f"val{s}": common.eval_entry(image_size=s) for s in EVAL_SIZES},  # Fig. 7
     )
+    if args.finetune:
+        side = FINETUNE_SIZE
+        c.init_from = args.init_from  # parameters only; optimiser and step start afresh
+        c.dataset.image_size = side
+        c.model.image_shape = (side, side)  # 16x16 tokens
+        c.num_epochs = 30.0  # paper
+        c.optim.lr = 1e-5  # paper
+        c.eval_every_epochs = 5.0
+        c.evals = dict(
+            **{f"val{side}": common.eval_entry(), f"val{side}_shuffled": common.eval_entry(
+                shuffle_patches=True)},
+            **{f"val{s}": common.eval_entry(image_size=s) for s in (*EVAL_SIZES[:1], 224,
+                                                                    *EVAL_SIZES[2:])},
+        )  # fmt: skip
     if args.smoke:
         common.make_smoke(c, variant="pico")
         c.model.dtype = "float32"

@@ -34,6 +34,7 @@ RECIPES = [
     ("cifar100", "pe=liere,block=8"),
     ("cifar100", "pe=visionllama"),
     ("imagenet", "pe=rope_mixed"),
+    ("imagenet", "pe=ape,finetune,init_from=/nonexistent/run"),
     ("ucf101", "pe=liere"),
     ("cifar10_cayley", "generator=dense"),
     ("cifar10_cayley", "generator=topk,k=24"),
@@ -90,6 +91,15 @@ def test_ape_init_std_follows_the_recipes_reference(recipe, std):
     assert abs(values.std() / std - 1) < 0.05
     assert get_config(recipe, "pe=ape,ape_std=0.5").model.additive_hparams.init_std == 0.5
     assert get_config(recipe, "pe=liere").model.additive_hparams.to_dict() == {}
+
+
+def test_imagenet_finetune_is_the_papers_second_recipe():
+    c = get_config("imagenet", "pe=liere,finetune,init_from=/runs/liere8_224")
+    assert c.init_from == "/runs/liere8_224" and c.model.image_shape == (256, 256)
+    assert (c.optim.lr, c.num_epochs, c.dataset.image_size) == (1e-5, 30.0, 256)
+    assert {"val192", "val224", "val256", "val320", "val384", "val448"} <= set(c.evals)
+    with pytest.raises(ValueError, match="finetune needs init_from"):
+        get_config("imagenet", "finetune")
 
 
 def test_arrows_init_scale_is_lieres_and_only_lieres():
