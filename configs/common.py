@@ -144,6 +144,11 @@ def base_config() -> mc.ConfigDict:
     c.init_from = ""  # workdir or checkpoint step to take parameters from (rope_lie/finetune.py)
     c.init_head = "keep"  # with init_from: "keep" the source's head, or "new" (another class count)
     c.multihost = False  # call jax.distributed.initialize() (also if JAX_COORDINATOR_ADDRESS set)
+    c.data_shards = 0  # independently shuffled shards of each batch (0 = one per process)
+    c.distributed = mc.ConfigDict()  # multi-process job; unset fields: JAX detects the cluster
+    c.distributed.coordinator_address = ""  # "host:port" of process 0 ("" = detect / not used)
+    c.distributed.num_processes = 0  # processes in the job (0 = detect)
+    c.distributed.process_id = -1  # this process (-1 = detect)
     c.progress = True  # tqdm progress bar with throughput and ETA
     c.tensorboard = True  # also write TensorBoard event files to workdir/tensorboard
     return c

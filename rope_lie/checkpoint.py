@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
@@ -96,12 +98,17 @@ def restore_latest(
 def load_state(directory: str | os.PathLike, step: int | None = None) -> tuple[int, Any]:
     """(step, state as numpy arrays) from a checkpoint directory, no target structure needed.
 
-    For analysis and tests; `step` defaults to the latest checkpoint.
+    For analysis, tests and ``init_from``; works whatever the devices and processes that saved
+    it. `step` defaults to the latest checkpoint.
     """
     manager = ocp.CheckpointManager(os.path.abspath(directory), item_names=(STATE, META))
     step = manager.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"No checkpoint in {directory}")
-    restored = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore()}))
+    # Saved on any topology (e.g. 4 devices in 2 processes), read onto this process's first
+    # device, then to numpy.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    args = ocp.args.StandardRestore(fallback_sharding=device)
+    restored = manager.restore(step, args=ocp.args.Composite(**{STATE: args}))
     manager.close()
-    return step, restored[STATE]
+    return step, jax.tree.map(np.asarray, restored[STATE])

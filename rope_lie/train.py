@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections as mc
+import numpy as np
 import optax
 from absl import logging
 from flax import nnx
@@ -50,16 +51,27 @@ TRAIN_KEYS = ("image", "label", "soft_label")
 
 
 def maybe_initialize_distributed(config: mc.ConfigDict) -> None:
-    """``jax.distributed.initialize()`` for multi-host jobs, once, before any other JAX call.
+    """``jax.distributed.initialize`` for multi-process jobs, once, before any other JAX call.
 
-    Runs when ``config.multihost`` is set or ``JAX_COORDINATOR_ADDRESS`` is in the environment;
-    coordinator, process count and id then come from the environment or the cluster (TPU pods,
-    SLURM, ...), as ``jax.distributed.initialize`` detects them.
+    Runs when ``config.distributed.coordinator_address`` or ``config.multihost`` is set, or
+    ``JAX_COORDINATOR_ADDRESS`` is in the environment. Unset ``config.distributed`` fields are
+    left to ``jax.distributed.initialize`` to detect (TPU pods, SLURM, ...). CPU processes
+    exchange data with gloo collectives (several processes on one machine, or CPU clusters).
     """
-    if config.get("multihost") or "JAX_COORDINATOR_ADDRESS" in os.environ:
-        if not jax.distributed.is_initialized():
-            jax.distributed.initialize()
-            say(f"jax.distributed: process {jax.process_index()} of {jax.process_count()}")
+    dist = config.get("distributed") or {}
+    address = dist.get("coordinator_address", "")
+    if not (address or config.get("multihost") or "JAX_COORDINATOR_ADDRESS" in os.environ):
+        return
+    if jax.distributed.is_initialized():
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
+    num, pid = dist.get("num_processes", 0), dist.get("process_id", -1)
+    jax.distributed.initialize(
+        coordinator_address=address or None,
+        num_processes=num if num > 0 else None,
+        process_id=pid if pid >= 0 else None,
+    )
+    say(f"jax.distributed: process {jax.process_index()} of {jax.process_count()}")
 
 
 def say(message: str) -> None:
@@ -270,8 +282,7 @@ class Run:
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
     sharding.check_batch_size(config.batch_size, mesh)  # eval batches are padded to the mesh
-    num_train = data_summary(config)["num_train_examples"]
-    prepare_eval_data(config)  # a missing eval dataset fails now, not after training
+    num_train = prepare_data(config)  # a missing eval dataset fails now, not after training
     total, steps_per_epoch, eval_every = schedule_steps(config, num_train)
     setup, abstract_state, init, init_other = create_setup_and_state(config, mesh, total)
     manager = ckpt.make_manager(os.path.join(workdir, "checkpoints"), **config.checkpoint)
@@ -455,17 +466,63 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
 
 
 def data_train_batches(config: mc.ConfigDict, start_step: int):
-    """This process's slice of the global batches from `start_step` on (exact resume)."""
+    """This process's slice of the global batches from `start_step` on (exact resume).
+
+    The global batch is made of ``config.data_shards`` shards (0: one per process), each
+    read and shuffled on its own (``tfds.split_for_jax_process`` slices); a process reads
+    ``data_shards / process_count`` of them and concatenates. With ``data_shards`` fixed, the
+    batches do not depend on how many processes run the job, so a checkpoint resumes on another
+    topology with the same data, and a 1-process run reproduces a multi-process one.
+    """
     from rope_lie.data import pipeline  # TensorFlow is imported only when data is read
 
-    return pipeline.make_train_iterator(
-        config.dataset,
-        batch_size=config.batch_size,
-        seed=config.seed,
-        start_step=start_step,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
+    processes, index = jax.process_count(), jax.process_index()
+    shards = config.get("data_shards", 0) or processes
+    if shards < processes or shards % processes:
+        raise ValueError(
+            f"data_shards={shards} must be a multiple of the {processes} processes of the job"
+        )
+    per_process = shards // processes
+    iterators = [
+        pipeline.make_train_iterator(
+            config.dataset,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            start_step=start_step,
+            process_index=shard,
+            process_count=shards,
+        )
+        for shard in range(index * per_process, (index + 1) * per_process)
+    ]
+    if len(iterators) == 1:
+        return iterators[0]
+    return (
+        {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+        for batches in zip(*iterators, strict=True)
     )
+
+
+def prepare_data(config: mc.ConfigDict) -> int:
+    """Generate (local builders) or check every dataset of the run; returns the train size.
+
+    In a multi-process job process 0 does it first and the others wait at a barrier of the
+    coordination service (not a device collective, whose rendezvous times out after 30 s
+    while a dataset is being generated), then only read what it wrote.
+    """
+
+    def prepare() -> int:
+        num_train = data_summary(config)["num_train_examples"]
+        prepare_eval_data(config)
+        return num_train
+
+    if jax.process_count() == 1:
+        return prepare()
+    if jax.process_index() == 0:
+        prepare()
+    from jax._src import distributed  # the coordination service's client (jax.distributed)
+
+    distributed.global_state.client.wait_at_barrier("rope_lie_datasets", 3_600_000)
+    return prepare()
 
 
 def data_summary(config: mc.ConfigDict) -> dict[str, Any]:
