@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import jax
 import jax.numpy as jnp
 
@@ -65,3 +68,23 @@ def check_divisible(head_dim: int, divisor: int, what: str, family: str) -> None
     """``head_dim`` must be divisible by ``divisor``."""
     if head_dim % divisor:
         raise ValueError(f"head_dim={head_dim} is not divisible by {what}={divisor} ({family})")
+
+
+def check_base(base, family: str) -> float:
+    """``base`` must be a positive finite Python number (frequencies are fixed at trace time)."""
+    if (
+        isinstance(base, bool)
+        or not isinstance(base, numbers.Real)
+        or not math.isfinite(base)
+        or base <= 0
+    ):
+        raise ValueError(f"{family}: base={base!r} must be a positive finite number")
+    return float(base)
+
+
+def check_no_params(params, family: str) -> None:
+    """Parameter-free families take ``{}``: anything else is another family's parameters."""
+    if params:
+        raise ValueError(
+            f"{family} has no parameters and expects params={{}}, got keys {sorted(params)}"
+        )

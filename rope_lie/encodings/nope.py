@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from rope_lie.encodings import _checks, rope
+from rope_lie.encodings import _checks
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
@@ -45,7 +45,7 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     Returns:
       ``x_BTNH`` itself, (B, T, N, H) in x's dtype.
     """
-    rope.check_no_params(params, _FAMILY)
+    _checks.check_no_params(params, _FAMILY)
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY)
     _checks.check_positive_int(pos.shape[-1], "num_axes", _FAMILY)

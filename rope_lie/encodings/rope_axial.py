@@ -17,6 +17,7 @@ Conventions: interleaved pairs (2j, 2j+1), (a, b) -> (a cos t - b sin t, a sin t
 contiguous groups per axis; R(p) multiplies q and k from the left (never v); prefix (class)
 tokens sit at position 0 and get R(0) = I. Angles in float32, output in x's dtype. No
 parameters: ``init`` returns ``{}``; the number of axes is read from ``pos`` in ``apply``.
+Validation and rotation are ``fixed_frequency``'s; this module holds the frequency table.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, rope
+from rope_lie.encodings import _checks, fixed_frequency
 
 APPLY_HPARAMS: tuple[str, ...] = ("base",)
 
 _FAMILY = "rope_axial"
+
+
+def _check_dims(head_dim: int, num_axes: int) -> None:
+    _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
 
 
 def pair_frequencies(head_dim: int, num_axes: int, base: float = 100.0):
@@ -64,10 +69,10 @@ def init(
       ``{}``.
     """
     del key
-    _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
-    _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
-    rope.check_base(base, _FAMILY)
-    return {}
+    return fixed_frequency.init(
+        _FAMILY, _check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
+        base=base,
+    )  # fmt: skip
 
 
 def apply(
@@ -84,11 +89,6 @@ def apply(
     Returns:
       (B, T, N, H) array in x's dtype.
     """
-    rope.check_no_params(params, _FAMILY)
-    _checks.check_x(x_BTNH, _FAMILY)
-    _checks.check_pos(pos, x_BTNH, _FAMILY)
-    num_axes, head_dim = pos.shape[-1], x_BTNH.shape[-1]
-    _checks.check_positive_int(num_axes, "num_axes", _FAMILY)
-    _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
-    axis_F, freq_F = pair_frequencies(head_dim, num_axes, rope.check_base(base, _FAMILY))
-    return rope.rotate_fixed(x_BTNH, pos, axis_F, freq_F)
+    return fixed_frequency.apply(
+        _FAMILY, _check_dims, pair_frequencies, params, x_BTNH, pos, base=base
+    )

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, lie, rope
+from rope_lie.encodings import _checks, lie
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
@@ -104,7 +104,7 @@ def init(
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
     if head_dim % 2:
         raise ValueError(f"head_dim={head_dim} must be even: rope_mixed rotates channel pairs")
-    base = rope.check_base(base, _FAMILY)
+    base = _checks.check_base(base, _FAMILY)
     basis_NAA = _random_basis(key, num_heads, num_axes)
     return {"freqs_ANF": _freqs_from_basis(basis_NAA, head_dim, base)}
 

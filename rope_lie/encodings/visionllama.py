@@ -41,7 +41,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, rope
+from rope_lie.encodings import _checks, fixed_frequency
 
 APPLY_HPARAMS: tuple[str, ...] = ("base", "variant")
 VARIANTS = ("visionllama", "liere")
@@ -65,17 +65,19 @@ def pair_frequencies(head_dim: int, num_axes: int, base: float = 10000.0):
     return j % num_axes, base ** (-2.0 * num_axes * (j // num_axes) / head_dim)
 
 
-def liere_pair_frequencies(head_dim: int, num_axes: int):
+def liere_pair_frequencies(head_dim: int, num_axes: int, base: float | None = None):
     """Axis and frequency of every pair of the LieRE paper's "VisionLlama" (``variant="liere"``).
 
     Args:
       head_dim: H, even.
       num_axes: A.
+      base: unused (the LieRE code's phases have no base; kept for the common table signature).
 
     Returns:
       (axis_F, freq_F): pair ``a * P + p`` (P = H // A // 2) has axis a and frequency
       exp(-4 p / (P - 1)) (1 when P = 1); the leftover pairs have frequency 0 (not rotated).
     """
+    del base
     num_phases = head_dim // num_axes // 2
     phase_P = np.exp(-4.0 * np.linspace(0.0, 1.0, num_phases))
     axis_F = np.zeros(head_dim // 2, np.int64)
@@ -91,16 +93,22 @@ def _check_variant(variant) -> str:
     return variant
 
 
-def _check_dims(head_dim: int, num_axes: int, variant: str) -> None:
-    if variant == "visionllama":
-        _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
-        return
-    _checks.check_divisible(head_dim, 2, "2", _FAMILY)
-    if head_dim < 2 * num_axes:
-        raise ValueError(
-            f"{_FAMILY}: head_dim={head_dim} leaves no pair for some of the num_axes={num_axes} "
-            f"axes (variant='liere' needs head_dim >= 2*num_axes={2 * num_axes})"
-        )
+def _dims_check(variant: str):
+    """The (head_dim, num_axes) check of a variant, for ``fixed_frequency``."""
+
+    def check(head_dim: int, num_axes: int) -> None:
+        if variant == "visionllama":
+            _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
+            return
+        _checks.check_divisible(head_dim, 2, "2", _FAMILY)
+        if head_dim < 2 * num_axes:
+            raise ValueError(
+                f"{_FAMILY}: head_dim={head_dim} leaves no pair for some of the "
+                f"num_axes={num_axes} axes (variant='liere' needs head_dim >= "
+                f"2*num_axes={2 * num_axes})"
+            )
+
+    return check
 
 
 def init(
@@ -128,10 +136,11 @@ def init(
       ``{}``.
     """
     del key
-    _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
-    _check_dims(head_dim, num_axes, _check_variant(variant))
-    rope.check_base(base, _FAMILY)
-    return {}
+    check_dims = _dims_check(_check_variant(variant))
+    return fixed_frequency.init(
+        _FAMILY, check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
+        base=base,
+    )  # fmt: skip
 
 
 def apply(
@@ -155,15 +164,8 @@ def apply(
     Returns:
       (B, T, N, H) array in x's dtype.
     """
-    rope.check_no_params(params, _FAMILY)
-    _checks.check_x(x_BTNH, _FAMILY)
-    _checks.check_pos(pos, x_BTNH, _FAMILY)
-    num_axes, head_dim = pos.shape[-1], x_BTNH.shape[-1]
-    _checks.check_positive_int(num_axes, "num_axes", _FAMILY)
-    _check_dims(head_dim, num_axes, _check_variant(variant))
-    base = rope.check_base(base, _FAMILY)
-    if variant == "liere":
-        axis_F, freq_F = liere_pair_frequencies(head_dim, num_axes)
-    else:
-        axis_F, freq_F = pair_frequencies(head_dim, num_axes, base)
-    return rope.rotate_fixed(x_BTNH, pos, axis_F, freq_F)
+    variant = _check_variant(variant)
+    table = liere_pair_frequencies if variant == "liere" else pair_frequencies
+    return fixed_frequency.apply(
+        _FAMILY, _dims_check(variant), table, params, x_BTNH, pos, base=base
+    )
