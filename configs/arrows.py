@@ -30,7 +30,7 @@ Expected runtime: res=cpu ~5-10 min on 2 CPU cores (to be measured); res=paper: 
 Expected metric: to be measured.
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 SCALES = {
     # cell px, training grid, larger eval grids, same scenes at more px (cell sizes), variant,

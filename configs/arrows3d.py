@@ -16,7 +16,7 @@ Expected runtime and metric: to be measured (216 tokens per example: about 3.5x 
 step per example).
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 
 def get_config(arg=None):

@@ -18,7 +18,7 @@ Expected runtime: the paper's 8x L4 GPUs took < 30 min per run (ours: to be meas
 Expected metric: to be measured (paper: 70.3 top-1 for LieRE8).
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 
 def get_config(arg=None):

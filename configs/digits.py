@@ -19,7 +19,7 @@ quarter of a stroke in each 2x2 patch: the patch embedding, not the positions, f
 transfer), 0.211 with shuffled patches. Smoke: < 30 s.
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 
 def get_config(arg=None):

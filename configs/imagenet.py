@@ -29,7 +29,7 @@ Expected runtime: < 2 days 5 h on 8x L40 GPUs in the paper (ours: to be measured
 Expected metric: to be measured (paper: 69.6 top-1 for LieRE8 at 224).
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 EVAL_SIZES = (192, 256, 320, 384, 448)  # extra validation resolutions in px (Fig. 7)
 FINETUNE_SIZE = 256  # the paper's fine-tuning resolution

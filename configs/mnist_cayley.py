@@ -21,7 +21,7 @@ Expected runtime: to be measured (the study: 343 s total for the dense baseline 
 Expected metric: to be measured (study: best test accuracy ~0.96-0.97).
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 
 def get_config(arg=None):

@@ -25,7 +25,7 @@ Measured (one seed, 2-core CPU machine shared with other jobs, fresh data_dir):
   (chance 0.25; APE learns no usable positions here, as in the paper's Table 3.)
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 TRAIN = "spatial_arrows/c8_g8"
 

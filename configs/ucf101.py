@@ -19,7 +19,7 @@ Expected runtime: to be measured (paper: 8x A100).
 Expected metric: to be measured (paper: 47.0 top-1 for LieRE8).
 """
 
-from configs import common
+from rope_lie import config_lib as common
 
 
 def get_config(arg=None):

@@ -1,9 +1,9 @@
 """Command line: ``python -m rope_lie.main --config=configs/<recipe>.py:<args> --workdir=DIR``.
 
-Run from the repository root (recipes import ``configs.common``). Any config value can be
-overridden, e.g. ``--config.optim.lr=3e-4 --config.total_steps=200``. The config is locked, so a
-misspelt key fails at parse time naming the key. Rerunning with the same ``--workdir`` resumes
-from its latest checkpoint.
+Recipes load from any directory (their shared helpers are ``rope_lie.config_lib``). Any config
+value can be overridden, e.g. ``--config.optim.lr=3e-4 --config.total_steps=200``. The config
+is locked, so a misspelt key fails at parse time naming the key. Rerunning with the same
+``--workdir`` resumes from its latest checkpoint.
 """
 
 from __future__ import annotations

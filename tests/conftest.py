@@ -1,7 +1,7 @@
 """Shared test fixtures, and how the suite keeps compilation cheap.
 
-The repository root goes on sys.path so tests can import the recipes in configs/ (they import
-``configs.common``), as ``python -m rope_lie.main`` does when run from the root.
+The repository root goes on sys.path so tests can import the recipes in configs/ as modules
+(``from configs import digits``); the recipes themselves load from anywhere.
 
 Most of the suite's time is XLA compiling many small programs, so two settings apply to this
 process and to the subprocesses that tests start (they inherit the environment):

@@ -15,7 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 from flax import nnx
 
-from configs import common
+from rope_lie import config_lib as common
 from rope_lie import train
 from rope_lie.data import catalog
 from rope_lie.encodings import cayley_string
@@ -256,3 +256,19 @@ def test_typo_in_a_config_key_fails_at_parse_time(tmp_path):
     assert proc.returncode != 0
     assert "lrr" in proc.stderr and "lr" in proc.stderr, proc.stderr[-2000:]
     assert not os.listdir(tmp_path)  # nothing ran
+
+
+def test_a_recipe_loads_from_any_directory(tfds_dir, tmp_path):
+    """--config=/abs/path/configs/quickstart.py from another working directory (the recipes'
+    helpers live in the package, not beside them)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # only the installed package, as a user has it
+    config = os.path.join(REPO, "configs", "quickstart.py")
+    cmd = [
+        sys.executable, "-m", "rope_lie.main", f"--config={config}:smoke",
+        f"--workdir={tmp_path / 'work'}", "--config.total_steps=1", "--config.optim.warmup_steps=0",
+        f"--config.dataset.data_dir={tfds_dir}", "--config.tensorboard=False",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.path.exists(tmp_path / "work" / "final.json")

@@ -1,4 +1,8 @@
-"""Shared defaults and argument parsing for the recipes in configs/.
+"""Shared defaults and argument parsing for the recipes in configs/ (``config_lib``).
+
+In the package, not beside the recipes, so a recipe loads from any directory
+(``--config=/any/path/configs/quickstart.py``) and user recipes outside the repository can use
+it: ``from rope_lie import config_lib``.
 
 A recipe is chosen as ``--config=configs/<recipe>.py:<arg>`` where ``arg`` is a comma-separated
 list of ``key=value`` pairs and bare flags, e.g. ``pe=liere,variant=S/16,smoke``. Each recipe
