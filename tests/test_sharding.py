@@ -146,7 +146,8 @@ def _main_on_devices(num_devices: int, workdir, *flags: str) -> subprocess.Compl
     env = dict(os.environ, XLA_FLAGS=xla.strip())
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "rope_lie.main", "--config=configs/quickstart.py:smoke"]
-    cmd += [f"--workdir={workdir}", "--config.tensorboard=False", *flags]
+    cmd += [f"--workdir={workdir}", "--config.tensorboard=False", "--config.model.variant=pico/8"]
+    cmd += list(flags)  # pico/8: the quickstart's path and data on the smallest ViT
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 

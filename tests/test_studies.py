@@ -177,22 +177,22 @@ def test_a_recorded_run_reloads_to_the_same_predictions(smoke_study, tfds_dir):
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
 def test_every_arm_of_every_study_builds_its_config_and_model(scale):
-    """What each run would start with: the recipe argument parses, every override names an
-    existing key, and the model builds (shapes only), at CPU and at paper scale."""
+    """What each run would start with: every override names an existing key of its recipe's
+    config, and every distinct model builds (shapes only), at CPU and at paper scale."""
     import jax
     from flax import nnx
 
     from experiments.studies import attention_maps
     from rope_lie import train
 
-    seen = set()
+    models = set()
     for study in definitions.STUDIES.values():
         for arm in study.arms:
-            key = (arm.recipe, arm.argument(scale), arm.all_overrides(scale))
-            if key in seen:
-                continue
-            seen.add(key)
-            config = attention_maps.load_config(arm, seed=0, scale=scale)
+            config = attention_maps.load_config(arm, seed=0, scale=scale)  # overrides applied
             config.lock()
+            key = config.model.to_json()
+            if key in models:
+                continue
+            models.add(key)
             model = nnx.eval_shape(lambda c=config: train.build_model(c.model, jax.random.key(0)))
             assert model.blocks, (study.name, arm.name)
