@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 from flax.nnx import traversals
 
-from rope_lie.models.attention import PositionParam
+from rope_lie.models.position_hook import PositionParam
 
 # Leaf names without decay: biases ("bias", or shape-suffixed like "bq_NH", "bo_D"), norm
 # scales/offsets ("scale", "bias") and class tokens ("cls_1D").

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from rope_lie import optim
-from rope_lie.models.attention import PositionParam
+from rope_lie.models.position_hook import PositionParam
 
 
 class Toy(nnx.Module):

@@ -1,7 +1,8 @@
 """Flax NNX models: attention with one position-encoding hook, and the ViT (2D and 3D)."""
 
-from rope_lie.models.attention import Attention, PositionParam
+from rope_lie.models.attention import Attention
 from rope_lie.models.params import count_params, pe_param_count
+from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.vit import VARIANTS, ViT
 
 __all__ = ["VARIANTS", "Attention", "PositionParam", "ViT", "count_params", "pe_param_count"]

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from rope_lie.models.attention import PositionParam
+from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.vit import ViT
 
 

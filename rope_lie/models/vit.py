@@ -30,8 +30,8 @@ from flax import nnx
 
 from rope_lie import encodings
 from rope_lie.encodings import positions
-from rope_lie.models import attention
-from rope_lie.models.attention import PositionParam
+from rope_lie.models import attention, position_hook
+from rope_lie.models.position_hook import PositionParam
 
 # width D, depth L, heads N, MLP hidden size. Ti/S/B/L as in ViT and DeiT.
 VARIANTS: dict[str, dict[str, int]] = {
@@ -182,7 +182,7 @@ def _check_image_shape(image_shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _check_options(pe: str, pool: str, additive: str, convention: str, dropout: float) -> None:
-    attention.pe_module(pe)  # raises for an unknown pe, listing the valid ones
+    position_hook.pe_module(pe)  # raises for an unknown pe, listing the valid ones
     _check_choice(pool, "pool", POOLS)
     _check_choice(additive, "additive", additive_names())
     _check_choice(convention, "position_convention", positions.CONVENTIONS)
@@ -260,7 +260,7 @@ class ViT(nnx.Module):
           num_classes: K, classifier outputs.
           pool: ``"cls"`` (class token) or ``"mean"`` (mean of the patch tokens, no class token).
           dropout: rate after the embedding, the attention output and in the MLP.
-          pe: rotary or bias family, ``attention.pe_names()``.
+          pe: rotary or bias family, ``position_hook.pe_names()``.
           pe_hparams: the family's ``init`` keyword arguments.
           additive: ``"none"``, ``"ape"`` or ``"sincos"``, added to the tokens.
           additive_hparams: the additive family's ``init`` keyword arguments.
@@ -292,7 +292,7 @@ class ViT(nnx.Module):
         pe_kwargs = dict(num_heads=num_heads, head_dim=width // num_heads, num_axes=num_axes)
         self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
         if share_pe_layers:
-            self.pe_params = attention.init_pe_params(
+            self.pe_params = position_hook.init_pe_params(
                 pe, rngs.params(), share_heads=share_pe_heads, hparams=pe_hparams, **pe_kwargs
             )
         attention_kwargs = dict(
@@ -348,7 +348,7 @@ class ViT(nnx.Module):
         )
 
     def pe_states(self, pos_TA: jax.Array) -> list[dict[str, Any]]:
-        """One encoder state per block (``attention.precompute_pe``): rotations, bias, or
+        """One encoder state per block (``position_hook.precompute_pe``): rotations, bias, or
         parameters and positions. Layers that share parameters share one state, so shared
         generators cost one exponential per step, not one per layer."""
         if self.pe_params is not None:  # shared across layers

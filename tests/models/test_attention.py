@@ -12,8 +12,9 @@ import pytest
 from flax import nnx
 
 from rope_lie import encodings
-from rope_lie.models import attention
-from rope_lie.models.attention import Attention, PositionParam
+from rope_lie.models import attention, position_hook
+from rope_lie.models.attention import Attention
+from rope_lie.models.position_hook import PositionParam
 
 WIDTH, HEADS, AXES, BATCH, TOKENS = 24, 2, 2, 2, 7
 HEAD_DIM = WIDTH // HEADS
@@ -138,11 +139,11 @@ def test_rotate_qk_rotates_q_and_k_apart_and_folds_shared_heads():
     module = types.SimpleNamespace(apply=apply)
     q = jnp.asarray(np.random.default_rng(0).normal(size=(BATCH, TOKENS, HEADS, HEAD_DIM)))
     pos_TA = jnp.zeros((TOKENS, AXES))
-    q2, k2 = attention.rotate_qk(module, {}, q, -q, pos_TA, share_heads=False, hparams={})
+    q2, k2 = position_hook.rotate_qk(module, {}, q, -q, pos_TA, share_heads=False, hparams={})
     assert calls == [(BATCH, TOKENS, HEADS, HEAD_DIM)] * 2
     np.testing.assert_array_equal(q2, 2.0 * q)
     np.testing.assert_array_equal(k2, -2.0 * q)
-    q3, _ = attention.rotate_qk(module, {}, q, q, pos_TA, share_heads=True, hparams={})
+    q3, _ = position_hook.rotate_qk(module, {}, q, q, pos_TA, share_heads=True, hparams={})
     assert calls[2:] == [(BATCH * HEADS, TOKENS, 1, HEAD_DIM)] * 2
     np.testing.assert_array_equal(q3, 2.0 * q)  # heads unfolded back in place
 

@@ -11,7 +11,7 @@ from flax import nnx
 
 from rope_lie import encodings
 from rope_lie.models import vit
-from rope_lie.models.attention import PositionParam
+from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.vit import ViT
 
 # pico: width 32, depth 2, heads 2 -> head_dim 16.
