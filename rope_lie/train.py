@@ -29,56 +29,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import threading
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections as mc
-import numpy as np
 import optax
-from absl import logging
 from flax import nnx
 from tqdm import tqdm
 
 from rope_lie import checkpoint as ckpt
-from rope_lie import evaluate, finetune, metrics, optim, sharding
+from rope_lie import evaluate, finetune, job, metrics, optim, sharding
+from rope_lie.job import say
 from rope_lie.models import ViT
 
 TRAIN_KEYS = ("image", "label", "soft_label")
-
-
-def maybe_initialize_distributed(config: mc.ConfigDict) -> None:
-    """``jax.distributed.initialize`` for multi-process jobs, once, before any other JAX call.
-
-    Runs when ``config.distributed.coordinator_address`` or ``config.multihost`` is set, or
-    ``JAX_COORDINATOR_ADDRESS`` is in the environment. Unset ``config.distributed`` fields are
-    left to ``jax.distributed.initialize`` to detect (TPU pods, SLURM, ...). CPU processes
-    exchange data with gloo collectives (several processes on one machine, or CPU clusters).
-    """
-    dist = config.get("distributed") or {}
-    address = dist.get("coordinator_address", "")
-    if not (address or config.get("multihost") or "JAX_COORDINATOR_ADDRESS" in os.environ):
-        return
-    if jax.distributed.is_initialized():
-        return
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
-    num, pid = dist.get("num_processes", 0), dist.get("process_id", -1)
-    jax.distributed.initialize(
-        coordinator_address=address or None,
-        num_processes=num if num > 0 else None,
-        process_id=pid if pid >= 0 else None,
-    )
-    say(f"jax.distributed: process {jax.process_index()} of {jax.process_count()}")
-
-
-def say(message: str) -> None:
-    """Log, and print on process 0 (absl logs at WARNING by default in main)."""
-    logging.info(message)
-    if jax.process_index() == 0:
-        tqdm.write(message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +220,7 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
       {"step": last step, "evals": {name: {accuracy, loss, num_examples, resolution,
       best_accuracy, best_step}}}.
     """
-    maybe_initialize_distributed(config)
+    job.maybe_initialize_distributed(config)
     mesh = sharding.make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         return _train(config, workdir, mesh)
@@ -282,7 +248,7 @@ class Run:
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
     sharding.check_batch_size(config.batch_size, mesh)  # eval batches are padded to the mesh
-    num_train = prepare_data(config)  # a missing eval dataset fails now, not after training
+    num_train = job.prepare_data(config)  # a missing eval dataset fails now, not after training
     total, steps_per_epoch, eval_every = schedule_steps(config, num_train)
     setup, abstract_state, init, init_other = create_setup_and_state(config, mesh, total)
     manager = ckpt.make_manager(os.path.join(workdir, "checkpoints"), **config.checkpoint)
@@ -386,31 +352,6 @@ def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: fl
     }
 
 
-class StopOnSigterm:
-    """While active, SIGTERM (what a pod's or cluster's scheduler sends before preempting)
-    sets ``requested`` instead of killing the process: the loop checkpoints the step it is on
-    and returns, and a rerun resumes exactly. Installed in single-process runs from the main
-    thread only; multi-process jobs get the same from JAX's preemption sync point (the
-    checkpoint manager's policy), which keeps every process stopping at the same step."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self) -> StopOnSigterm:
-        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        del signum, frame
-        self.requested = True
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-
 def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
     """Steps start+1..total: train, check, log, evaluate, checkpoint (in that order)."""
     config, results, window = run.config, None, []
@@ -422,7 +363,7 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
         dynamic_ncols=True,
         mininterval=1.0,
     )
-    batches = data_train_batches(config, start)
+    batches = job.data_train_batches(config, start)
 
     def next_batch():
         batch = next(batches)
@@ -430,7 +371,7 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
 
     tick, timed, step = time.perf_counter(), 0, start
     batch = next_batch() if start < run.total else None
-    with StopOnSigterm() as sigterm:  # a scheduler's notice: save at the next step, stop
+    with job.StopOnSigterm() as sigterm:  # a scheduler's notice: save at the next step, stop
         for step in range(start + 1, run.total + 1):
             state, m = run.train_step(state, batch, run.other, run.dropout_key)
             # Read and place the next batch while the step runs (dispatch is asynchronous), then
@@ -463,89 +404,3 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
                 tick, timed = time.perf_counter(), 0
     pbar.close()
     return state, step, results
-
-
-def data_train_batches(config: mc.ConfigDict, start_step: int):
-    """This process's slice of the global batches from `start_step` on (exact resume).
-
-    The global batch is made of ``config.data_shards`` shards (0: one per process), each
-    read and shuffled on its own (``tfds.split_for_jax_process`` slices); a process reads
-    ``data_shards / process_count`` of them and concatenates. With ``data_shards`` fixed, the
-    batches do not depend on how many processes run the job, so a checkpoint resumes on another
-    topology with the same data, and a 1-process run reproduces a multi-process one.
-    """
-    from rope_lie.data import pipeline  # TensorFlow is imported only when data is read
-
-    processes, index = jax.process_count(), jax.process_index()
-    shards = config.get("data_shards", 0) or processes
-    if shards < processes or shards % processes:
-        raise ValueError(
-            f"data_shards={shards} must be a multiple of the {processes} processes of the job"
-        )
-    per_process = shards // processes
-    iterators = [
-        pipeline.make_train_iterator(
-            config.dataset,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            start_step=start_step,
-            process_index=shard,
-            process_count=shards,
-        )
-        for shard in range(index * per_process, (index + 1) * per_process)
-    ]
-    if len(iterators) == 1:
-        return iterators[0]
-    return (
-        {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
-        for batches in zip(*iterators, strict=True)
-    )
-
-
-def prepare_data(config: mc.ConfigDict) -> int:
-    """Generate (local builders) or check every dataset of the run; returns the train size.
-
-    In a multi-process job process 0 does it first and the others wait at a barrier of the
-    coordination service (not a device collective, whose rendezvous times out after 30 s
-    while a dataset is being generated), then only read what it wrote.
-    """
-
-    def prepare() -> int:
-        num_train = data_summary(config)["num_train_examples"]
-        prepare_eval_data(config)
-        return num_train
-
-    if jax.process_count() == 1:
-        return prepare()
-    if jax.process_index() == 0:
-        prepare()
-    from jax._src import distributed  # the coordination service's client (jax.distributed)
-
-    distributed.global_state.client.wait_at_barrier("rope_lie_datasets", 3_600_000)
-    return prepare()
-
-
-def data_summary(config: mc.ConfigDict) -> dict[str, Any]:
-    """Train split size, classes and example shape; checks them against config.model."""
-    from rope_lie.data import pipeline
-
-    summary = pipeline.dataset_summary(config.dataset)
-    *spatial, channels = summary["example_shape"]
-    expected = (tuple(spatial), channels, summary["num_classes"])
-    model = config.model
-    actual = (tuple(model.image_shape), model.channels, model.num_classes)
-    if expected != actual:
-        raise ValueError(
-            f"config.model (image_shape, channels, num_classes)={actual} does not match "
-            f"dataset {config.dataset.name!r} (image_size={config.dataset.image_size}): {expected}"
-        )
-    return summary
-
-
-def prepare_eval_data(config: mc.ConfigDict) -> None:
-    """Every dataset of ``config.evals`` prepared (ours generated, catalogue ones checked)."""
-    from rope_lie.data import catalog
-
-    names = {entry.name or config.dataset.name for entry in config.evals.values()}
-    for name in sorted(names):
-        catalog.prepare(name, config.dataset.data_dir)
