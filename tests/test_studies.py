@@ -99,7 +99,7 @@ def test_summary_table_and_plot(smoke_study):
         assert entry["min"] == entry["mean"] == entry["max"]  # one seed
         assert entry["ci"][0] <= entry["mean"] <= entry["ci"][1]
     path = os.path.join(results, "accuracy.png")
-    report.plot(SMOKE, rows, examples, path, chance=0.1)
+    report.plot(SMOKE, rows, examples, path, lines=((0.1, "chance"),))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

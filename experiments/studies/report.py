@@ -118,9 +118,10 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, chance: float = None):
+def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, lines=()):
     """Grouped bars: one group per evaluation, one bar per arm (seed mean, bootstrap CI as the
-    error bar, the seeds as dots). Needs matplotlib (the `experiments` or `test` extra)."""
+    error bar, the seeds as dots); ``lines``: (accuracy, label) reference lines (chance, the
+    position-blind ceiling). Needs matplotlib (the `experiments` or `test` extra)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,7 +131,7 @@ def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, chance: 
     arms = [a for a in study.arms if any(e["arm"] == a.name for e in table)]
     evals = [n for n in study.evals if any(e["eval"] == n for e in table)]
     width = 0.8 / max(len(arms), 1)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(evals) * max(1, len(arms)) / 4, 4.2))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(evals) * max(1, len(arms)) / 4, 5.0))
     per_seed = {(r["arm"], r["eval"]): [] for r in rows}
     for r in rows:
         per_seed[(r["arm"], r["eval"])].append(r["accuracy"])
@@ -148,13 +149,15 @@ def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, chance: 
             pts = per_seed.get((arm.name, name), [])
             ax.plot([x] * len(pts), pts, "k.", ms=3, zorder=3)
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=arm.label)
-    if chance is not None:
-        ax.axhline(chance, color="gray", ls=":", lw=1)
+    for value, name in lines:
+        ax.axhline(value, color="gray", ls=":", lw=1)
+        ax.annotate(name, (len(evals) - 0.5, value), fontsize=6, color="gray", ha="right",
+                    va="bottom")  # fmt: skip
     ax.set_xticks(range(len(evals)), evals)
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)
     ax.set_title(study.title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=4, frameon=False)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)

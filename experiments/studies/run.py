@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from experiments.studies import lib, report
+from experiments.studies import lib, report, stats
 from experiments.studies.definitions import STUDIES
 
 
@@ -26,7 +26,7 @@ def study_dir(name: str, results_root: str | None) -> str:
     return os.path.join(results_root or lib.STUDIES_DIR, name)
 
 
-def write_report(study: lib.Study, directory: str, chance: float | None = None) -> str:
+def write_report(study: lib.Study, directory: str) -> str:
     rows, examples = lib.read_results(directory), lib.read_examples(directory)
     if not rows:
         raise SystemExit(f"{study.name}: no results yet in {directory}; run the study first")
@@ -34,7 +34,8 @@ def write_report(study: lib.Study, directory: str, chance: float | None = None) 
     with open(os.path.join(directory, "summary.md"), "w") as f:
         f.write(text)
     try:
-        report.plot(study, rows, examples, os.path.join(directory, "accuracy.png"), chance)
+        lines = REFERENCE_LINES.get(study.name, ())
+        report.plot(study, rows, examples, os.path.join(directory, "accuracy.png"), lines)
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[experiments]'): no plot")
     return text
@@ -73,11 +74,17 @@ def main(argv: list[str] | None = None) -> int:
             arms=[a for a in args.arms.split(",") if a] or None,
         )
     if not args.dry_run:
-        print(write_report(study, directory, chance=CHANCE.get(study.name)))
+        print(write_report(study, directory))
     return 0
 
 
-CHANCE = {"arrows": 0.25}
+_ARROWS_LINES = ((0.25, "chance"), (stats.blind_ceiling(), "position-blind ceiling"))
+REFERENCE_LINES = {  # (accuracy, label) drawn on each study's plot
+    **{name: _ARROWS_LINES for name in
+       ("arrows", "block_size", "sharing", "init", "data_fraction", "resolution")},
+    "volumes": ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling")),
+    "cayley": ((0.1, "chance"),),
+}  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())
