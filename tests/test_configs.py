@@ -273,3 +273,20 @@ def test_a_recipe_loads_from_any_directory(tfds_dir, tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.exists(tmp_path / "work" / "final.json")
+
+
+@pytest.mark.parametrize("devices", [4, 8])
+@pytest.mark.parametrize("recipe, arg", RECIPES)
+def test_every_recipe_and_its_smoke_fit_4_and_8_devices(recipe, arg, devices):
+    """Issue 15: the quickstart trained, then died evaluating on 4 devices. Every recipe's
+    training batch splits over 4 and 8 devices (checked before step 1 by the same function),
+    and its eval batches pad to them. End to end: tests/test_sharding.py (quickstart on 8
+    devices), tests/test_multiprocess.py (2 processes x 2 devices)."""
+    from rope_lie import sharding
+
+    mesh = type("Mesh", (), {"shape": {"data": devices, "fsdp": 1}})()
+    for smoke in (False, True):
+        config = get_config(recipe, ",".join(filter(None, [arg, "smoke" if smoke else ""])))
+        sharding.check_batch_size(config.batch_size, mesh)
+        padded = sharding.padded_batch_size(config.eval_batch_size, mesh)
+        assert padded % devices == 0 and 0 <= padded - config.eval_batch_size < devices

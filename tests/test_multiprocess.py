@@ -71,29 +71,40 @@ def two_process_run(tfds_dir, tmp_path_factory):
     return workdir, outs
 
 
-def _reference(tfds_dir, workdir):
+def _one_device_config(tfds_dir):
     config = _config(tfds_dir, **{k: v for k, v in FLAGS.items() if k != "progress"})
     config.progress = False
-    return train.train_and_evaluate(config, workdir)
+    return config
 
 
-def test_two_processes_train_as_one(two_process_run, tfds_dir, tmp_path):
+@pytest.fixture(scope="module")
+def one_device_run(tfds_dir, tmp_path_factory):
+    """The same run in this process, on its one device: (workdir, final metrics)."""
+    workdir = str(tmp_path_factory.mktemp("one_device"))
+    return workdir, train.train_and_evaluate(_one_device_config(tfds_dir), workdir)
+
+
+def _assert_same_params(dir_a, dir_b, atol=2e-5):
+    _, a_state = checkpoint.load_state(os.path.join(dir_a, "checkpoints"))
+    _, b_state = checkpoint.load_state(os.path.join(dir_b, "checkpoints"))
+    for (path, a), (_, b) in zip(
+        jax.tree_util.tree_leaves_with_path(a_state["params"]),
+        jax.tree_util.tree_leaves_with_path(b_state["params"]),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+def test_two_processes_train_as_one(two_process_run, one_device_run):
     workdir, outs = two_process_run
-    ref = _reference(tfds_dir, str(tmp_path))
+    ref_dir, ref = one_device_run
     records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-    ref_records = metrics.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
+    ref_records = metrics.read_jsonl(os.path.join(ref_dir, "metrics.jsonl"))
     assert [r["step"] for r in records] == [2, 4, 6, 8]  # written once, by process 0
     np.testing.assert_allclose(
         [r["loss"] for r in records], [r["loss"] for r in ref_records], rtol=1e-5
     )
-    _, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
-    _, ref_state = checkpoint.load_state(os.path.join(tmp_path, "checkpoints"))
-    for (path, a), (_, b) in zip(
-        jax.tree_util.tree_leaves_with_path(state["params"]),
-        jax.tree_util.tree_leaves_with_path(ref_state["params"]),
-        strict=True,
-    ):
-        np.testing.assert_allclose(a, b, atol=2e-5, err_msg=jax.tree_util.keystr(path))
+    _assert_same_params(workdir, ref_dir)
     with open(os.path.join(workdir, "final.json")) as f:
         final = json.load(f)
     for name, res in ref["evals"].items():  # every test digit once, padding masked out
@@ -106,25 +117,46 @@ def test_two_processes_train_as_one(two_process_run, tfds_dir, tmp_path):
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6", "8"]  # one set
 
 
+def _drop_last_checkpoint(workdir, copy_to):
+    import shutil
+
+    shutil.copytree(workdir, copy_to)
+    shutil.rmtree(os.path.join(copy_to, "checkpoints", str(STEPS)))
+    os.remove(os.path.join(copy_to, "final.json"))
+
+
 def test_the_two_process_checkpoint_resumes_in_one_process(two_process_run, tfds_dir, tmp_path):
     """Restore on another topology: drop the last checkpoint of the 2-process job and let one
     process on one device redo steps 7-8 from step 6; it ends where the job ended."""
-    import shutil
-
     workdir, _ = two_process_run
     resumed = str(tmp_path / "resumed")
-    shutil.copytree(workdir, resumed)
-    shutil.rmtree(os.path.join(resumed, "checkpoints", "8"))
-    os.remove(os.path.join(resumed, "final.json"))
-    config = _config(tfds_dir, **{k: v for k, v in FLAGS.items() if k != "progress"})
-    config.progress = False
-    train.train_and_evaluate(config, resumed)
-    step, state = checkpoint.load_state(os.path.join(resumed, "checkpoints"))
-    _, job_state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    _drop_last_checkpoint(workdir, resumed)
+    train.train_and_evaluate(_one_device_config(tfds_dir), resumed)
+    step, _ = checkpoint.load_state(os.path.join(resumed, "checkpoints"))
     assert step == STEPS
-    for (path, a), (_, b) in zip(
-        jax.tree_util.tree_leaves_with_path(state["params"]),
-        jax.tree_util.tree_leaves_with_path(job_state["params"]),
-        strict=True,
-    ):
-        np.testing.assert_allclose(a, b, atol=2e-5, err_msg=jax.tree_util.keystr(path))
+    _assert_same_params(resumed, workdir)
+
+
+def test_a_one_device_checkpoint_resumes_on_a_4_device_fsdp_mesh(
+    one_device_run, tfds_dir, tmp_path
+):
+    """The other direction: a 1-device run's step-6 checkpoint resumes in a process with 4
+    devices on a data=1 x fsdp=4 mesh (parameters sharded) and ends at the run's step 8."""
+    ref_dir, _ = one_device_run
+    resumed = str(tmp_path / "fsdp")
+    _drop_last_checkpoint(ref_dir, resumed)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    flags = [f"--config.{k}={v}" for k, v in FLAGS.items()]  # data_shards=2: the same batches
+    flags += ["--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.fsdp_min_size=256"]
+    flags += [f"--config.dataset.data_dir={tfds_dir}", f"--workdir={resumed}"]
+    # digits:smoke evaluates size8_shuffled too; the 1-device run (tests/test_train) does not.
+    proc = subprocess.run(
+        [sys.executable, "-m", "rope_lie.main", "--config=configs/digits.py:smoke", *flags],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Resuming from step 6" in proc.stdout + proc.stderr
+    assert "data=1 x fsdp=4 mesh of 4 cpu devices" in proc.stdout + proc.stderr
+    _assert_same_params(resumed, ref_dir)
