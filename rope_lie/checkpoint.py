@@ -91,8 +91,43 @@ def restore_latest(
     args = ocp.args.Composite(
         **{STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
     )
-    restored = manager.restore(step, args=args)
+    try:
+        restored = manager.restore(step, args=args)
+    except ValueError as e:  # orbax's message lists whole trees; name the first conflict
+        conflict = _first_conflict(manager.directory, step, abstract_state)
+        if conflict is None:
+            raise
+        raise ValueError(
+            f"The checkpoint at step {step} in {manager.directory} was written by another "
+            f"configuration: {conflict}. Use a new --workdir for this config, or the config "
+            "that wrote it."
+        ) from e
     return step, restored[STATE], dict(restored[META])
+
+
+def _first_conflict(directory, step: int, abstract_state: Any) -> str | None:
+    """The first parameter whose presence or shape differs between the checkpoint and the
+    abstract state, described; None when they agree (the restore failed for another reason)."""
+    _, saved = load_state(directory, step)
+
+    def names(tree):
+        return {
+            "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        }
+
+    saved, wanted = names(saved.get("params", {})), names(abstract_state["params"])
+    for name in sorted(set(saved) | set(wanted)):
+        if name not in saved:
+            return f"parameter {name} is not in the checkpoint"
+        if name not in wanted:
+            return f"the checkpoint has parameter {name}, which this config's model does not"
+        if tuple(np.shape(saved[name])) != tuple(wanted[name].shape):
+            return (
+                f"parameter {name} has shape {tuple(np.shape(saved[name]))} in the checkpoint and "
+                f"{tuple(wanted[name].shape)} in this config"
+            )
+    return None
 
 
 def load_state(directory: str | os.PathLike, step: int | None = None) -> tuple[int, Any]:

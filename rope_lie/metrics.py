@@ -136,6 +136,18 @@ def write_examples(workdir: str, correct: Mapping[str, Any]) -> None:
         os.replace(path + ".tmp.npz", path)
 
 
+def write_stopped(
+    workdir: str, step: int, bad: Mapping[str, float], last_checkpoint: int | None
+) -> None:
+    """final.json of a run stopped by a non-finite loss or gradient: the step, the metrics that
+    went bad, and the checkpoint it can be resumed from (process 0 only)."""
+    if jax.process_index() == 0:
+        final = {"step": step, "stopped": "non-finite", "metrics": dict(bad),
+                 "last_good_checkpoint": last_checkpoint}  # fmt: skip
+        with open(os.path.join(workdir, "final.json"), "w") as f:
+            json.dump(final, f, indent=2, default=_to_python)
+
+
 def write_final(workdir: str, step: int, results: Mapping[str, Mapping[str, Any]]) -> dict:
     """Write workdir/final.json and print the table of evaluations (process 0 only).
 

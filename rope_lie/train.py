@@ -201,11 +201,14 @@ def schedule_steps(config: mc.ConfigDict, num_train_examples: int) -> tuple[int,
     return total, steps_per_epoch, every or total
 
 
-def check_step(step: int, m: dict, manager) -> None:
-    """Stop on a non-finite loss or gradient norm, leaving the last good checkpoint in place."""
+def check_step(step: int, m: dict, manager, workdir: str) -> None:
+    """Stop on a non-finite loss or gradient norm, leaving the last good checkpoint in place and
+    writing the step and its metrics to ``final.json`` ("stopped": "non-finite")."""
     if bool(m["finite"]):
         return
     manager.wait_until_finished()
+    bad = {k: float(v) for k, v in m.items() if k != "finite" and jnp.ndim(v) == 0}
+    metrics.write_stopped(workdir, step, bad, manager.latest_step())
     raise FloatingPointError(
         f"Non-finite loss ({float(m['loss'])}) or gradient norm ({float(m['grad_norm'])}) at "
         f"step {step}; stopping. This state is not saved; the latest checkpoint is step "
@@ -231,6 +234,7 @@ class Run:
     """The pieces of one training run that the loop threads through."""
 
     config: mc.ConfigDict
+    workdir: str
     setup: Setup
     train_step: Any
     eval_step: Any
@@ -270,18 +274,19 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     say(describe_run(config, abstract_state, mesh, total, num_train))
     writer = metrics.MetricsWriter(workdir, start_step=start, tensorboard=config.tensorboard)
     run = Run(
-        config,
-        setup,
-        make_train_step(setup),
-        make_eval_fn(setup, other),
-        other,
-        dropout_key,
-        manager,
-        writer,
-        best,
-        total,
-        steps_per_epoch,
-        eval_every,
+        config=config,
+        workdir=workdir,
+        setup=setup,
+        train_step=make_train_step(setup),
+        eval_step=make_eval_fn(setup, other),
+        other=other,
+        dropout_key=dropout_key,
+        manager=manager,
+        writer=writer,
+        best=best,
+        total=total,
+        steps_per_epoch=steps_per_epoch,
+        eval_every=eval_every,
     )
     try:
         state, step, results = _loop(run, state, start)
@@ -378,7 +383,7 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
             # wait for this step's metrics: host and device work overlap (issue 14).
             batch = next_batch() if step < run.total else None
             m = jax.device_get(m)
-            check_step(step, m, run.manager)
+            check_step(step, m, run.manager, run.workdir)
             window.append(m)
             pbar.update(1)
             timed += 1

@@ -152,6 +152,11 @@ def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(tfds_dir, tmp_
     with pytest.raises(FloatingPointError, match=r"at step 2; .* latest checkpoint is step 1"):
         train.train_and_evaluate(config, str(tmp_path))
     assert os.listdir(tmp_path / "checkpoints") == ["1"]
+    with open(tmp_path / "final.json") as f:
+        final = json.load(f)
+    assert final["step"] == 2 and final["stopped"] == "non-finite"
+    assert final["last_good_checkpoint"] == 1
+    assert not all(np.isfinite([final["metrics"]["loss"], final["metrics"]["grad_norm"]]))
 
 
 def test_sigterm_saves_the_step_and_exits_cleanly_then_resumes_exactly(
@@ -184,3 +189,17 @@ def test_sigterm_saves_the_step_and_exits_cleanly_then_resumes_exactly(
         strict=True,
     ):
         np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
+
+
+def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds_dir):
+    """The workdir holds another model's checkpoint: the error names the step and the first
+    parameter that differs (not orbax's dump of both trees), and nothing is trained or written."""
+    ref_dir, _ = reference
+    before = os.listdir(os.path.join(ref_dir, "checkpoints"))
+    match = (
+        r"checkpoint at step 12 in .* another configuration: parameter blocks/0/attn/bk_NH has "
+        r"shape \(2, 16\) in the checkpoint and \(4, 16\) in this config"
+    )
+    with pytest.raises(ValueError, match=match):
+        train.train_and_evaluate(_config(tfds_dir, **{"model.variant": "mu"}), ref_dir)
+    assert os.listdir(os.path.join(ref_dir, "checkpoints")) == before
