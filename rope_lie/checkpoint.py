@@ -111,10 +111,7 @@ def _first_conflict(directory, step: int, abstract_state: Any) -> str | None:
     _, saved = load_state(directory, step)
 
     def names(tree):
-        return {
-            "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): leaf
-            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-        }
+        return {path_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
     saved, wanted = names(saved.get("params", {})), names(abstract_state["params"])
     for name in sorted(set(saved) | set(wanted)):
@@ -128,6 +125,12 @@ def _first_conflict(directory, step: int, abstract_state: Any) -> str | None:
                 f"{tuple(wanted[name].shape)} in this config"
             )
     return None
+
+
+def path_name(path) -> str:
+    """ "blocks/0/attn/wq_DNH": a state leaf's name, the same for a checkpoint read without a
+    target (whose list indices come back as strings) and for the model's own pure dict."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
 def load_state(directory: str | os.PathLike, step: int | None = None) -> tuple[int, Any]:

@@ -46,7 +46,7 @@ def load_params(path: str) -> tuple[int, dict[str, Any]]:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"init_from={path!r}: no such checkpoint directory")
     step, state = ckpt.load_state(path, step)
-    return step, jax.tree.map(np.asarray, state["params"])
+    return step, state["params"]
 
 
 def adapt_params(
@@ -67,14 +67,14 @@ def adapt_params(
     """
     if init_head not in INIT_HEADS:
         raise ValueError(f"init_head={init_head!r}; expected one of {INIT_HEADS}")
-    src = {_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(source)}
+    src = {ckpt.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(source)}
     tgt_leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
-    missing = sorted(set(src) - {_name(p) for p, _ in tgt_leaves})
+    missing = sorted(set(src) - {ckpt.path_name(p) for p, _ in tgt_leaves})
     if missing:
         raise ValueError(f"init_from: the new model has no parameters {missing}")
     out = []
     for path, new in tgt_leaves:
-        key = _name(path)
+        key = ckpt.path_name(path)
         if key not in src:
             raise ValueError(f"init_from: the source run has no parameter {key}")
         old = np.asarray(src[key])
@@ -91,12 +91,6 @@ def adapt_params(
                 f"{tuple(new.shape)} in the new model{hint}"
             )
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def _name(path) -> str:
-    """ "blocks/0/attn/wq_DNH": the same for a checkpoint read without a target (whose list
-    indices come back as strings) and for the model's own pure dict."""
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
 def _resize_ape(grid_GD: np.ndarray, new_grid: tuple[int, ...]) -> np.ndarray:

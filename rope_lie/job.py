@@ -4,7 +4,8 @@
 - ``StopOnSigterm``: a scheduler's SIGTERM becomes "checkpoint this step and return";
 - ``prepare_data`` / ``data_summary`` / ``prepare_eval_data``: every dataset generated or checked
   before the first step (process 0 first in a multi-process job);
-- ``data_train_batches``: this process's share of every global batch (``config.data_shards``).
+- ``data_train_batches``: this process's share of every global batch (``config.data_shards``);
+- ``describe_run``: the run's first two lines (model, data, steps, mesh, processes).
 """
 
 from __future__ import annotations
@@ -161,3 +162,25 @@ def prepare_eval_data(config: mc.ConfigDict) -> None:
     names = {entry.name or config.dataset.name for entry in config.evals.values()}
     for name in sorted(names):
         catalog.prepare(name, config.dataset.data_dir)
+
+
+def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_train: int) -> str:
+    """What is trained, on which data and mesh, for how long: the run's first two lines."""
+    m = config.model
+    num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
+    pe = m.get("pe", "nope") + (f" {dict(m.pe_hparams)}" if m.get("pe_hparams") else "")
+    if m.get("additive", "none") != "none":
+        pe += f" + {m.additive}"
+    devices = mesh.devices.flatten()
+    kinds = "/".join(sorted({d.platform for d in devices}))
+    processes = jax.process_count()
+    axes = " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+    return (
+        f"Training ViT {m.variant} ({num_params:,} parameters; pe={pe}, "
+        f"{m.get('position_convention', 'integer')} positions) on {config.dataset.name} "
+        f"({num_train:,} training examples)\n"
+        f"{total} steps of {config.batch_size} examples "
+        f"({total * config.batch_size / num_train:.1f} epochs) on a {axes} mesh of "
+        f"{len(devices)} {kinds} device{'s' * (len(devices) > 1)} in {processes} "
+        f"process{'es' * (processes > 1)}"
+    )

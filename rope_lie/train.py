@@ -271,7 +271,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         start, state, meta = restored
         other, best = init_other(init_key), meta.get("best", {})
         say(f"Resuming from step {start} of {total} in {workdir}")
-    say(describe_run(config, abstract_state, mesh, total, num_train))
+    say(job.describe_run(config, abstract_state, mesh, total, num_train))
     writer = metrics.MetricsWriter(workdir, start_step=start, tensorboard=config.tensorboard)
     run = Run(
         config=config,
@@ -310,28 +310,6 @@ def _init_from(config: mc.ConfigDict, setup: Setup, state: dict) -> dict:
     )
     say(f"Parameters from {config.init_from} (step {step}); optimiser and step start afresh")
     return {**state, "params": jax.device_put(params, setup.state_shardings["params"])}
-
-
-def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_train: int) -> str:
-    """What is trained, on which data and mesh, for how long: the run's first two lines."""
-    m = config.model
-    num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
-    pe = m.get("pe", "nope") + (f" {dict(m.pe_hparams)}" if m.get("pe_hparams") else "")
-    if m.get("additive", "none") != "none":
-        pe += f" + {m.additive}"
-    devices = mesh.devices.flatten()
-    kinds = "/".join(sorted({d.platform for d in devices}))
-    processes = jax.process_count()
-    axes = " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
-    return (
-        f"Training ViT {m.variant} ({num_params:,} parameters; pe={pe}, "
-        f"{m.get('position_convention', 'integer')} positions) on {config.dataset.name} "
-        f"({num_train:,} training examples)\n"
-        f"{total} steps of {config.batch_size} examples "
-        f"({total * config.batch_size / num_train:.1f} epochs) on a {axes} mesh of "
-        f"{len(devices)} {kinds} device{'s' * (len(devices) > 1)} in {processes} "
-        f"process{'es' * (processes > 1)}"
-    )
 
 
 def _evals(run: Run, state: Any, step: int) -> dict[str, dict[str, Any]]:

@@ -25,12 +25,7 @@ def load_config(arm: lib.Arm, seed: int, scale: str = "cpu"):
     """The run's config, as `rope_lie.main` built it (recipe, argument, overrides, seed)."""
     recipe = importlib.import_module(f"configs.{arm.recipe_for(scale)}")
     config = recipe.get_config(arm.argument(scale))
-    for key, value in arm.all_overrides(scale):
-        *parents, leaf = key.split(".")
-        target = config
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
+    config.update_from_flattened_dict(dict(arm.all_overrides(scale)))
     config.seed = seed
     return config
 
@@ -45,7 +40,7 @@ def load_model(config, workdir: str):
     _, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
     model = train.build_model(config.model, jax.random.key(0))
     params = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, state["params"]))
+    nnx.replace_by_pure_dict(params, state["params"])
     nnx.update(model, params)
     return model
 

@@ -117,14 +117,8 @@ def command(arm: Arm, seed: int, scale: str, workdir: str, extra: Sequence[str] 
     arg = arm.argument(scale)
     cmd = [sys.executable, "-m", "rope_lie.main", f"--config={config}:{arg}"]
     cmd += [f"--workdir={workdir}", f"--config.seed={seed}"]
-    cmd += [f"--config.{k}={_flag_value(v)}" for k, v in arm.all_overrides(scale)]
+    cmd += [f"--config.{k}={v}" for k, v in arm.all_overrides(scale)]
     return cmd + list(extra)
-
-
-def _flag_value(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return "(" + ",".join(str(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-    return str(value)
 
 
 def is_finished(workdir: str) -> bool:

@@ -21,16 +21,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, fixed_frequency
+from rope_lie.encodings import fixed_frequency
 
 APPLY_HPARAMS: tuple[str, ...] = ("base",)
 
 _FAMILY = "rope"
-
-# Kept importable from here (other modules and users called them rope.*).
-check_base = _checks.check_base
-check_no_params = _checks.check_no_params
-rotate_fixed = fixed_frequency.rotate_fixed
 
 
 def _check_dims(head_dim: int, num_axes: int) -> None:
