@@ -12,17 +12,29 @@ preemption service reports a preemption sync point (multi-host jobs started thro
 ``jax.distributed``; on a single host it never fires and the interval policy alone applies).
 Which to keep is ``LatestN(keep)``. Writes go to a temporary directory renamed on completion, so
 a process killed mid-save (even ``kill -9``) leaves the previous checkpoint as the latest one.
+
+A complete checkpoint whose files were damaged afterwards (truncated, deleted, unparseable: a
+full disk, a bad copy) is reported by ``restore_latest``, which falls back to the newest one
+that reads and moves the damaged ones to ``<directory>-unreadable/`` (so their steps can be
+written again). Orbax keeps no checksums of array data: bytes overwritten inside an array's
+chunk restore without an error, as wrong values. In a multi-process job a file that only some
+processes read fails only their restore, and the others time out at orbax's restore barrier:
+an error, not a fallback.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
+
+from rope_lie.job import say
 
 STATE = "state"
 META = "meta"
@@ -78,31 +90,99 @@ def save(
 def restore_latest(
     manager: ocp.CheckpointManager, abstract_state: Any
 ) -> tuple[int, Any, dict[str, Any]] | None:
-    """(step, state, meta) of the latest complete checkpoint, or None if there is none.
+    """(step, state, meta) of the newest checkpoint that reads, or None if there is none.
+
+    Newer checkpoints whose files cannot be read are named, with the reason, and moved to
+    ``<directory>-unreadable/<step>``. Any other error (e.g. a checkpoint of another config) is
+    raised, as is the case where no checkpoint reads (nothing is moved then).
 
     Args:
       manager: from `make_manager`.
       abstract_state: pytree of `jax.ShapeDtypeStruct` with `.sharding` set; the state is
         restored with this structure, dtypes and shardings.
     """
-    step = manager.latest_step()
-    if step is None:
-        return None
     args = ocp.args.Composite(
         **{STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
     )
-    try:
-        restored = manager.restore(step, args=args)
-    except ValueError as e:  # orbax's message lists whole trees; name the first conflict
-        conflict = _first_conflict(manager.directory, step, abstract_state)
-        if conflict is None:
-            raise
-        raise ValueError(
-            f"The checkpoint at step {step} in {manager.directory} was written by another "
-            f"configuration: {conflict}. Use a new --workdir for this config, or the config "
-            "that wrote it."
-        ) from e
-    return step, restored[STATE], dict(restored[META])
+    unreadable = {}  # step -> why
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            restored = manager.restore(step, args=args)
+        except Exception as e:  # every error but an unreadable file is raised
+            reason = unreadable_reason(e)
+            if reason is None:
+                conflict = _conflict_error(manager, step, abstract_state, e)
+                if conflict is None:
+                    raise
+                raise conflict from e
+            say(f"Checkpoint step {step} in {manager.directory} cannot be read: {reason}")
+            unreadable[step] = reason
+            continue
+        if unreadable:
+            aside = _set_aside(manager, unreadable)
+            say(f"Falling back to checkpoint step {step}; moved the unreadable ones to {aside}")
+        return step, restored[STATE], dict(restored[META])
+    if unreadable:
+        raise OSError(
+            f"No checkpoint in {manager.directory} can be read (steps {sorted(unreadable)}; "
+            "reasons above). Restore them from a copy, or move them away to start from step 0."
+        )
+    return None
+
+
+# What orbax 0.12 raises when a step's files were truncated, deleted or overwritten: tensorstore
+# errors (ValueError, or wrapped as the cause of a bare Exception for array data) with these
+# status codes, a JSON file that does not parse, an item folder that is gone.
+_TENSORSTORE_READ_ERRORS = ("NOT_FOUND:", "OUT_OF_RANGE:", "DATA_LOSS:", "FAILED_PRECONDITION:")
+
+
+def unreadable_reason(error: BaseException) -> str | None:
+    """What orbax could not read, from `error` or the errors it wraps (``raise ... from``); None
+    when it is not a damaged-file error (another config, a bug: raise it)."""
+    while error is not None:
+        text = str(error)
+        if isinstance(error, json.JSONDecodeError):
+            return f"a JSON file does not parse ({text})"
+        if isinstance(error, FileNotFoundError):
+            return text
+        if isinstance(error, KeyError) and "was not found in the checkpoint" in text:
+            return text.strip("'\"")
+        if isinstance(error, ValueError) and text.startswith(_TENSORSTORE_READ_ERRORS):
+            return text.split(" [tensorstore_spec=")[0]
+        error = error.__cause__
+    return None
+
+
+def _set_aside(manager: ocp.CheckpointManager, unreadable: dict[int, str]) -> str:
+    """Move unreadable step folders to ``<directory>-unreadable/`` (process 0; the others wait)
+    so the run can write those steps again; returns that folder."""
+    aside = f"{manager.directory}-unreadable"
+    if jax.process_index() == 0:
+        os.makedirs(aside, exist_ok=True)
+        for step in unreadable:
+            target = os.path.join(aside, str(step))
+            if os.path.exists(target):  # set aside before: keep both
+                target += time.strftime("-%Y%m%d-%H%M%S")
+            os.rename(os.path.join(manager.directory, str(step)), target)
+    if jax.process_count() > 1:
+        ocp.multihost.sync_global_processes(f"rope_lie_set_aside_{max(unreadable)}")
+    manager.reload()
+    return aside
+
+
+def _conflict_error(manager, step: int, abstract_state: Any, error: Exception):
+    """For a checkpoint of another configuration, an error naming the first parameter that
+    differs (orbax's own message lists whole trees); None for any other error."""
+    if not isinstance(error, ValueError):
+        return None
+    conflict = _first_conflict(manager.directory, step, abstract_state)
+    if conflict is None:
+        return None
+    return ValueError(
+        f"The checkpoint at step {step} in {manager.directory} was written by another "
+        f"configuration: {conflict}. Use a new --workdir for this config, or the config "
+        "that wrote it."
+    )
 
 
 def _first_conflict(directory, step: int, abstract_state: Any) -> str | None:

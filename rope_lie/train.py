@@ -10,7 +10,8 @@ steps, so nothing random needs restoring.
 Resume order (a rerun with the same workdir continues exactly, ``kill -9`` included):
 
 1. mesh, model graph, optimizer and the abstract state (``jax.eval_shape``) from the config;
-2. the latest complete checkpoint is restored straight into the state shardings; without one
+2. the latest complete checkpoint is restored straight into the state shardings (one whose
+   files no longer read is named and set aside, and the one before it is taken); without one
    the state is initialised by a jit with ``out_shardings`` (never whole on one device);
 3. the train iterator starts at the restored step (its batch k is the same whatever the start);
 4. step k uses dropout key ``fold_in(dropout_key, k)``;

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,6 +192,41 @@ def test_sigterm_saves_the_step_and_exits_cleanly_then_resumes_exactly(
         np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax, closed loop
+def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one_before(
+    reference, tfds_dir, tmp_path, capsys
+):
+    """The finished run's step-12 checkpoint loses the second half of its largest file: the
+    rerun names the step and its directory, resumes from step 8 and ends as the reference."""
+    ref_dir, ref_final = reference
+    workdir = str(tmp_path / "damaged")
+    shutil.copytree(ref_dir, workdir)
+    os.remove(os.path.join(workdir, "final.json"))
+    step_dir = os.path.join(workdir, "checkpoints", "12")
+    largest = max(
+        (os.path.join(d, f) for d, _, names in os.walk(step_dir) for f in names),
+        key=os.path.getsize,
+    )
+    with open(largest, "r+b") as f:
+        f.truncate(os.path.getsize(largest) // 2)
+    capsys.readouterr()
+    final = train.train_and_evaluate(_config(tfds_dir), workdir)
+    out = capsys.readouterr().out
+    assert f"Checkpoint step 12 in {workdir}/checkpoints cannot be read: " in out
+    assert "Falling back to checkpoint step 8" in out and "Resuming from step 8 of 12" in out
+    assert final == json.loads(json.dumps(ref_final))
+    _, ref_state = checkpoint.load_state(os.path.join(ref_dir, "checkpoints"))
+    step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    assert step == 12
+    for (path, ref), (_, value) in zip(
+        jax.tree_util.tree_leaves_with_path(ref_state),
+        jax.tree_util.tree_leaves_with_path(state),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
+    assert os.listdir(os.path.join(workdir, "checkpoints-unreadable")) == ["12"]
+
+
 def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds_dir):
     """The workdir holds another model's checkpoint: the error names the step and the first
     parameter that differs (not orbax's dump of both trees), and nothing is trained or written."""
@@ -203,3 +239,4 @@ def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds
     with pytest.raises(ValueError, match=match):
         train.train_and_evaluate(_config(tfds_dir, **{"model.variant": "mu"}), ref_dir)
     assert os.listdir(os.path.join(ref_dir, "checkpoints")) == before
+
