@@ -1,6 +1,7 @@
 """What a training job needs around the loop: processes, signals, and the data it reads.
 
 - ``maybe_initialize_distributed``: ``jax.distributed`` for multi-process jobs (config.distributed);
+- ``check_workdir``: a workdir that cannot be written fails before anything is read or trained;
 - ``StopOnSigterm``: a scheduler's SIGTERM becomes "checkpoint this step and return";
 - ``prepare_data`` / ``data_summary`` / ``prepare_eval_data``: every dataset generated or checked
   before the first step (process 0 first in a multi-process job);
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 from typing import Any
 
@@ -44,6 +46,23 @@ def maybe_initialize_distributed(config: mc.ConfigDict) -> None:
         process_id=pid if pid >= 0 else None,
     )
     say(f"jax.distributed: process {jax.process_index()} of {jax.process_count()}")
+
+
+def check_workdir(workdir: str) -> None:
+    """Create `workdir` if needed and write a file in it (and in its ``checkpoints/`` when that
+    exists), or raise the OSError naming the path that cannot be written."""
+    for path in (workdir, os.path.join(workdir, "checkpoints")):
+        if path != workdir and not os.path.isdir(path):
+            continue
+        try:
+            os.makedirs(path, exist_ok=True)
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as e:
+            raise type(e)(
+                f"workdir {workdir!r}: cannot write in {path!r} ({e.strerror or e}); expected a "
+                "directory this job can create files in (checkpoints, metrics, final.json)"
+            ) from e
 
 
 def say(message: str) -> None:

@@ -251,6 +251,7 @@ class Run:
 
 
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
+    job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first checkpoint
     nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
     sharding.check_batch_size(config.batch_size, mesh)  # eval batches are padded to the mesh
     num_train = job.prepare_data(config)  # a missing eval dataset fails now, not after training

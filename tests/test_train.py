@@ -240,3 +240,41 @@ def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds
         train.train_and_evaluate(_config(tfds_dir, **{"model.variant": "mu"}), ref_dir)
     assert os.listdir(os.path.join(ref_dir, "checkpoints")) == before
 
+
+def _make_read_only(path):
+    """chmod 500, or skip where this process writes there anyway (root with CAP_DAC_OVERRIDE;
+    _under_a_file covers root)."""
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o500)
+    try:
+        open(os.path.join(path, "probe"), "w").close()
+    except PermissionError:
+        return
+    pytest.skip("this process writes in read-only directories (root)")
+
+
+def _read_only_dir(tmp_path):
+    _make_read_only(tmp_path / "workdir")
+    return str(tmp_path / "workdir"), str(tmp_path / "workdir")
+
+
+def _under_a_file(tmp_path):  # unwritable for root too
+    (tmp_path / "a_file").write_text("")
+    return str(tmp_path / "a_file" / "workdir"), str(tmp_path / "a_file" / "workdir")
+
+
+def _read_only_checkpoints(tmp_path):
+    _make_read_only(tmp_path / "checkpoints")
+    return str(tmp_path), str(tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("make", [_read_only_dir, _under_a_file, _read_only_checkpoints])
+def test_an_unwritable_workdir_fails_before_reading_data(tfds_dir, tmp_path, monkeypatch, make):
+    workdir, unwritable = make(tmp_path)
+
+    def prepare_data(config):
+        raise AssertionError("data prepared before the workdir was checked")
+
+    monkeypatch.setattr(train.job, "prepare_data", prepare_data)
+    with pytest.raises(OSError, match=f"cannot write in '{re.escape(unwritable)}'"):
+        train.train_and_evaluate(_config(tfds_dir), workdir)
