@@ -1,4 +1,10 @@
-"""Tests for the input pipeline: shapes, resumability, eval coverage, process splits, recipes."""
+"""Tests for the input pipeline: shapes, resumability, eval coverage, process splits, recipes,
+damaged record files."""
+
+import os
+import re
+import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -285,3 +291,46 @@ def test_prepare_generates_local_datasets_on_first_use(tmp_path, capsys):
     assert builder.is_prepared() and "Generating sklearn_digits/size16" in capsys.readouterr().out
     data.prepare("sklearn_digits/size16", str(tmp_path))
     assert "Generating" not in capsys.readouterr().out
+
+
+def _cut_in_half(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _overwrite_first_record_data(path):  # its length field intact: only its checksum fails
+    with open(path, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(12 + length // 2)
+        f.write(b"\xff" * 8)
+
+
+@pytest.mark.parametrize(
+    "damage, split, reason",
+    [
+        (_cut_in_half, "train", "truncated record at"),
+        (_overwrite_first_record_data, "train", "corrupted record at 12"),
+        (os.remove, "test", "No such file or directory"),
+    ],
+)
+def test_a_damaged_record_file_is_named_with_how_to_prepare_again(
+    data_dir, tmp_path, damage, split, reason
+):
+    name = "spatial_arrows/tiny_g6"
+    shutil.copytree(os.path.join(data_dir, name), tmp_path / name)
+    version_dir = tmp_path / name / "1.0.0"
+    path = str(version_dir / f"spatial_arrows-{split}.tfrecord-00000-of-00001")
+    damage(path)
+    cfg = _cfg(name, str(tmp_path))
+    if split == "train":
+        batches = data.make_train_iterator(cfg, batch_size=8, seed=0)
+    else:
+        batches = data.make_eval_iterator(cfg, batch_size=8)
+    match = f"TFDS dataset '{name}', split '{split}': {re.escape(path)} is damaged or missing"
+    with pytest.raises(OSError, match=match) as error:
+        for _ in range(10):  # 48 train examples: the whole file within 6 batches
+            next(batches)
+    assert reason in str(error.value)
+    assert f"rm -r {version_dir}" in str(error.value) and "generated on first use" in str(
+        error.value
+    )

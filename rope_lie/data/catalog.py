@@ -174,17 +174,36 @@ def check_config(ds_cfg: ml_collections.ConfigDict) -> Recipe:
 
 def missing_dataset_message(name: str, data_dir: str) -> str:
     """How to prepare a catalogue dataset that is not in data_dir."""
+    msg = f"TFDS dataset {name!r} is not prepared in data_dir={data_dir}. Prepare it once with:\n"
+    return msg + _build_commands(name, data_dir)
+
+
+def _build_commands(name: str, data_dir: str) -> str:
+    """The commands that prepare a catalogue dataset in data_dir, indented, one a line."""
     base, _, config = name.split(":")[0].partition("/")
     flags = f" --config={config}" if config else ""
     build = f"tfds build {base}{flags} --data_dir={data_dir}"
-    msg = f"TFDS dataset {name!r} is not prepared in data_dir={data_dir}. Prepare it once with:\n"
     if base == "imagenet2012":
-        return msg + (
+        return (
             "  1. download ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from "
             f"https://image-net.org into {data_dir}/downloads/manual/\n"
             f"  2. {build} --manual_dir={data_dir}/downloads/manual"
         )
-    return msg + f"  {build}"
+    return f"  {build}"
+
+
+def damaged_dataset_message(
+    name: str, split: str, path: str | None, reason: str, version_dir: str, data_dir: str
+) -> str:
+    """How to prepare again a dataset whose record file `path` (None: not found) is damaged."""
+    what = path or "one of its files"
+    msg = (
+        f"TFDS dataset {name!r}, split {split!r}: {what} is damaged or missing ({reason}). "
+        f"Prepare the dataset again:\n  rm -r {version_dir}\n"
+    )
+    if base_name(name) in LOCAL_BUILDERS:
+        return msg + "  then rerun: this project's datasets are generated on first use"
+    return msg + _build_commands(name, data_dir)
 
 
 def prepare(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
