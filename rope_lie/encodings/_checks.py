@@ -19,12 +19,28 @@ def check_x(x_BTNH: jax.Array, family: str) -> None:
         raise TypeError(f"{family}: x must be a floating array, got dtype {x_BTNH.dtype}")
 
 
-def check_pos(pos: jax.Array, x_BTNH: jax.Array, family: str, num_axes: int | None = None) -> None:
-    """Positions must be (T, A) or (B, T, A), matching x's T (and B), with A == num_axes."""
+def check_positions(pos, family: str, num_axes: int | None = None) -> jax.Array:
+    """Positions must be a (T, A) or (B, T, A) array with A == num_axes (when given).
+
+    Returns:
+      ``pos`` as a jax array.
+    """
+    pos = jnp.asarray(pos)
     if pos.ndim not in (2, 3):
         raise ValueError(
             f"{family}: positions must have shape (T, A) or (B, T, A), got shape {tuple(pos.shape)}"
         )
+    if num_axes is not None and pos.shape[-1] != num_axes:
+        raise ValueError(
+            f"{family}: positions have A={pos.shape[-1]} axes but the parameters were "
+            f"initialised for num_axes={num_axes}"
+        )
+    return pos
+
+
+def check_pos(pos: jax.Array, x_BTNH: jax.Array, family: str, num_axes: int | None = None) -> None:
+    """Positions must be (T, A) or (B, T, A), matching x's T (and B), with A == num_axes."""
+    pos = check_positions(pos, family, num_axes)
     if pos.shape[-2] != x_BTNH.shape[1]:
         raise ValueError(
             f"{family}: positions have T={pos.shape[-2]} tokens but x has T={x_BTNH.shape[1]} "
@@ -33,11 +49,6 @@ def check_pos(pos: jax.Array, x_BTNH: jax.Array, family: str, num_axes: int | No
     if pos.ndim == 3 and pos.shape[0] != x_BTNH.shape[0]:
         raise ValueError(
             f"{family}: per-example positions have B={pos.shape[0]} but x has B={x_BTNH.shape[0]}"
-        )
-    if num_axes is not None and pos.shape[-1] != num_axes:
-        raise ValueError(
-            f"{family}: positions have A={pos.shape[-1]} axes but the parameters were "
-            f"initialised for num_axes={num_axes}"
         )
 
 
@@ -62,6 +73,14 @@ def check_shape_args(num_heads, head_dim, num_axes, family: str) -> None:
     check_positive_int(num_heads, "num_heads", family)
     check_positive_int(head_dim, "head_dim", family)
     check_positive_int(num_axes, "num_axes", family)
+
+
+def check_state_args(num_heads, head_dim, num_prefix, family: str) -> None:
+    """``precompute``'s context: positive head count and size, a non-negative prefix count."""
+    check_positive_int(num_heads, "num_heads", family)
+    check_positive_int(head_dim, "head_dim", family)
+    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
+        raise ValueError(f"{family}: num_prefix={num_prefix!r} must be a non-negative integer")
 
 
 def check_divisible(head_dim: int, divisor: int, what: str, family: str) -> None:

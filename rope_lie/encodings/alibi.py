@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks
+from rope_lie.encodings import _checks, state
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
@@ -170,3 +170,28 @@ def bias(
     dist_XTS = jnp.where(is_grid_T[:, None] & is_grid_S[None, :], dist_XTS, 0.0)
     # Heads go before (T, S): (N, T, S) for shared positions, (B, N, T, S) per example.
     return -slope_N[:, None, None] * dist_XTS[..., None, :, :]
+
+
+def precompute(
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+) -> state.LogitBias:
+    """The encoder state: the logit bias between every pair of tokens (queries = keys).
+
+    Args:
+      params: ``{}`` or ``{"log_slopes_N": (N,)}`` from ``init``.
+      pos: ``pos_TA`` shared by the batch, or ``pos_BTA`` per example.
+      num_heads: N (1 when heads share the slopes: then every head gets the first slope).
+      head_dim: H (unused by the bias, validated for the common signature).
+      num_prefix: prefix (class) tokens at the start of the sequence: zero bias.
+
+    Returns:
+      ``LogitBias`` of shape (1, N, T, T), or (B, N, T, T) per example; float32.
+    """
+    _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
+    bias_XNTS = bias(params, pos, pos, num_heads=num_heads, num_prefix=num_prefix)
+    return state.LogitBias(bias_XNTS if bias_XNTS.ndim == 4 else bias_XNTS[None])

@@ -9,10 +9,11 @@ and RoPE(p) RoPE-Mixed's learnable rotation (``rope_mixed``: angle_j = sum_a p_a
 interleaved pairs (2j, 2j+1)). P acts on the token *before* RoPE: after it, P would cancel in
 q.k (P^T P = I). q.k = q^T P^T RoPE(p_k - p_q) P k depends on p_k - p_q only, in every
 dimension. P does not depend on the position: it is computed once per head per step (never per
-token; ``precompute`` returns it with the RoPE angles, and the model shares it between layers
-that share parameters), and can be folded into the q/k projections with ``fold``, after which
-only ``rope_mixed.apply({"freqs_ANF": params["freqs_ANF"]}, q, pos)`` is applied. The ViT folds
-it at every step (``precompute_folded``): D N H^2 work per layer instead of B T N H^2.
+token; ``precompute`` returns it as ``fold_NHH`` of its state, beside the RoPE angles, and the
+model shares it between layers that share parameters), and can be folded into the q/k
+projections with ``fold``, after which only ``rope_mixed.apply({"freqs_ANF":
+params["freqs_ANF"]}, q, pos)`` is applied. The ViT folds it at every step: D N H^2 work per
+layer instead of B T N H^2.
 
 Generators (``generator=``; the sparse ones from the sparse Cayley-STRING study, Sec. 3.1-3.5):
 
@@ -46,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, lie, rope_mixed
+from rope_lie.encodings import _checks, lie, rope_mixed, state
 
 _FAMILY = "cayley_string"
 
@@ -325,103 +326,71 @@ def fold(params: dict[str, jax.Array], w_DNH: jax.Array, *, k: int | None = None
 
 
 def precompute(
-    params: dict[str, jax.Array], pos: jax.Array, *, k: int | None = None
-) -> dict[str, jax.Array]:
-    """Everything ``apply`` needs that does not depend on x: P per head and the RoPE angles.
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+    k: int | None = None,
+) -> state.PairAngles:
+    """The encoder state (``encodings/state.py``): the RoPE angles, and P to fold.
 
-    Computed once per step (one Cayley solve per head), it is shared by every layer that shares
-    the parameters, and can be cached per resolution at evaluation.
+    ``state.rotate(x @ fold(w))`` equals ``apply(params, x @ w, pos)``: folding P into the q/k
+    weights costs D N H^2 per layer and step instead of B T N H^2 for applying it to every
+    token, and the gradient reaches S through the folded weights (the model does this at every
+    step, not only for export). P (one Cayley solve per head, none for block2x2) is computed
+    once per step and shared by every layer that shares the parameters.
 
     Args:
       params: from ``init``.
       pos: pos_TA or pos_BTA.
+      num_heads: N of the parameters (1 when heads share them).
+      head_dim: H of the parameters.
+      num_prefix: prefix tokens (at position 0: R(0) = P).
       k: the top-k count, for top-k params only.
 
     Returns:
-      {"p_NHH": P} ({"cos_NK", "sin_NK"}: the half-split planes, for block2x2) and
-      {"angle_TNF": RoPE-Mixed angles} (angle_BTNF for pos_BTA); float32.
+      ``PairAngles`` with the RoPE-Mixed angles (T, N, H/2) (B, T, N, H/2 for pos_BTA) and
+      ``fold_NHH`` = P (N, H, H), dense for every generator; float32.
     """
+    del num_prefix
+    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
+    freqs_ANF = _checked_params(params, k, num_heads=num_heads, head_dim=head_dim)
+    return state.PairAngles(_angles(freqs_ANF, pos), fold_NHH=orthogonal(params, k=k))
+
+
+def _checked_params(params, k, *, num_heads: int, head_dim: int) -> jax.Array:
+    """Validate the generator against (k, N, H); returns freqs_ANF."""
     kind = generator_kind(params)
     _check_apply_k(kind, k)
     freqs_ANF = params["freqs_ANF"]
-    num_heads, num_pairs = freqs_ANF.shape[1:]
-    _check_generator_shape(params, kind, num_heads, 2 * num_pairs)
-    pos = jnp.asarray(pos, jnp.float32)
-    if pos.ndim not in (2, 3) or pos.shape[-1] != freqs_ANF.shape[0]:
+    if freqs_ANF.ndim != 3 or freqs_ANF.shape[1:] != (num_heads, head_dim // 2) or head_dim % 2:
         raise ValueError(
-            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
-            f"A={freqs_ANF.shape[0]}, got shape {tuple(pos.shape)}"
+            f"{_FAMILY}: freqs_ANF has shape {tuple(freqs_ANF.shape)} but num_heads={num_heads}, "
+            f"head_dim={head_dim} (expected (A, {num_heads}, head_dim / 2) with head_dim even)"
         )
+    _check_generator_shape(params, kind, num_heads, head_dim)
+    return freqs_ANF
+
+
+def _angles(freqs_ANF: jax.Array, pos: jax.Array) -> jax.Array:
+    """RoPE-Mixed's angles sum_a p_a f[a, n, j], float32 (T, N, F) or (B, T, N, F)."""
+    pos = _checks.check_positions(pos, _FAMILY, freqs_ANF.shape[0]).astype(jnp.float32)
     spec = "TA,ANF->TNF" if pos.ndim == 2 else "BTA,ANF->BTNF"
-    angle = jnp.einsum(
-        spec, pos, freqs_ANF.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
-    )
+    return jnp.einsum(spec, pos, freqs_ANF.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+
+
+def _mix(params: dict[str, jax.Array], x_BTNH: jax.Array, k: int | None) -> jax.Array:
+    """P x for every token, float32 (block2x2: elementwise on the half-split planes)."""
+    x32 = x_BTNH.astype(jnp.float32)
+    kind = generator_kind(params)
     if kind == "block2x2":
         cos_NK, sin_NK = _block2x2_cos_sin(params[_KEYS[kind]])
-        return {"cos_NK": cos_NK, "sin_NK": sin_NK, "angle_TNF": angle}
-    return {"p_NHH": orthogonal(params, k=k), "angle_TNF": angle}
-
-
-def precompute_folded(
-    params: dict[str, jax.Array], pos: jax.Array, *, k: int | None = None
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """P to fold into the q/k projections, and the RoPE-only state to apply after them.
-
-    ``apply_precomputed(pre, x @ fold(w))`` equals ``apply(params, x @ w, pos)``: folding P
-    into the weights costs D N H^2 per layer and step instead of B T N H^2 for applying it to
-    every token, and the gradient reaches S through the folded weights (the model does this at
-    every step, not only for export).
-
-    Args:
-      params: from ``init``.
-      pos: pos_TA or pos_BTA.
-      k: the top-k count, for top-k params only.
-
-    Returns:
-      (p_NHH, {"angle_TNF": RoPE-Mixed angles}) in float32; p_NHH dense for every generator.
-    """
-    pre = precompute(params, pos, k=k)
-    return orthogonal(params, k=k), {"angle_TNF": pre["angle_TNF"]}
-
-
-def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array:
-    """x'_t = RoPE(p_t) P x_t from ``precompute``; one head's P and angles apply to every head.
-
-    A state without P (the second output of ``precompute_folded``) applies RoPE only.
-
-    Args:
-      pre: the output of ``precompute`` or the second output of ``precompute_folded``.
-      x_BTNH: queries or keys, any float dtype.
-
-    Returns:
-      (B, T, N, H) array in x's dtype.
-    """
-    _checks.check_x(x_BTNH, _FAMILY)
-    angle = pre["angle_TNF"]
-    tokens, heads, num_pairs = angle.shape[-3:]
-    if (
-        tokens != x_BTNH.shape[1]
-        or heads not in (1, x_BTNH.shape[2])
-        or 2 * num_pairs != x_BTNH.shape[3]
-        or (angle.ndim == 4 and angle.shape[0] != x_BTNH.shape[0])
-    ):
-        raise ValueError(
-            f"{_FAMILY}: precomputed angles of shape {tuple(angle.shape)} do not fit x of shape "
-            f"{tuple(x_BTNH.shape)}"
-        )
-    x32 = x_BTNH.astype(jnp.float32)
-    if "p_NHH" in pre:
-        p_NHH = pre["p_NHH"]
-        spec = "nij,btnj->btni" if p_NHH.shape[0] == x32.shape[2] else "ij,btnj->btni"
-        mixed = jnp.einsum(spec, p_NHH if spec[0] == "n" else p_NHH[0], x32)
-    elif "cos_NK" in pre:
-        # Elementwise on the half-split planes: (u, v) = (x[:H/2], x[H/2:]) per plane.
-        cos_NK, sin_NK = pre["cos_NK"], pre["sin_NK"]
-        u, v = x32[..., :num_pairs], x32[..., num_pairs:]
-        mixed = jnp.concatenate([cos_NK * u - sin_NK * v, sin_NK * u + cos_NK * v], axis=-1)
-    else:  # P already folded into the projections
-        mixed = x32
-    return lie.rotate_pairs(mixed, angle).astype(x_BTNH.dtype)
+        half = cos_NK.shape[-1]
+        u, v = x32[..., :half], x32[..., half:]
+        return jnp.concatenate([cos_NK * u - sin_NK * v, sin_NK * u + cos_NK * v], axis=-1)
+    return jnp.einsum("nij,btnj->btni", orthogonal(params, k=k), x32)
 
 
 def apply(
@@ -445,5 +414,6 @@ def apply(
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
-    _check_generator_shape(params, kind, num_heads, 2 * num_pairs)
-    return apply_precomputed(precompute(params, pos, k=k), x_BTNH)
+    freqs_ANF = _checked_params(params, k, num_heads=num_heads, head_dim=2 * num_pairs)
+    angles = state.PairAngles(_angles(freqs_ANF, pos))
+    return angles.rotate(_mix(params, x_BTNH, k)).astype(x_BTNH.dtype)

@@ -41,7 +41,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from rope_lie.encodings import _checks
+from rope_lie.encodings import _checks, state
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
@@ -127,6 +127,42 @@ def frequencies(params: dict[str, jax.Array]) -> jax.Array:
     return jnp.fft.rfft(g_ANH, axis=-1).imag
 
 
+def precompute(
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+) -> state.SpectralPhases:
+    """The per-token phases ``exp(i sum_a p_a theta_ak)`` of R(p) in the Fourier basis.
+
+    Args:
+      params: ``{"c_ANH": (A, N, H)}`` from ``init`` (N = 1: the same for every head).
+      pos: positions ``pos_TA`` (T, A) shared by the batch, or ``pos_BTA`` (B, T, A).
+      num_heads: N of the parameters.
+      head_dim: H of the parameters.
+      num_prefix: prefix tokens (at position 0: R = I).
+
+    Returns:
+      ``SpectralPhases`` of shape (T, N, H // 2 + 1), or (B, T, N, H // 2 + 1); complex64.
+    """
+    del num_prefix
+    c_ANH = _check_params(params)
+    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
+    if c_ANH.shape[1:] != (num_heads, head_dim):
+        raise ValueError(
+            f"{_FAMILY}: c_ANH has shape {tuple(c_ANH.shape)} but num_heads={num_heads}, "
+            f"head_dim={head_dim} (expected (A, {num_heads}, {head_dim}))"
+        )
+    pos32 = _checks.check_positions(pos, _FAMILY, c_ANH.shape[0]).astype(jnp.float32)
+    theta_ANK = frequencies(params)
+    # Phases once per token (once for the whole batch when pos is shared), broadcast over B.
+    spec = "TA,ANK->TNK" if pos32.ndim == 2 else "BTA,ANK->BTNK"
+    angle_XTNK = jnp.einsum(spec, pos32, theta_ANK)
+    return state.SpectralPhases(jax.lax.complex(jnp.cos(angle_XTNK), jnp.sin(angle_XTNK)))
+
+
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
     """Rotate queries or keys by ``R(p) = expm(sum_a p_a (C_a - C_a^T))`` via the FFT.
 
@@ -143,13 +179,6 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_heads(x_BTNH, num_heads, head_dim, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes)
-    theta_ANK = frequencies(params)
-    pos32 = jnp.asarray(pos, jnp.float32)
-    # Phases once per token (once for the whole batch when pos is shared), broadcast over B.
-    spec = "TA,ANK->TNK" if pos32.ndim == 2 else "BTA,ANK->BTNK"
-    angle_XTNK = jnp.einsum(spec, pos32, theta_ANK)
-    phase_XTNK = jax.lax.complex(jnp.cos(angle_XTNK), jnp.sin(angle_XTNK))
-    spectrum_BTNK = jnp.fft.rfft(x_BTNH.astype(jnp.float32), axis=-1)
+    pe = precompute(params, pos, num_heads=num_heads, head_dim=head_dim)
     # The multiplier is Hermitian (theta odd in k), so irfft of the half spectrum is R(p) x.
-    out_BTNH = jnp.fft.irfft(spectrum_BTNK * phase_XTNK, n=head_dim, axis=-1)
-    return out_BTNH.astype(x_BTNH.dtype)
+    return pe.rotate(x_BTNH)

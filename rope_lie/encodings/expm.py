@@ -28,7 +28,10 @@ Batched products up to 32 x 32 on CPU (16 elsewhere) are broadcast multiply-adds
 fuses into one multithreaded loop (3-100x faster than XLA:CPU's batched dot below 8 x 8, 1.5-2x
 up to 32 x 32, measured); larger ones are dots, run in one independent chunk per CPU core on CPU
 (XLA:CPU runs one batched dot on one core, independent ones concurrently: 1.7x on 2 cores).
-Everything is computed in float32 whatever the input dtype.
+These choices depend on the machine, so they are made from a ``Host`` (platform and cores)
+decided outside the jitted code and passed in as a static argument: ``this_host()`` once per
+process by default, or any ``Host`` given to ``expm_skew``/``expm_skew_combination`` (e.g. to
+trace for another machine). Everything is computed in float32 whatever the input dtype.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,18 +54,61 @@ _MAX_SQUARINGS = 128  # 2^128 exceeds float32's range, so every finite input is 
 _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 
 
-def _broadcasts(h: int) -> bool:
-    """Whether H x H products are fused broadcast multiply-adds (faster than XLA:CPU's batched
-    dot up to 32 x 32, measured; elsewhere assumed only for tiny matrices)."""
-    return h <= 16 or (h <= 32 and jax.default_backend() == "cpu")
+class Host(NamedTuple):
+    """The facts about the machine that shape the exponentials' program (static under jit).
+
+    Thresholds: on CPU, broadcast products up to 32 x 32 and one chunk per core were measured
+    (module docstring); on GPU and TPU the 16 x 16 threshold and a single chunk are *assumed*
+    (no accelerator has measured them yet).
+    """
+
+    platform: str  # jax.default_backend(): "cpu", "gpu" or "tpu"
+    cores: int  # CPU cores this process may run on (1 off CPU)
+
+    @property
+    def broadcast_max(self) -> int:
+        """Largest H whose H x H products are fused broadcast multiply-adds."""
+        return 32 if self.platform == "cpu" else 16
+
+    def chunks(self, batch: int) -> int:
+        """Independent chunks a batch of ``batch`` dot products is split into."""
+        return max(1, min(self.cores, batch // 64)) if self.platform == "cpu" else 1
 
 
-def _product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
+@functools.cache
+def this_host() -> Host:
+    """This process's ``Host``, decided once (first call; after ``jax.distributed`` is set up)."""
+    platform = jax.default_backend()
+    if platform != "cpu":
+        return Host(platform, 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return Host(platform, cores or 1)
+
+
+def _check_host(host) -> Host:
+    if host is None:
+        return this_host()
+    if not isinstance(host, Host):
+        raise TypeError(f"host={host!r} must be an expm.Host (platform, cores) or None")
+    return host
+
+
+def _broadcasts(h: int, host: Host) -> bool:
+    """Whether H x H products are fused broadcast multiply-adds."""
+    return h <= host.broadcast_max
+
+
+def _product(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
     """Batched product, fastest form. Broadcast products are fused into their consumers, so an
     operand that is itself a product must come from ``_dot`` (else it is recomputed H times)."""
-    h = a_ZHH.shape[-1]
-    if not _broadcasts(h):
+    if not _broadcasts(a_ZHH.shape[-1], host):
         return _dot(a_ZHH, b_ZHH)
+    return _broadcast_product(a_ZHH, b_ZHH)
+
+
+def _broadcast_product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
+    """Batched product as H fused broadcast multiply-adds (the form for small H everywhere)."""
+    h = a_ZHH.shape[-1]
     out = a_ZHH[..., :, 0, None] * b_ZHH[..., None, 0, :]
     for k in range(1, h):
         out = out + a_ZHH[..., :, k, None] * b_ZHH[..., None, k, :]
@@ -83,14 +130,11 @@ def _mt(a_ZHH: jax.Array) -> jax.Array:
     return jnp.swapaxes(a_ZHH, -1, -2)
 
 
-def _chunked(fn, *arrays_Z):
+def _chunked(fn, host: Host, *arrays_Z):
     """``fn`` on one chunk of the batch per CPU core, concatenated: XLA:CPU runs a batched dot on
     one core but independent ones concurrently. One chunk where products are broadcasts."""
     batch, h = arrays_Z[-1].shape[0], arrays_Z[-1].shape[-1]
-    chunks = 1
-    if not _broadcasts(h) and jax.default_backend() == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        chunks = max(1, min(cores, batch // 64))
+    chunks = 1 if _broadcasts(h, host) else host.chunks(batch)
     if chunks == 1:
         return fn(*arrays_Z)
     split = [jnp.array_split(x, chunks) for x in arrays_Z]
@@ -98,12 +142,12 @@ def _chunked(fn, *arrays_Z):
     return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
-def _square(s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
+def _square(host: Host, s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
     """R <- R^2, s_z times for matrix z (masked past s_z; the loop runs max(s) times)."""
 
     def body(carry):
         k, r = carry
-        return k + 1, jnp.where((k < s_Z)[:, None, None], _product(r, r), r)
+        return k + 1, jnp.where((k < s_Z)[:, None, None], _product(r, r, host), r)
 
     return jax.lax.while_loop(lambda c: c[0] < jnp.max(s_Z), body, (jnp.int32(0), r_ZHH))[1]
 
@@ -141,7 +185,7 @@ def _closed_form(a_ZHH: jax.Array) -> jax.Array:
     t = jnp.sqrt(jnp.where(t2 > 0, t2, 1.0))  # safe at 0 for gradients: t2 = 0 is masked
     f1 = jnp.where(t2 > 0, jnp.sinc(t / jnp.pi), 1.0)[..., None, None]
     f2 = jnp.where(t2 > 0, 0.5 * jnp.square(jnp.sinc(t / (2 * jnp.pi))), 0.5)[..., None, None]
-    return jnp.eye(h) + f1 * a_ZHH + f2 * _product(a_ZHH, a_ZHH)
+    return jnp.eye(h) + f1 * a_ZHH + f2 * _broadcast_product(a_ZHH, a_ZHH)
 
 
 def _isoclinic(p1: jax.Array, p2: jax.Array, p3: jax.Array, signs) -> tuple:
@@ -172,7 +216,7 @@ def _closed_form_4x4(a_Z44: jax.Array) -> jax.Array:
     m, cm, sm = _isoclinic(
         (a[0, 1] - a[2, 3]) / 2, (a[0, 2] + a[1, 3]) / 2, (a[0, 3] - a[1, 2]) / 2, (-1, 1, -1)
     )
-    return cp * cm * jnp.eye(4) + cp * sm * m + sp * cm * p + sp * sm * _product(p, m)
+    return cp * cm * jnp.eye(4) + cp * sm * m + sp * cm * p + sp * sm * _broadcast_product(p, m)
 
 
 def _rho_power_bound(a_ZHH: jax.Array, powers: int) -> jax.Array:
@@ -215,7 +259,7 @@ def _taylor_ps(b, b2, b4):
     return poly
 
 
-def _expm_skew_impl(a_ZHH: jax.Array) -> jax.Array:
+def _expm_skew_impl(a_ZHH: jax.Array, host: Host) -> jax.Array:
     # Normalise by a power of two >= ||A||_F: every rescaling below is exact.
     log_scale = _pow2_above(_frobenius(a_ZHH))
     unit = a_ZHH * jnp.exp2(-log_scale)[:, None, None]
@@ -224,7 +268,7 @@ def _expm_skew_impl(a_ZHH: jax.Array) -> jax.Array:
     rho = jnp.exp2(log_scale) * jnp.sqrt(jnp.sqrt(_frobenius(unit4)))
     s = jax.lax.stop_gradient(_squarings_for(rho, _THETA))
     scale = jnp.exp2(log_scale - s.astype(jnp.float32))[:, None, None]
-    return _square(s, _taylor_ps(unit * scale, unit2 * scale**2, unit4 * scale**4))
+    return _square(host, s, _taylor_ps(unit * scale, unit2 * scale**2, unit4 * scale**4))
 
 
 def _expm_flat(fn, a_XHH):
@@ -232,35 +276,36 @@ def _expm_flat(fn, a_XHH):
     return fn(a_XHH.reshape(-1, *shape[-2:])).reshape(shape)
 
 
-def _expm_skew_chunked(a_ZHH: jax.Array) -> jax.Array:
-    return _chunked(_expm_skew_impl, a_ZHH)
+def _expm_skew_chunked(host: Host, a_ZHH: jax.Array) -> jax.Array:
+    return _chunked(functools.partial(_expm_skew_impl, host=host), host, a_ZHH)
 
 
-@jax.custom_vjp
-def _expm_skew(a_XHH: jax.Array) -> jax.Array:
-    return _expm_flat(_expm_skew_chunked, a_XHH)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _expm_skew(a_XHH: jax.Array, host: Host) -> jax.Array:
+    return _expm_flat(functools.partial(_expm_skew_chunked, host), a_XHH)
 
 
-def _expm_skew_fwd(a_XHH):
-    return _expm_skew(a_XHH), a_XHH
+def _expm_skew_fwd(a_XHH, host):
+    return _expm_skew(a_XHH, host), a_XHH
 
 
-def _expm_skew_bwd(a_XHH, g_XHH):
+def _expm_skew_bwd(host, a_XHH, g_XHH):
     # <L_exp(A)[E], G> = <E, L_exp(A^T)[G]>: the adjoint is a Frechet derivative at A^T, which
     # forward mode computes through the same scaling and squaring without storing intermediates.
-    impl = functools.partial(_expm_flat, _expm_skew_chunked)
+    impl = functools.partial(_expm_flat, functools.partial(_expm_skew_chunked, host))
     _, grad = jax.jvp(impl, (_mt(a_XHH),), (g_XHH,))
     return (grad,)
 
 
 _expm_skew.defvjp(_expm_skew_fwd, _expm_skew_bwd)
-# Compiled once per shape: called eagerly, the while loop would otherwise be retraced each call.
-# Under an outer jit this is inlined. Closed forms (H <= 4) are differentiated directly.
-_expm_skew_jit = jax.jit(_expm_skew)
+# Compiled once per shape and host: called eagerly, the while loop would otherwise be retraced
+# each call. Under an outer jit this is inlined. Closed forms (H <= 4) are differentiated
+# directly and the same on every host.
+_expm_skew_jit = jax.jit(_expm_skew, static_argnums=1)
 _closed_form_jit = jax.jit(functools.partial(_expm_flat, _closed_form))
 
 
-def expm_skew(a_XHH: jax.Array) -> jax.Array:
+def expm_skew(a_XHH: jax.Array, *, host: Host | None = None) -> jax.Array:
     """Matrix exponential of (batched) skew-symmetric matrices, in float32.
 
     Accurate to float32 resolution times the norm (max |R - R_f64| about 1e-6 at norm 1e2 and
@@ -268,6 +313,7 @@ def expm_skew(a_XHH: jax.Array) -> jax.Array:
 
     Args:
       a_XHH: (..., H, H) skew-symmetric matrices (not checked: the caller builds them skew).
+      host: the machine to shape the program for; None: ``this_host()``.
 
     Returns:
       (..., H, H) float32 rotation matrices ``exp(a)``.
@@ -279,7 +325,7 @@ def expm_skew(a_XHH: jax.Array) -> jax.Array:
         return jnp.zeros(a_XHH.shape, jnp.float32)
     if a_XHH.shape[-1] <= 4:
         return _closed_form_jit(a_XHH.astype(jnp.float32))
-    return _expm_skew_jit(a_XHH.astype(jnp.float32))
+    return _expm_skew_jit(a_XHH.astype(jnp.float32), _check_host(host))
 
 
 # Taylor degree of expm_skew_combination by number of axes: the per-token product has
@@ -381,14 +427,16 @@ def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Arr
 _GROUP_BYTES = 4 * 2**20
 
 
-def _map_row_groups(fn, matrix_shape: tuple[int, int], *arrays_X, group_broadcasts: bool = False):
+def _map_row_groups(
+    fn, matrix_shape: tuple[int, int], host: Host, *arrays_X, group_broadcasts: bool = False
+):
     """``fn`` on groups of rows (``lax.map``, padded with zero rows), each row holding
     ``num_gen`` H x H matrices (``matrix_shape = (H, num_gen)``); on all rows at once where the
     products are broadcasts (unless ``group_broadcasts``) or the rows fit in one group."""
     h, num_gen = matrix_shape
     rows = arrays_X[0].shape[0]
     most = max(1, _GROUP_BYTES // (num_gen * h * h * 4))
-    if (_broadcasts(h) and not group_broadcasts) or rows <= most:
+    if (_broadcasts(h, host) and not group_broadcasts) or rows <= most:
         return fn(*arrays_X)
     groups = -(-rows // most)
     group = -(-rows // groups)  # as even as possible: little padding
@@ -397,38 +445,39 @@ def _map_row_groups(fn, matrix_shape: tuple[int, int], *arrays_X, group_broadcas
     return out.reshape(groups * group, *out.shape[2:])[:rows]
 
 
-def _combination_impl(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
+def _combination_impl(coef_XA: jax.Array, gen_AYHH: jax.Array, host: Host) -> jax.Array:
     s_X, b_XA, basis, degree = _combination_setup(coef_XA, gen_AYHH)
     num_gen, h = gen_AYHH.shape[1], gen_AYHH.shape[-1]
 
     def rows(s_x, b_xa):
-        r = _chunked(_square, jnp.repeat(s_x, num_gen), _taylor_rows(b_xa, basis, degree))
+        squares = functools.partial(_square, host)
+        r = _chunked(squares, host, jnp.repeat(s_x, num_gen), _taylor_rows(b_xa, basis, degree))
         return r.reshape(s_x.shape[0], num_gen, h, h)
 
-    return _map_row_groups(rows, (h, num_gen), s_X, b_XA)
+    return _map_row_groups(rows, (h, num_gen), host, s_X, b_XA)
 
 
-@jax.custom_vjp
-def _combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
-    return _combination_impl(coef_XA, gen_AYHH)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _combination(coef_XA: jax.Array, gen_AYHH: jax.Array, host: Host) -> jax.Array:
+    return _combination_impl(coef_XA, gen_AYHH, host)
 
 
-def _combination_fwd(coef_XA, gen_AYHH):
-    return _combination_impl(coef_XA, gen_AYHH), (coef_XA, gen_AYHH)
+def _combination_fwd(coef_XA, gen_AYHH, host):
+    return _combination_impl(coef_XA, gen_AYHH, host), (coef_XA, gen_AYHH)
 
 
-def _combination_bwd(res, r_bar_XYHH):
+def _combination_bwd(host, res, r_bar_XYHH):
     # The Frechet adjoint at A^T per row, as in expm_skew's VJP (measured: as fast as a
     # reverse-mode adjoint through the squarings, without its extra code).
     coef_XA, gen_AYHH = res
-    impl = functools.partial(_expm_flat, _expm_skew_chunked)
+    impl = functools.partial(_expm_flat, functools.partial(_expm_skew_chunked, host))
 
     def rows(coef_xa, r_bar_xyhh):
         a_xyhh = jnp.einsum("xa,ayij->xyij", coef_xa, gen_AYHH, precision=_HIGHEST)
         return jax.jvp(impl, (_mt(a_xyhh),), (r_bar_xyhh,))[1]
 
     shape = (gen_AYHH.shape[-1], gen_AYHH.shape[1])
-    a_bar = _map_row_groups(rows, shape, coef_XA, r_bar_XYHH, group_broadcasts=True)
+    a_bar = _map_row_groups(rows, shape, host, coef_XA, r_bar_XYHH, group_broadcasts=True)
     coef_bar = jnp.einsum("xyij,ayij->xa", a_bar, gen_AYHH, precision=_HIGHEST)
     gen_bar = jnp.einsum("xa,xyij->ayij", coef_XA, a_bar, precision=_HIGHEST)
     return coef_bar, gen_bar
@@ -442,11 +491,13 @@ def _closed_form_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Arr
     return _expm_flat(_closed_form, a)
 
 
-_combination_jit = jax.jit(_combination)
+_combination_jit = jax.jit(_combination, static_argnums=2)
 _closed_form_combination_jit = jax.jit(_closed_form_combination)
 
 
-def expm_skew_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
+def expm_skew_combination(
+    coef_XA: jax.Array, gen_AYHH: jax.Array, *, host: Host | None = None
+) -> jax.Array:
     """``exp(sum_a coef[x, a] gen[a, y])`` for every row x and generator set y, in float32.
 
     Equal to ``expm_skew(einsum("xa,ayij->xyij", coef, gen))`` to float32 accuracy, but the
@@ -458,6 +509,7 @@ def expm_skew_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
     Args:
       coef_XA: (X, A) coefficients, e.g. token positions.
       gen_AYHH: (A, Y, H, H) skew-symmetric generators (not checked), e.g. one set per head.
+      host: the machine to shape the program for; None: ``this_host()``.
 
     Returns:
       (X, Y, H, H) float32 rotations.
@@ -478,4 +530,4 @@ def expm_skew_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
         return jnp.zeros((coef_XA.shape[0], *gen_AYHH.shape[1:]), jnp.float32)
     if gen_AYHH.shape[-1] <= 4:
         return _closed_form_combination_jit(coef_XA, gen_AYHH)
-    return _combination_jit(coef_XA, gen_AYHH)
+    return _combination_jit(coef_XA, gen_AYHH, _check_host(host))

@@ -2,8 +2,6 @@
 
 - ``skew_from_upper``: a skew-symmetric matrix from the strict upper triangle of a raw array
   (LieRE's parameterisation: ``triu(W, 1) - triu(W, 1)^T``).
-- ``expm_skew``, ``expm_skew_combination``: the matrix exponential of skew-symmetric matrices,
-  from ``expm`` (scaling and squaring shaped for CPU; see that module).
 - ``cayley``: ``P = (I - S)(I + S)^-1``, orthogonal for skew-symmetric ``S`` (a pivoted
   Gauss-Jordan inverse in plain JAX: jaxlib's CPU LU deadlocks in multi-layer programs).
 - ``rotate_pairs``: the 2x2 rotation of interleaved channel pairs (2j, 2j+1) by angles.
@@ -17,14 +15,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rope_lie.encodings.expm import expm_skew, expm_skew_combination, num_squarings
-
 __all__ = [
     "apply_blocks",
     "cayley",
-    "expm_skew",
-    "expm_skew_combination",
-    "num_squarings",
     "pair_rotation_blocks",
     "rotate_pairs",
     "skew_from_upper",

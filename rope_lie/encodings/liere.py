@@ -22,9 +22,10 @@ get R(0) = I (not rotated). Exponentials are computed in float32 by
 ``expm.expm_skew_combination`` (the Taylor parts of all tokens from one matrix product against
 monomials of the generators; finite for every finite generator norm); the output has x's dtype.
 
-``precompute(params, pos)`` returns the rotations and ``apply_precomputed(pre, x)`` applies them
-(``apply`` is the two in sequence): the model computes them once per step for all layers and
-heads that share generators, and caches them per resolution at evaluation.
+``precompute`` returns the rotations as the encoder state (``encodings/state.py``: pair angles
+for b = 2, block rotations otherwise) and ``state.rotate(x)`` applies them (``apply`` is the two
+in sequence): the model computes them once per step for all layers and heads that share
+generators, and caches them per resolution at evaluation.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, expm, lie
+from rope_lie.encodings import _checks, expm, lie, state
 
 _FAMILY = "liere"
 
@@ -193,61 +194,44 @@ def _rotations(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
     return r_XYbb.reshape(*pos.shape[:-1], num_heads, num_blocks, block, block)
 
 
-def precompute(params: dict[str, jax.Array], pos: jax.Array) -> dict[str, jax.Array]:
-    """Everything ``apply`` needs that depends on positions only: the rotations.
+def precompute(
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+) -> state.PairAngles | state.BlockRotations:
+    """The rotations of every token (the encoder state, ``encodings/state.py``).
 
-    Computed once per step for a position set, it is shared by every layer and head that
-    shares the parameters, and can be cached per resolution at evaluation.
+    Computed once per step for a position set, they are shared by every layer and head that
+    shares the parameters, and cached per resolution at evaluation.
 
     Args:
       params: {"gen_ANKbb": (A, N, K, b, b)}.
       pos: pos_TA (shared by the batch) or pos_BTA (per example).
+      num_heads: N of the parameters (1 when heads share them).
+      head_dim: H, with H // b == K (channels past K b are not rotated).
+      num_prefix: prefix tokens (at position 0: R = I).
 
     Returns:
-      {"angle_TNK": (T, N, K) pair angles} for b = 2 (closed form), else
-      {"r_TNKbb": (T, N, K, b, b) rotations}; with a leading B for pos_BTA. float32.
+      ``PairAngles`` (T, N, K) for b = 2 (closed form), else ``BlockRotations``
+      (T, N, K, b, b); with a leading B for pos_BTA. float32.
     """
+    del num_prefix
     gen_ANKbb = _generator_blocks(params)
-    pos = _checked_pos(gen_ANKbb, pos)
-    if gen_ANKbb.shape[-1] == 2:
-        return {"angle_TNK": _pair_angles(gen_ANKbb, pos)}
-    return {"r_TNKbb": _rotations(gen_ANKbb, pos)}
-
-
-def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array:
-    """Rotate queries or keys with rotations from ``precompute``: x'_t = R(p_t) x_t.
-
-    Rotations computed for one head (``num_heads=1``, heads sharing parameters) apply to every
-    head of x.
-
-    Args:
-      pre: the output of ``precompute``.
-      x_BTNH: queries or keys, any float dtype.
-
-    Returns:
-      (B, T, N, H) array in x's dtype; channels past K*b are unchanged.
-    """
-    _checks.check_x(x_BTNH, _FAMILY)
-    rot = pre["angle_TNK"] if "angle_TNK" in pre else pre["r_TNKbb"]
-    lead = 3 if "angle_TNK" in pre else 5  # (T, N, K) or (T, N, K, b, b), without batch
-    block = 2 if "angle_TNK" in pre else rot.shape[-1]
-    tokens, heads, num_blocks = rot.shape[rot.ndim - lead : rot.ndim - lead + 3]
-    batch_ok = rot.ndim == lead or rot.shape[0] == x_BTNH.shape[0]
-    if (
-        not batch_ok
-        or tokens != x_BTNH.shape[1]
-        or heads not in (1, x_BTNH.shape[2])
-        or x_BTNH.shape[3] // block != num_blocks
-    ):
+    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
+    _, gen_heads, num_blocks, block = gen_ANKbb.shape[:4]
+    if gen_heads != num_heads or head_dim // block != num_blocks:
         raise ValueError(
-            f"{_FAMILY}: precomputed rotations of shape {tuple(rot.shape)} do not fit x of "
-            f"shape {tuple(x_BTNH.shape)} (tokens, heads and H // {block} == {num_blocks} "
-            "must match)"
+            f"{_FAMILY}: num_heads={num_heads}, head_dim={head_dim} do not fit the parameters' "
+            f"{gen_heads} heads of {num_blocks} blocks of size {block} (H // {block} must be "
+            f"{num_blocks})"
         )
-    if "angle_TNK" in pre:
-        # rotate_pairs broadcasts the (T, N, K) angles over the batch (and N = 1 over heads).
-        return lie.rotate_pairs(x_BTNH, rot)
-    return lie.apply_blocks(x_BTNH, rot)
+    pos = _checked_pos(gen_ANKbb, pos)
+    if block == 2:
+        return state.PairAngles(_pair_angles(gen_ANKbb, pos))
+    return state.BlockRotations(_rotations(gen_ANKbb, pos))
 
 
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
@@ -271,4 +255,5 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
             f"have num_heads={num_heads} and {num_blocks} blocks of size {block} "
             f"(H // {block} must be {num_blocks})"
         )
-    return apply_precomputed(precompute(params, pos), x_BTNH)
+    pe = precompute(params, pos, num_heads=num_heads, head_dim=x_BTNH.shape[3])
+    return pe.rotate(x_BTNH)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from rope_lie.encodings import _checks
+from rope_lie.encodings import _checks, state
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
@@ -50,3 +50,30 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     _checks.check_pos(pos, x_BTNH, _FAMILY)
     _checks.check_positive_int(pos.shape[-1], "num_axes", _FAMILY)
     return x_BTNH
+
+
+def precompute(
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+) -> state.Unrotated:
+    """The encoder state of NoPE: nothing to rotate (after validating the inputs).
+
+    Args:
+      params: ``{}`` (from ``init``).
+      pos: positions ``pos_TA`` or ``pos_BTA``.
+      num_heads: N.
+      head_dim: H.
+      num_prefix: prefix tokens.
+
+    Returns:
+      ``Unrotated()``.
+    """
+    _checks.check_no_params(params, _FAMILY)
+    _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
+    pos = _checks.check_positions(pos, _FAMILY)
+    _checks.check_positive_int(pos.shape[-1], "num_axes", _FAMILY)
+    return state.Unrotated()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, fixed_frequency
+from rope_lie.encodings import _checks, fixed_frequency, state
 
 APPLY_HPARAMS: tuple[str, ...] = ("base",)
 
@@ -92,3 +92,31 @@ def apply(
     return fixed_frequency.apply(
         _FAMILY, _check_dims, pair_frequencies, params, x_BTNH, pos, base=base
     )
+
+
+def precompute(
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+    base: float = 100.0,
+) -> state.PairAngles:
+    """The rotation angles of every token (the encoder state, ``encodings/state.py``).
+
+    Args:
+      params: ``{}`` (from ``init``).
+      pos: positions pos_TA or pos_BTA.
+      num_heads: N (the angles are the same for every head).
+      head_dim: H.
+      num_prefix: prefix tokens (at position 0, not rotated).
+      base: frequency base, the same as given to ``init``.
+
+    Returns:
+      ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32.
+    """
+    return fixed_frequency.precompute(
+        _FAMILY, _check_dims, pair_frequencies, params, pos, num_heads=num_heads, head_dim=head_dim,
+        num_prefix=num_prefix, base=base,
+    )  # fmt: skip

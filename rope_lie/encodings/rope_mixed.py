@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, lie
+from rope_lie.encodings import _checks, state
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
@@ -140,53 +140,39 @@ def _checked_freqs(params: dict[str, jax.Array]) -> jax.Array:
     return freqs_ANF
 
 
-def precompute(params: dict[str, jax.Array], pos: jax.Array) -> dict[str, jax.Array]:
-    """The rotation angles theta_j(p) = sum_a p_a f[a, n, j]: everything ``apply`` needs that
-    does not depend on x, computed once per layer and step for q and k (and cached per
-    resolution at evaluation).
+def precompute(
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+) -> state.PairAngles:
+    """The rotation angles theta_j(p) = sum_a p_a f[a, n, j]: everything the rotation needs that
+    does not depend on x (the encoder state, ``encodings/state.py``), computed once per step for
+    every layer that shares the frequencies, and cached per resolution at evaluation.
 
     Args:
       params: ``{"freqs_ANF": (A, N, F)}``.
       pos: ``pos_TA`` or ``pos_BTA``, A == num_axes.
+      num_heads: N of the parameters (1 when heads share them).
+      head_dim: H = 2F.
+      num_prefix: prefix tokens (at position 0: R = I).
 
     Returns:
-      ``{"angle_TNF": (T, N, F)}`` (``(B, T, N, F)`` for per-example positions), float32.
+      ``PairAngles`` of shape (T, N, F) (``(B, T, N, F)`` for per-example positions), float32.
     """
+    del num_prefix
     freqs_ANF = _checked_freqs(params)
-    pos = jnp.asarray(pos)
-    if pos.ndim not in (2, 3) or pos.shape[-1] != freqs_ANF.shape[0]:
+    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
+    if freqs_ANF.shape[1:] != (num_heads, head_dim // 2) or head_dim % 2:
         raise ValueError(
-            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
-            f"A={freqs_ANF.shape[0]}, got shape {tuple(pos.shape)}"
+            f"{_FAMILY}: freqs_ANF has shape {tuple(freqs_ANF.shape)} but num_heads={num_heads}, "
+            f"head_dim={head_dim} (expected (A, {num_heads}, head_dim / 2) with head_dim even)"
         )
-    return {"angle_TNF": _angles(pos.astype(jnp.float32), freqs_ANF.astype(jnp.float32))}
-
-
-def apply_precomputed(pre: dict[str, jax.Array], x_BTNH: jax.Array) -> jax.Array:
-    """Rotate queries or keys by the angles of ``precompute``; angles for one head (heads
-    sharing frequencies) apply to every head.
-
-    Args:
-      pre: the output of ``precompute``.
-      x_BTNH: queries or keys (B, T, N, H), any float dtype.
-
-    Returns:
-      (B, T, N, H) array in x's dtype.
-    """
-    _checks.check_x(x_BTNH, _FAMILY)
-    angle = pre["angle_TNF"]
-    tokens, heads, num_pairs = angle.shape[-3:]
-    if (
-        tokens != x_BTNH.shape[1]
-        or heads not in (1, x_BTNH.shape[2])
-        or 2 * num_pairs != x_BTNH.shape[3]
-        or (angle.ndim == 4 and angle.shape[0] != x_BTNH.shape[0])
-    ):
-        raise ValueError(
-            f"{_FAMILY}: precomputed angles of shape {tuple(angle.shape)} do not fit x of shape "
-            f"{tuple(x_BTNH.shape)}"
-        )
-    return lie.rotate_pairs(x_BTNH, angle)
+    pos = _checks.check_positions(pos, _FAMILY, freqs_ANF.shape[0])
+    angle = _angles(pos.astype(jnp.float32), freqs_ANF.astype(jnp.float32))
+    return state.PairAngles(angle)
 
 
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
@@ -205,7 +191,7 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
-    return apply_precomputed(precompute(params, pos), x_BTNH)
+    return precompute(params, pos, num_heads=num_heads, head_dim=2 * num_pairs).rotate(x_BTNH)
 
 
 @jax.jit

@@ -41,7 +41,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, fixed_frequency
+from rope_lie.encodings import _checks, fixed_frequency, state
 
 APPLY_HPARAMS: tuple[str, ...] = ("base", "variant")
 VARIANTS = ("visionllama", "liere")
@@ -169,3 +169,36 @@ def apply(
     return fixed_frequency.apply(
         _FAMILY, _dims_check(variant), table, params, x_BTNH, pos, base=base
     )
+
+
+def precompute(
+    params: dict[str, jax.Array],
+    pos: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_prefix: int = 0,
+    base: float = 10000.0,
+    variant: str = "visionllama",
+) -> state.PairAngles:
+    """The rotation angles of every token (the encoder state, ``encodings/state.py``).
+
+    Args:
+      params: ``{}`` (from ``init``).
+      pos: positions ``pos_TA`` or ``pos_BTA``.
+      num_heads: N (the angles are the same for every head).
+      head_dim: H.
+      num_prefix: prefix tokens (at position 0, not rotated).
+      base: frequency base, the same as given to ``init``.
+      variant: the same as given to ``init``.
+
+    Returns:
+      ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32 (pairs with
+      frequency 0, the leftover channels of ``variant="liere"``, turn by 0).
+    """
+    variant = _check_variant(variant)
+    table = liere_pair_frequencies if variant == "liere" else pair_frequencies
+    return fixed_frequency.precompute(
+        _FAMILY, _dims_check(variant), table, params, pos, num_heads=num_heads,
+        head_dim=head_dim, num_prefix=num_prefix, base=base,
+    )  # fmt: skip

@@ -5,26 +5,27 @@
     o_BTNH = softmax(q k^T / sqrt(H) + bias_NTS) v   bias families (``encodings.BIAS``, ALiBi)
     y_BTD = o_BTNH w_NHD + b_D
 
-The hook lives in ``position_hook.py``. Everything it needs that depends on the positions
-only is the encoder *state* (``precompute_pe``): a family's ``precompute(params, pos)`` where it
-has one (LieRE's rotations, RoPE-Mixed's angles), or its ``precompute_folded`` (Cayley-STRING:
-P, folded into the q/k projection weights at every step, and the angles), the bias of a bias
-family, or else the parameters and positions themselves. The ``ViT`` builds the states once per
-call (once for all layers when the layers share parameters, so shared generators share their
-exponentials), or takes them from a cache per resolution at evaluation
-(``ViT.precompute_pe``); ``Attention`` builds its own when given none. Without ``precompute``
-(families whose rotations are cheap to rebuild), ``apply`` runs on q and on k separately:
-concatenating them along the batch costs more in the backward pass than the angles it would
-share (measured: ~300 ms of a 2.5 s ViT-Ti train step on CPU, even for NoPE). Attention itself
-is ``attend``: the XLA path of ``jax.nn.dot_product_attention`` written out (see its docstring).
+The hook lives in ``position_hook.py`` and is one contract for every family
+(``docs/encoders.md``): the family's ``precompute(params, pos, ...)`` gives its encoder *state*
+(``encodings/state.py``), everything that depends on the positions and parameters only
+(RoPE's angles, LieRE's rotations, Cayley-STRING's angles and P, ALiBi's bias); the attention
+folds the state's ``fold_NHH`` into the q/k projections when it has one, applies
+``state.rotate`` to q and to k, and adds ``state.bias_BNTS`` to the logits when it has one. The
+``ViT`` builds the states once per call (once for all layers when the layers share parameters,
+so shared generators share their exponentials), or takes them from a cache per resolution at
+evaluation (``ViT.precompute_pe``); ``Attention`` builds its own when given none. q and k are
+rotated separately: concatenating them along the batch costs more in the backward pass than it
+would share (measured: ~300 ms of a 2.5 s ViT-Ti train step on CPU, even for NoPE). Attention
+itself is ``attend``: the XLA path of ``jax.nn.dot_product_attention`` written out (see its
+docstring).
 
 Encoder parameters live in ``PositionParam`` variables (an ``nnx.Param`` subclass, so that the
 optimizer can exclude them from weight decay by type). Sharing is decided by config:
 
 - per layer and per head (the default, as in the LieRE paper): every ``Attention`` owns its
   parameters, initialised for ``num_heads`` heads;
-- ``share_pe_heads``: the family is initialised with ``num_heads=1`` and applied with the heads
-  folded into the batch, (B, T, N, H) -> (N*B, T, 1, H), so all heads use the same rotation;
+- ``share_pe_heads``: the family is initialised with ``num_heads=1``; its state (N = 1)
+  broadcasts over the heads, so all heads use the same rotation;
 - shared across layers: the ``ViT`` owns one set and passes it to every block
   (``Attention(..., own_pe=False)`` and ``__call__(..., pe_params=...)``).
 
@@ -42,13 +43,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rope_lie import encodings
+from rope_lie.encodings.state import State
 from rope_lie.models.position_hook import (
     apply_hparams,
-    apply_pe,
     fold_projection,
     init_pe_params,
-    pe_module,
     precompute_pe,
 )
 
@@ -147,7 +146,6 @@ class Attention(nnx.Module):
         if width % num_heads:
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
         self.pe = pe
-        self.is_bias = pe in encodings.BIAS
         self.num_heads = num_heads
         self.head_dim = head_dim = width // num_heads
         self.share_pe_heads = share_pe_heads
@@ -172,9 +170,7 @@ class Attention(nnx.Module):
                 share_heads=share_pe_heads, hparams=pe_hparams,
             )  # fmt: skip
 
-    def pe_state(
-        self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def pe_state(self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None) -> State:
         """This layer's encoder state (``precompute_pe``) at positions ``pos``.
 
         Args:
@@ -183,7 +179,7 @@ class Attention(nnx.Module):
             or arrays); None uses this layer's own.
 
         Returns:
-          the state dict, a pytree of arrays.
+          the family's state (``encodings/state.py``), a pytree of arrays.
         """
         if (pe_params is None) == (self.pe_params is None):
             raise ValueError(
@@ -195,8 +191,8 @@ class Attention(nnx.Module):
         params = {name: jnp.asarray(value[...]) for name, value in params.items()}
         heads = 1 if self.share_pe_heads else self.num_heads
         return precompute_pe(
-            pe_module(self.pe), params, pos, num_heads=heads, num_prefix=self.num_prefix,
-            hparams=dict(self.hparams),
+            self.pe, params, pos, num_heads=heads, head_dim=self.head_dim,
+            num_prefix=self.num_prefix, hparams=dict(self.hparams),
         )  # fmt: skip
 
     def __call__(
@@ -205,7 +201,7 @@ class Attention(nnx.Module):
         pos: jax.Array | None,
         *,
         pe_params: Mapping[str, Any] | None = None,
-        pe_state: Mapping[str, Any] | None = None,
+        pe_state: State | None = None,
     ) -> jax.Array:
         """Attend.
 
@@ -226,7 +222,7 @@ class Attention(nnx.Module):
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
         return y_BTD + self.bo_D[...].astype(self.dtype)
 
-    def probs(self, x_BTD: jax.Array, pe_state: Mapping[str, Any]) -> jax.Array:
+    def probs(self, x_BTD: jax.Array, pe_state: State) -> jax.Array:
         """The attention weights (B, N, T, T) of ``__call__`` (float32), e.g. for attention maps."""
         q_BTNH, k_BTNH, _, bias = self.qkv(x_BTD, None, pe_state=pe_state)
         return attention_probs(q_BTNH, k_BTNH, bias)
@@ -237,7 +233,7 @@ class Attention(nnx.Module):
         pos: jax.Array | None,
         *,
         pe_params: Mapping[str, Any] | None = None,
-        pe_state: Mapping[str, Any] | None = None,
+        pe_state: State | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
         """Queries and keys with the position encoding applied, values, and the logit bias.
 
@@ -249,15 +245,12 @@ class Attention(nnx.Module):
             raise ValueError("Attention takes pe_params or pe_state, not both")
         x_BTD = x_BTD.astype(self.dtype)
         wq, bq, wk, bk = self.wq_DNH[...], self.bq_NH[...], self.wk_DNH[...], self.bk_NH[...]
-        if "fold_NHH" in pe_state:  # a position-independent P: fold it, never apply per token
-            (wq, bq), (wk, bk) = (fold_projection(pe_state["fold_NHH"], w, b)
+        if pe_state.fold_NHH is not None:  # a position-independent P: fold it, never per token
+            (wq, bq), (wk, bk) = (fold_projection(pe_state.fold_NHH, w, b)
                                   for w, b in ((wq, bq), (wk, bk)))  # fmt: skip
-        q_BTNH = project(x_BTD, wq, bq)
-        k_BTNH = project(x_BTD, wk, bk)
+        q_BTNH = pe_state.rotate(project(x_BTD, wq, bq))
+        k_BTNH = pe_state.rotate(project(x_BTD, wk, bk))
         v_BTNH = project(x_BTD, self.wv_DNH[...], self.bv_NH[...])
-        q_BTNH, k_BTNH, bias = apply_pe(
-            pe_module(self.pe), pe_state, q_BTNH, k_BTNH, share_heads=self.share_pe_heads,
-            hparams=dict(self.hparams),
-        )  # fmt: skip
+        bias = pe_state.bias_BNTS
         bias = None if bias is None else bias.astype(self.dtype)
         return q_BTNH, k_BTNH, v_BTNH, bias

@@ -30,6 +30,7 @@ from flax import nnx
 
 from rope_lie import encodings
 from rope_lie.encodings import positions
+from rope_lie.encodings.state import State
 from rope_lie.models import attention, position_hook
 from rope_lie.models.position_hook import PositionParam
 
@@ -153,7 +154,7 @@ class Block(nnx.Module):
         self.ln2 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
         self.mlp = MlpBlock(width, mlp_dim, dropout=dropout, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x_BTD: jax.Array, pe_state: Any, *, train: bool) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, pe_state: State, *, train: bool) -> jax.Array:
         y_BTD = self.attn(self.ln1(x_BTD), None, pe_state=pe_state)
         x_BTD = x_BTD + self.dropout(y_BTD, deterministic=not train)
         return x_BTD + self.mlp(self.ln2(x_BTD), train=train)
@@ -347,16 +348,16 @@ class ViT(nnx.Module):
             anchor_grid=self.train_grid,
         )
 
-    def pe_states(self, pos_TA: jax.Array) -> list[dict[str, Any]]:
-        """One encoder state per block (``position_hook.precompute_pe``): rotations, bias, or
-        parameters and positions. Layers that share parameters share one state, so shared
-        generators cost one exponential per step, not one per layer."""
+    def pe_states(self, pos_TA: jax.Array) -> list[State]:
+        """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
+        Layers that share parameters share one state, so shared generators cost one exponential
+        per step, not one per layer."""
         if self.pe_params is not None:  # shared across layers
             state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params)
             return [state] * len(self.blocks)
         return [block.attn.pe_state(pos_TA) for block in self.blocks]
 
-    def precompute_pe(self, grid: Sequence[int]) -> list[dict[str, Any]]:
+    def precompute_pe(self, grid: Sequence[int]) -> list[State]:
         """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
 
         They depend on the encoder parameters and the grid only, so an evaluation loop computes
@@ -368,7 +369,7 @@ class ViT(nnx.Module):
           grid: tokens per axis, e.g. ``model.input_grid(images)``.
 
         Returns:
-          a list of per-block state dicts (pytrees of arrays).
+          a list of per-block states (pytrees of arrays).
         """
         return self.pe_states(self.positions(grid))
 
@@ -391,7 +392,7 @@ class ViT(nnx.Module):
         images: jax.Array,
         *,
         train: bool = False,
-        pe_cache: Sequence[Mapping[str, Any]] | None = None,
+        pe_cache: Sequence[State] | None = None,
     ) -> jax.Array:
         """Classify a batch at any resolution divisible by the patch size.
 

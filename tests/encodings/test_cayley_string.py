@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rope_lie.encodings import cayley_string, lie, rope_mixed
+from rope_lie.encodings import cayley_string, lie, rope_mixed, state
 
 N, B, T, H = 2, 2, 6, 8
 GENERATORS = ["dense", "block2x2", "banded", "topk"]
@@ -314,21 +314,21 @@ def test_fold_reproduces_apply(generator):
 
 @pytest.mark.parametrize("generator", GENERATORS)
 @pytest.mark.parametrize("pos_shape", [(T, 2), (B, T, 2)])
-def test_precompute_folded_with_folded_weights_equals_apply(generator, pos_shape):
+def test_precompute_with_folded_weights_equals_apply(generator, pos_shape):
     # What the ViT does every step: P into the q/k weights, RoPE from the remaining state.
     params = _params(60, generator, init_std=1.0)
     kk = _k(generator)
     x_BTD = _rng(61).standard_normal((B, T, 12)).astype(np.float32)
     w_DNH = _rng(62).standard_normal((12, N, H)).astype(np.float32)
     pos = _pos(63, pos_shape)
-    p_NHH, pre = cayley_string.precompute_folded(params, pos, k=kk)
-    assert set(pre) == {"angle_TNF"}
-    np.testing.assert_allclose(p_NHH, cayley_string.orthogonal(params, k=kk), atol=1e-6)
-    q = jnp.einsum("btd,dnj,nij->btni", x_BTD, w_DNH, p_NHH)
+    pre = cayley_string.precompute(params, pos, num_heads=N, head_dim=H, k=kk)
+    assert isinstance(pre, state.PairAngles)
+    np.testing.assert_allclose(pre.fold_NHH, cayley_string.orthogonal(params, k=kk), atol=1e-6)
+    q = jnp.einsum("btd,dnj,nij->btni", x_BTD, w_DNH, pre.fold_NHH)
     want = _apply(params, jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH), pos, k=kk)
-    np.testing.assert_allclose(cayley_string.apply_precomputed(pre, q), want, atol=1e-5)
-    # Without the fold the RoPE-only state gives a different result: P matters here.
-    unfolded = cayley_string.apply_precomputed(pre, jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH))
+    np.testing.assert_allclose(pre.rotate(q), want, atol=1e-5)
+    # Without the fold the RoPE-only rotation gives a different result: P matters here.
+    unfolded = pre.rotate(jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH))
     assert np.max(np.abs(np.asarray(unfolded) - np.asarray(want))) > 1e-2
 
 

@@ -1,4 +1,4 @@
-"""The encoder contract (DESIGN.md section 2), checked for every rotary family in ROTARY.
+"""The encoder contract (docs/encoders.md), checked for every rotary family in ROTARY.
 
 Family-specific math (references, reductions, init) lives in the per-module test files.
 """
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rope_lie import encodings
-from rope_lie.encodings import cayley_string, positions
+from rope_lie.encodings import cayley_string, positions, state
 
 # (family, hparams, supported position ranks). Several hparam settings per family where they
 # change the code path.
@@ -66,8 +66,9 @@ def test_dicts_hold_every_family():
     assert set(encodings.BIAS) == {"alibi"}
     assert set(encodings.ADDITIVE) == {"ape", "sincos"}
     for module in encodings.ROTARY.values():
-        assert callable(module.init) and callable(module.apply)
+        assert callable(module.init) and callable(module.apply) and callable(module.precompute)
         assert isinstance(module.APPLY_HPARAMS, tuple)
+    assert callable(encodings.BIAS["alibi"].precompute)
 
 
 @pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
@@ -177,3 +178,64 @@ def test_bad_inputs_name_the_value(name, hparams, ranks):
         wrong = jnp.concatenate([pos_TA, pos_TA[:, :1]], axis=-1)
         with pytest.raises(ValueError, match=f"A={rank + 1}"):
             module.apply(params, x_BTNH, wrong, **kw)
+
+
+def _folded(pe, x_BTNH):
+    """What the attention does with a state's fold_NHH: P x per head, before the rotation."""
+    if pe.fold_NHH is None:
+        return x_BTNH
+    return jnp.einsum("NHG,BTNG->BTNH", pe.fold_NHH, x_BTNH)
+
+
+@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
+def test_precompute_then_rotate_equals_apply(name, hparams, rank):
+    # The model's path (precompute once, fold, rotate q and k) and the user's (apply) agree, for
+    # shared and per-example positions, and the state is a pytree that crosses jit.
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    pos_BTA = jnp.stack([pos_TA + b for b in range(B)])
+    for pos in (pos_TA, pos_BTA):
+        pe = module.precompute(params, pos, num_heads=N, head_dim=H, num_prefix=1, **kw)
+        assert isinstance(pe, state.State.__args__) and pe.bias_BNTS is None
+        want = module.apply(params, x_BTNH, pos, **kw)
+        np.testing.assert_allclose(pe.rotate(_folded(pe, x_BTNH)), want, rtol=1e-5, atol=1e-5)
+        jitted = jax.jit(lambda p, q: module.precompute(p, q, num_heads=N, head_dim=H, **kw))
+        chex.assert_trees_all_close(jitted(params, pos), pe, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,hparams,rank", [c for c in _each_rank() if c.values[2] == 2])
+def test_a_one_head_state_rotates_every_head_alike(name, hparams, rank):
+    # Heads sharing parameters: one head's state broadcasts over the N heads of q and k.
+    module = encodings.ROTARY[name]
+    params = module.init(jax.random.key(5), num_heads=1, head_dim=H, num_axes=rank, **hparams)
+    _, _, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    pe = module.precompute(params, pos_TA, num_heads=1, head_dim=H, **kw)
+    out = pe.rotate(_folded(pe, x_BTNH))
+    for n in range(N):
+        alone = module.apply(params, x_BTNH[:, :, n : n + 1], pos_TA, **kw)
+        np.testing.assert_allclose(out[:, :, n : n + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,hparams,ranks", CASES, ids=IDS)
+def test_precompute_names_a_context_that_does_not_fit(name, hparams, ranks):
+    module, params, _, pos_TA, kw = _setup(name, hparams, ranks[0])
+    with pytest.raises(ValueError, match="num_heads=0"):
+        module.precompute(params, pos_TA, num_heads=0, head_dim=H, **kw)
+    with pytest.raises(ValueError, match=r"\(T, A\)"):
+        module.precompute(params, pos_TA[0], num_heads=N, head_dim=H, **kw)
+    if params:  # learned families know their head count and size
+        with pytest.raises(ValueError, match=f"num_heads={N + 1}"):
+            module.precompute(params, pos_TA, num_heads=N + 1, head_dim=H, **kw)
+
+
+@pytest.mark.parametrize("per_example", [False, True])
+def test_the_bias_state_is_the_bias_with_a_batch_axis(per_example):
+    alibi = encodings.BIAS["alibi"]
+    params = alibi.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=2, learnable=True)
+    pos_TA = positions.grid_positions((3, 4), "integer", num_prefix=1)
+    pos = jnp.stack([pos_TA, 2.0 * pos_TA]) if per_example else pos_TA
+    pe = alibi.precompute(params, pos, num_heads=N, head_dim=H, num_prefix=1)
+    assert isinstance(pe, state.LogitBias) and pe.fold_NHH is None
+    want = alibi.bias(params, pos, pos, num_heads=N, num_prefix=1)
+    np.testing.assert_allclose(pe.bias_BNTS, want if per_example else want[None])
+    x_BTNH = jax.random.normal(jax.random.key(1), (B, pos_TA.shape[0], N, H))
+    np.testing.assert_array_equal(pe.rotate(x_BTNH), x_BTNH)

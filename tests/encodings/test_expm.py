@@ -162,9 +162,9 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
     # The exponential reads _GROUP_BYTES when traced, and jit and custom_vjp cache their traces
     # per function: fresh ones trace it again (jax.clear_caches() would do it too, but then
     # every later test recompiles what it shares with earlier ones).
-    fresh = jax.custom_vjp(expm._combination_impl)
+    fresh = jax.custom_vjp(expm._combination_impl, nondiff_argnums=(2,))
     fresh.defvjp(expm._combination_fwd, expm._combination_bwd)
-    monkeypatch.setattr(expm, "_combination_jit", jax.jit(fresh))
+    monkeypatch.setattr(expm, "_combination_jit", jax.jit(fresh, static_argnums=2))
     grouped, (gc, gg) = value_and_grads()
     np.testing.assert_allclose(grouped, whole, rtol=0, atol=1e-6)
     np.testing.assert_allclose(gc, gc_whole, rtol=1e-5, atol=1e-5)
@@ -197,3 +197,22 @@ def test_num_squarings_is_tighter_than_frobenius():
     s = np.asarray(expm.num_squarings(jnp.asarray(a, jnp.float32)))
     frobenius = np.ceil(np.log2(np.linalg.norm(a, axis=(-2, -1)) / np.sqrt(2) / 2.0))
     assert (s <= frobenius).all() and (s < frobenius).any()
+
+
+def test_the_host_is_decided_outside_jit_and_shapes_the_program():
+    # 256 matrices of 40 x 40 are dots (above 32 x 32): one chunk per core on CPU, so a 2-core
+    # host traces two independent copies of the squarings and a 1-core host one.
+    a = jnp.asarray(np.stack([_random_skew(np.random.default_rng(i), 1, 40, 1.0)[0]
+                              for i in range(256)]), jnp.float32)  # fmt: skip
+
+    def dots(host):
+        return str(jax.make_jaxpr(lambda x: expm.expm_skew(x, host=host))(a)).count("dot_general")
+
+    one, two = expm.Host("cpu", 1), expm.Host("cpu", 2)
+    assert dots(two) == 2 * dots(one) > 0
+    assert dots(expm.Host("gpu", 1)) == dots(one)  # assumed: one chunk off CPU
+    np.testing.assert_allclose(expm.expm_skew(a, host=two), expm.expm_skew(a, host=one), atol=1e-6)
+    assert expm.this_host() is expm.this_host()  # decided once per process
+    assert expm.this_host().platform == jax.default_backend()
+    with pytest.raises(TypeError, match="host='cpu' must be an expm.Host"):
+        expm.expm_skew(a, host="cpu")

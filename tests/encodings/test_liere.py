@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from rope_lie.encodings import expm, lie, liere, rope_mixed
+from rope_lie.encodings import expm, lie, liere, rope_mixed, state
 
 N, B, T = 2, 2, 6
 
@@ -387,9 +387,9 @@ def test_apply_errors():
 def test_precompute_then_apply_equals_apply(block_size, pos_shape):
     params = _params(40, block_size=block_size)
     pos, x = _pos(41, pos_shape), _x(42, 8)
-    pre = liere.precompute(params, pos)
-    assert set(pre) == ({"angle_TNK"} if block_size == 2 else {"r_TNKbb"})
-    np.testing.assert_allclose(liere.apply_precomputed(pre, x), _apply(params, x, pos), atol=1e-6)
+    pre = liere.precompute(params, pos, num_heads=N, head_dim=8)
+    assert type(pre) is (state.PairAngles if block_size == 2 else state.BlockRotations)
+    np.testing.assert_allclose(pre.rotate(x), _apply(params, x, pos), atol=1e-6)
 
 
 @pytest.mark.parametrize("block_size", [None, 4, 2])
@@ -399,17 +399,18 @@ def test_one_head_of_rotations_applies_to_every_head(block_size):
     pos, x = _pos(44, (T, 2)), _x(45, 8)
     tiled = {"gen_ANKbb": jnp.repeat(one_head["gen_ANKbb"], N, axis=1)}
     np.testing.assert_allclose(
-        liere.apply_precomputed(liere.precompute(one_head, pos), x), _apply(tiled, x, pos),
+        liere.precompute(one_head, pos, num_heads=1, head_dim=8).rotate(x), _apply(tiled, x, pos),
         atol=1e-6,
     )  # fmt: skip
 
 
-def test_apply_precomputed_errors():
-    pre = liere.precompute(_params(46, block_size=4), _pos(47, (T, 2)))
-    with pytest.raises(ValueError, match="do not fit x of shape"):
-        liere.apply_precomputed(pre, _x(48, 8, t=T + 1))
-    with pytest.raises(ValueError, match="do not fit x of shape"):
-        liere.apply_precomputed(pre, np.zeros((B, T, N + 1, 8), np.float32))
+def test_precompute_errors():
+    params, pos = _params(46, block_size=4), _pos(47, (T, 2))
+    for heads, head_dim in [(N + 1, 8), (N, 4), (N, 12)]:
+        with pytest.raises(ValueError, match=f"num_heads={heads}, head_dim={head_dim} do not fit"):
+            liere.precompute(params, pos, num_heads=heads, head_dim=head_dim)
+    with pytest.raises(ValueError, match="positions must have shape"):
+        liere.precompute(params, _pos(47, (T, 3)), num_heads=N, head_dim=8)
 
 
 @pytest.mark.parametrize("norm", [1e-3, 1.0, 1e2, 1e3])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from rope_lie.encodings import rope_axial, rope_mixed
+from rope_lie.encodings import rope_axial, rope_mixed, state
 
 KEY = jax.random.key(0)
 
@@ -297,10 +297,11 @@ def test_precompute_then_apply_matches_float64_reference(per_example):
     rng = np.random.default_rng(7)
     pos = rng.uniform(-3, 3, size=(2, 5, 2) if per_example else (5, 2)).astype(np.float32)
     x = _x((2, 5, 3, 8), seed=8)
-    pre = rope_mixed.precompute(params, pos)
-    chex.assert_shape(pre["angle_TNF"], (*pos.shape[:-1], 3, 4))
+    pre = rope_mixed.precompute(params, pos, num_heads=3, head_dim=8)
+    assert isinstance(pre, state.PairAngles) and pre.fold_NHH is None
+    chex.assert_shape(pre.angle_TNF, (*pos.shape[:-1], 3, 4))
     expected = rotate_ref(x, angles_ref(pos, params["freqs_ANF"]))
-    np.testing.assert_allclose(rope_mixed.apply_precomputed(pre, x), expected, atol=2e-5)
+    np.testing.assert_allclose(pre.rotate(x), expected, atol=2e-5)
 
 
 def test_one_head_of_angles_applies_to_every_head():
@@ -309,17 +310,17 @@ def test_one_head_of_angles_applies_to_every_head():
     x = _x((2, 5, 3, 8), seed=10)
     tiled = {"freqs_ANF": jnp.repeat(params["freqs_ANF"], 3, axis=1)}
     np.testing.assert_allclose(
-        rope_mixed.apply_precomputed(rope_mixed.precompute(params, pos), x),
+        rope_mixed.precompute(params, pos, num_heads=1, head_dim=8).rotate(x),
         rope_mixed.apply(tiled, x, pos),
         atol=1e-6,
     )
 
 
-def test_apply_precomputed_errors():
+def test_precompute_errors():
     params = rope_mixed.init(KEY, num_heads=3, head_dim=8, num_axes=2)
-    pre = rope_mixed.precompute(params, np.zeros((5, 2), np.float32))
-    for shape in [(2, 6, 3, 8), (2, 5, 2, 8), (2, 5, 3, 6)]:
-        with pytest.raises(ValueError, match="do not fit x of shape"):
-            rope_mixed.apply_precomputed(pre, np.zeros(shape, np.float32))
-    with pytest.raises(ValueError, match=r"\(T, A\) or \(B, T, A\) with A=2"):
-        rope_mixed.precompute(params, np.zeros((5, 3), np.float32))
+    pos = np.zeros((5, 2), np.float32)
+    for heads, head_dim in [(2, 8), (3, 6), (3, 9)]:
+        with pytest.raises(ValueError, match=f"num_heads={heads}, head_dim={head_dim}"):
+            rope_mixed.precompute(params, pos, num_heads=heads, head_dim=head_dim)
+    with pytest.raises(ValueError, match="positions have A=3 axes but .* num_axes=2"):
+        rope_mixed.precompute(params, np.zeros((5, 3), np.float32), num_heads=3, head_dim=8)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import types
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -12,7 +10,7 @@ import pytest
 from flax import nnx
 
 from rope_lie import encodings
-from rope_lie.models import attention, position_hook
+from rope_lie.models import attention
 from rope_lie.models.attention import Attention
 from rope_lie.models.position_hook import PositionParam
 
@@ -127,25 +125,35 @@ def test_alibi_bias_added_to_logits():
     assert np.max(np.abs(_reference(attn, x_BTD, lambda x: x) - expected)) > 1e-2
 
 
-def test_rotate_qk_rotates_q_and_k_apart_and_folds_shared_heads():
-    # Families without precompute are cheap to rebuild: q and k get one apply each (no
-    # concatenation); shared heads are folded into the batch for 1-head parameters.
-    calls = []
+@pytest.mark.parametrize("pe", ["circulant_string", "liere", "alibi"])
+def test_shared_heads_equal_per_head_parameters_that_are_all_alike(pe):
+    # share_pe_heads: one head's parameters, their state broadcast over the heads, must equal a
+    # per-head layer whose heads all hold those same parameters.
+    x_BTD, pos_TA = _inputs(3)
+    shared = Attention(
+        WIDTH, HEADS, num_axes=AXES, pe=pe, share_pe_heads=True, pe_hparams=_HP.get(pe),
+        rngs=nnx.Rngs(4),
+    )  # fmt: skip
+    one_head = {name: value[...] for name, value in shared.pe_params.items()}
+    tiled = jax.tree.map(lambda a: _tile_heads(pe, a), one_head)
+    per_head = Attention(
+        WIDTH, HEADS, num_axes=AXES, pe=pe, own_pe=False, pe_hparams=_HP.get(pe),
+        rngs=nnx.Rngs(4),
+    )  # fmt: skip
+    for name in ("wq_DNH", "wk_DNH", "wv_DNH", "wo_NHD"):
+        getattr(per_head, name)[...] = getattr(shared, name)[...]
+    np.testing.assert_allclose(
+        per_head(x_BTD, pos_TA, pe_params=tiled), shared(x_BTD, pos_TA), rtol=1e-5, atol=1e-5
+    )
 
-    def apply(params, x_BTNH, pos):
-        calls.append(x_BTNH.shape)
-        return x_BTNH * 2.0
 
-    module = types.SimpleNamespace(apply=apply)
-    q = jnp.asarray(np.random.default_rng(0).normal(size=(BATCH, TOKENS, HEADS, HEAD_DIM)))
-    pos_TA = jnp.zeros((TOKENS, AXES))
-    q2, k2 = position_hook.rotate_qk(module, {}, q, -q, pos_TA, share_heads=False, hparams={})
-    assert calls == [(BATCH, TOKENS, HEADS, HEAD_DIM)] * 2
-    np.testing.assert_array_equal(q2, 2.0 * q)
-    np.testing.assert_array_equal(k2, -2.0 * q)
-    q3, _ = position_hook.rotate_qk(module, {}, q, q, pos_TA, share_heads=True, hparams={})
-    assert calls[2:] == [(BATCH * HEADS, TOKENS, 1, HEAD_DIM)] * 2
-    np.testing.assert_array_equal(q3, 2.0 * q)  # heads unfolded back in place
+_HP = {"alibi": {"learnable": True}}
+
+
+def _tile_heads(pe, a):
+    """Repeat a one-head parameter over HEADS heads (the head axis differs by family)."""
+    axis = {"circulant_string": 1, "liere": 1, "alibi": 0}[pe]
+    return jnp.repeat(a, HEADS, axis=axis)
 
 
 @pytest.mark.parametrize("share_heads", [False, True])

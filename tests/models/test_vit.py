@@ -280,9 +280,9 @@ def test_shared_generators_share_the_exponential(monkeypatch, share_heads, share
     shapes = []
     precompute = encodings.ROTARY["liere"].precompute
 
-    def counting(params, pos):
-        out = precompute(params, pos)
-        shapes.append(out["r_TNKbb"].shape)
+    def counting(params, pos, **context):
+        out = precompute(params, pos, **context)
+        shapes.append(out.r_TNKbb.shape)
         return out
 
     monkeypatch.setattr(encodings.ROTARY["liere"], "precompute", counting)
