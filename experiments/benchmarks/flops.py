@@ -26,7 +26,7 @@ from flax import nnx
 
 from experiments.benchmarks import common
 from experiments.benchmarks.model_steps import ENCODERS, build
-from rope_lie.encodings import expm, lie, liere
+from rope_lie.encodings import expm, expm_combination, lie, liere
 
 MODELS = {"Ti/16": 8, "B/16": 8, "L/16": None}  # name: batch for the timed forward (None: no)
 KW = dict(image_shape=(224, 224), num_classes=1000)
@@ -50,7 +50,9 @@ def _loop_correction(model_abstract, encoder: str, pos) -> float:
     block = (hparams or {}).get("block_size") or attn.head_dim
     if block <= 4:
         return 0.0
-    body = jax.jit(lambda r, s: jnp.where((s > 0)[:, None, None], expm._product(r, r), r))
+    body = jax.jit(
+        lambda r, s: jnp.where((s > 0)[:, None, None], expm._product(r, r, expm.this_host()), r)
+    )
     n = pos.shape[0] * attn.num_heads * (attn.head_dim // block)
     one = _flops(
         body.lower(
@@ -68,7 +70,7 @@ def _loop_correction(model_abstract, encoder: str, pos) -> float:
             block_size=block,
         )["gen_ANKbb"]
         skew = lie.skew_from_upper(gen).reshape(2, -1, block, block)
-        s = int(np.max(expm._combination_setup(pos, skew)[0]))
+        s = int(np.max(expm_combination._combination_setup(pos, skew)[0]))
         total += max(s - 1, 0) * one
     return total
 

@@ -5,7 +5,7 @@ head_dim 64, generators from ``liere.init`` (entries U[0, 2*pi), the reference i
 (b = 64) and blocks of 8 and 2. Every implementation maps the same (generators, positions) to
 rotations, so fwd+bwd is the gradient of sum(w * R) with respect to the raw generators:
 
-- ours: ``liere.rotations`` (``expm.expm_skew_combination``; closed form for b = 2);
+- ours: ``liere.rotations`` (``expm_combination.expm_skew_combination``; closed form for b = 2);
 - ours, expm_skew: ``expm.expm_skew`` of the formed exponents sum_a p_a G_a;
 - jax.scipy: ``jax.scipy.linalg.expm`` of the formed exponents, under jit;
 - torch: ``torch.linalg.matrix_exp`` of the formed exponents (float32, CPU).
@@ -27,7 +27,7 @@ import numpy as np
 import scipy.linalg
 
 from experiments.benchmarks import common
-from rope_lie.encodings import expm, lie, liere, positions
+from rope_lie.encodings import expm, expm_combination, lie, liere, positions
 
 HEADS, HEAD_DIM, GRID = 12, 64, (14, 14)
 IMPLS = ("ours", "ours_expm_skew", "jax_scipy", "torch")
@@ -184,7 +184,7 @@ def accuracy_over_norms(quick: bool = False) -> list[dict]:
         a = (a / np.linalg.norm(a, axis=(-2, -1), keepdims=True) * norm).astype(np.float32)
         ref = np.stack([scipy.linalg.expm(m) for m in a.astype(np.float64)])
         outs = {
-            "ours": expm.expm_skew_combination(np.ones((1, 1), np.float32), a[None])[0],
+            "ours": expm_combination.expm_skew_combination(np.ones((1, 1), np.float32), a[None])[0],
             "ours_expm_skew": expm.expm_skew(a),
             "jax_scipy": jax.jit(jax.scipy.linalg.expm)(a),
         }

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from experiments.benchmarks import common
-from rope_lie.encodings import expm, lie, liere, positions
+from rope_lie.encodings import expm_combination, lie, liere, positions
 
 HEADS = 12
 GRIDS = {64: (8, 8), 256: (16, 16), 576: (24, 24), 1024: (32, 32)}
@@ -31,7 +31,7 @@ def _case(head_dim: int, block: int | None, grid) -> tuple[dict, object]:
     fn = jax.jit(liere.rotations)
     skew = lie.skew_from_upper(params["gen_ANKbb"])
     b = skew.shape[-1]
-    s_x = expm._combination_setup(pos, skew.reshape(2, -1, b, b))[0] if b > 4 else None
+    s_x = expm_combination._combination_setup(pos, skew.reshape(2, -1, b, b))[0] if b > 4 else None
     case = {
         "tokens": int(pos.shape[0]),
         "head_dim": head_dim,

@@ -19,8 +19,9 @@ positions).
 Conventions: interleaved pairs (2j, 2j+1) for b = 2, contiguous blocks, rotation multiplies from
 the left, axis order of ``pos`` = array order of the input, prefix (class) tokens at position 0
 get R(0) = I (not rotated). Exponentials are computed in float32 by
-``expm.expm_skew_combination`` (the Taylor parts of all tokens from one matrix product against
-monomials of the generators; finite for every finite generator norm); the output has x's dtype.
+``expm_combination.expm_skew_combination`` (the Taylor parts of all tokens from one matrix
+product against monomials of the generators; finite for every finite generator norm); the
+output has x's dtype.
 
 ``precompute`` returns the rotations as the encoder state (``encodings/state.py``: pair angles
 for b = 2, block rotations otherwise) and ``state.rotate(x)`` applies them (``apply`` is the two
@@ -36,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, expm, lie, state
+from rope_lie.encodings import _checks, expm_combination, lie, state
 
 _FAMILY = "liere"
 
@@ -190,7 +191,9 @@ def _rotations(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
     num_axes, num_heads, num_blocks, block = gen_ANKbb.shape[:4]
     skew_AYbb = lie.skew_from_upper(gen_ANKbb).reshape(num_axes, -1, block, block)
     # One exponential per (token, head, block), the Taylor parts of all tokens from one product.
-    r_XYbb = expm.expm_skew_combination(pos.reshape(-1, num_axes).astype(jnp.float32), skew_AYbb)
+    r_XYbb = expm_combination.expm_skew_combination(
+        pos.reshape(-1, num_axes).astype(jnp.float32), skew_AYbb
+    )
     return r_XYbb.reshape(*pos.shape[:-1], num_heads, num_blocks, block, block)
 
 
