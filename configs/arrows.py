@@ -63,18 +63,14 @@ def get_config(arg=None):
         std=(0.5,),
     )
     side = s["cell"] * s["grid"]
-    c.model = dict(
+    # Class token, encoder parameters per layer and head (the paper's defaults).
+    c.model = common.model_config(
         variant=s["variant"],  # ViT with patch = one grid cell
         image_shape=(side, side),  # training input (H, W) in px
         channels=1,  # grayscale
         num_classes=4,  # direction of the target arrow: up, right, down, left
-        pool="cls",  # class token, as in the paper
         dropout=s["dropout"],  # dropout rate
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
-        share_pe_heads=False,  # encoder parameters per head ...
-        share_pe_layers=False,  # ... and per layer (paper default)
-        head_zero_init=True,  # zero-initialised classifier
-        dtype="float32",  # activation dtype
     )
     if args.init_scale:
         if args.pe != "liere":

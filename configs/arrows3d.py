@@ -30,19 +30,14 @@ def get_config(arg=None):
         mean=(0.5,),  # glyph voxels (255 on 0) mapped to [-1, 1]
         std=(0.5,),
     )
-    c.model = dict(
+    # Class token (as in the LieRE paper), no dropout (a short run over 20,000 layouts).
+    c.model = common.model_config(
         variant="mu",  # width 64, depth 4, 4 heads (H = 16)
         patch_size=(4, 4, 4),  # one tubelet per cell: the token grid is the cell grid
         image_shape=(24, 24, 24),  # training volume (D, H, W) in voxels = 6x6x6 cells
         channels=1,  # one value per voxel
         num_classes=6,  # direction of the target arrow: -/+ depth, row, col
-        pool="cls",  # class token, as in the LieRE paper
-        dropout=0.0,  # a short run over 20,000 distinct layouts
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
-        share_pe_heads=False,  # encoder parameters per head ...
-        share_pe_layers=False,  # ... and per layer
-        head_zero_init=True,  # zero-initialised classifier
-        dtype="float32",  # activation dtype
     )
     c.batch_size = 64  # examples per step
     c.total_steps = args.steps  # 600 x 64 = 38,400 examples, 1.9 passes over the layouts

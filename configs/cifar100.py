@@ -30,19 +30,16 @@ def get_config(arg=None):
         "cifar100",  # TFDS catalogue dataset, prepared by the user (tfds build)
         data_dir=None,  # TFDS root; None = ~/tensorflow_datasets
     )  # defaults: 32x32, CIFAR mean/std, pad-crop 4 + flip + RandAugment(2, 9)
-    c.model = dict(
+    # Class token, encoder parameters per layer and head (the paper's defaults); activations in
+    # float32 (bfloat16 on accelerators is fine: --config.model.dtype=bfloat16).
+    c.model = common.model_config(
         variant=args.variant,  # ViT-B: width 768, depth 12, 12 heads (H = 64), MLP 3072
         patch_size=4,  # 4x4 px patches: 8x8 tokens
         image_shape=(32, 32),  # input (H, W) in px
         channels=3,  # RGB
         num_classes=100,  # CIFAR-100 fine labels
-        pool="cls",  # class token, as in the paper
         dropout=0.1,  # as in the paper
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
-        share_pe_heads=False,  # encoder parameters per head ...
-        share_pe_layers=False,  # ... and per layer (paper default)
-        head_zero_init=True,  # zero-initialised classifier
-        dtype="float32",  # activation dtype (bfloat16 on accelerators is fine)
     )
     c.batch_size = 512  # effective batch size of the paper
     c.num_epochs = 200.0  # epochs of the paper

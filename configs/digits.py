@@ -36,7 +36,7 @@ def get_config(arg=None):
     fields = common.pe_fields(args.pe, args.block, convention="normalized")
     if args.pe == "cayley_string":
         fields["pe_hparams"] = common.cayley_hparams(args.generator, args.bw, args.k)
-    c.model = dict(
+    c.model = common.model_config(
         variant=args.variant,  # mu: width 64, depth 4, 4 heads of 16 dims; string: H = 12
         patch_size=2,  # px per patch side: 4x4 tokens at 8x8
         image_shape=(8, 8),  # training input (H, W) in px
@@ -46,10 +46,6 @@ def get_config(arg=None):
         dropout=0.1,  # after the embedding, attention and MLP
         # pe, pe_hparams, additive, positions: [-1, 1] at every size, so 16x16 interpolates
         **fields,
-        share_pe_heads=False,  # encoder parameters per head
-        share_pe_layers=False,  # and per layer
-        head_zero_init=True,  # zero-initialised classifier
-        dtype="float32",  # activation dtype
     )
     c.batch_size = 64  # examples per step
     c.num_epochs = 30.0  # passes over the 1,437 training digits

@@ -47,18 +47,15 @@ def get_config(arg=None):
         "imagenet2012",  # TFDS catalogue dataset, prepared by the user (manual download)
         data_dir=None,  # TFDS root; None = ~/tensorflow_datasets
     )  # defaults: 224 px, inception crop + flip + RandAugment(2, 9), eval crop 0.875
-    c.model = dict(
+    # Class token, encoder parameters per layer and head (the paper's defaults).
+    c.model = common.model_config(
         variant=args.variant,  # ViT-B: width 768, depth 12, 12 heads (H = 64), MLP 3072
         patch_size=16,  # 16x16 px patches: 14x14 tokens at 224
         image_shape=(224, 224),  # training input (H, W) in px
         channels=3,  # RGB
         num_classes=1000,  # ImageNet-1k classes
-        pool="cls",  # class token, as in the paper
         dropout=0.1,  # as in the paper
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
-        share_pe_heads=False,  # encoder parameters per head ...
-        share_pe_layers=False,  # ... and per layer (paper default)
-        head_zero_init=True,  # zero-initialised classifier
         dtype="bfloat16",  # activations in bfloat16 on accelerators; params stay float32
     )
     c.batch_size = 512  # effective batch size of the paper

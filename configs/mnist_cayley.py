@@ -36,19 +36,14 @@ def get_config(arg=None):
     fields = common.pe_fields(args.pe, args.block)
     if args.pe == "cayley_string":
         fields["pe_hparams"] = common.cayley_hparams(args.generator, args.bw, args.k)
-    c.model = dict(
+    # Class token, no dropout, one generator per head and per layer (the study).
+    c.model = common.model_config(
         variant="string",  # width 48, depth 4, 4 heads (H = 12), MLP 192
         patch_size=4,  # 4x4 px patches: 8x8 tokens
         image_shape=(32, 32),  # input (H, W) in px
         channels=1,  # grayscale
         num_classes=10,  # digits
-        pool="cls",  # class token
-        dropout=0.0,  # no dropout
         **fields,  # pe, pe_hparams, additive, positions
-        share_pe_heads=False,  # one generator per head (the study)
-        share_pe_layers=False,  # and per layer
-        head_zero_init=True,  # zero-initialised classifier
-        dtype="float32",  # activation dtype
     )
     c.batch_size = 128  # examples per step (not stated in the study)
     c.num_epochs = 10.0  # epochs of the study

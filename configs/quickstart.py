@@ -41,18 +41,13 @@ def get_config(arg=None):
         std=(0.5,),
     )
 
-    c.model = dict(
+    # Class token (as in the LieRE paper), no dropout (a short run over 20,000 layouts).
+    c.model = common.model_config(
         variant="mu/8",  # width 64, depth 4, 4 heads (H = 16); patch 8 px = one grid cell
         image_shape=(64, 64),  # training input (H, W) in px = 8x8 cells
         channels=1,  # grayscale
         num_classes=4,  # direction of the target arrow: up, right, down, left
-        pool="cls",  # classify from the class token (as in the LieRE paper)
-        dropout=0.0,  # no dropout: a short run over 20,000 distinct layouts
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
-        share_pe_heads=False,  # encoder parameters per head ...
-        share_pe_layers=False,  # ... and per layer (LieRE default)
-        head_zero_init=True,  # zero-initialised classifier
-        dtype="float32",  # activation dtype
     )
 
     c.batch_size = 128  # examples per step

@@ -34,18 +34,15 @@ def get_config(arg=None):
         num_frames=8,  # frames per clip
         frame_stride=2,  # stored frames between clip frames
     )  # defaults: ImageNet mean/std, inception crop + flip
-    c.model = dict(
+    # Class token, encoder parameters per layer and head (the paper's defaults).
+    c.model = common.model_config(
         variant=args.variant,  # ViT-B: width 768, depth 12, 12 heads (H = 64), MLP 3072
         patch_size=(2, 16, 16),  # tubelets: 2 frames x 16 x 16 px
         image_shape=(8, 224, 224),  # clip (T, H, W)
         channels=3,  # RGB
         num_classes=101,  # UCF101 actions
-        pool="cls",  # class token, as in the paper
         dropout=0.1,  # as in the paper
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
-        share_pe_heads=False,  # encoder parameters per head ...
-        share_pe_layers=False,  # ... and per layer (paper default)
-        head_zero_init=True,  # zero-initialised classifier
         dtype="bfloat16",  # activations in bfloat16 on accelerators; params stay float32
     )
     c.batch_size = 64  # total batch size of the paper

@@ -99,6 +99,51 @@ def pe_fields(
     )
 
 
+def model_config(
+    *,
+    variant: str,
+    image_shape: tuple[int, ...],
+    channels: int,
+    num_classes: int,
+    pe: str,
+    pe_hparams: dict[str, Any],
+    additive: str,
+    additive_hparams: dict[str, Any],
+    position_convention: str,
+    patch_size: int | tuple[int, ...] | None = None,
+    pool: str = "cls",
+    dropout: float = 0.0,
+    dtype: str = "float32",
+) -> mc.ConfigDict:
+    """`config.model`: the keyword arguments of `rope_lie.models.vit.ViT`.
+
+    The position-encoding arguments come from `pe_fields` (`**common.pe_fields(args.pe, ...)`);
+    a recipe states the rest only where it differs from these defaults. `patch_size=None` leaves
+    the key out: the patch is the variant's (e.g. "mu/8"). Every recipe keeps encoder
+    parameters per head and per layer (the LieRE default; studies override
+    `model.share_pe_heads` / `model.share_pe_layers`) and a zero-initialised classifier.
+    """
+    m = mc.ConfigDict()
+    m.variant = variant  # `VARIANTS` key with optional "/patch", e.g. "B/16", "mu/8"
+    if patch_size is not None:
+        m.patch_size = patch_size  # px per patch side, or (t, h, w) tubelet; overrides variant's
+    m.image_shape = image_shape  # training input (H, W) in px, or (T or D, H, W)
+    m.channels = channels  # input channels C
+    m.num_classes = num_classes  # classifier outputs K
+    m.pool = pool  # "cls" (class token) or "mean" (mean of the patch tokens)
+    m.dropout = dropout  # rate after the embedding, the attention output and in the MLP
+    m.pe = pe  # rotary/bias family on q and k ("nope" with an additive table)
+    m.pe_hparams = pe_hparams  # family init arguments
+    m.additive = additive  # absolute table added to the tokens ("none", "ape", "sincos")
+    m.additive_hparams = additive_hparams  # table init arguments
+    m.position_convention = position_convention  # token positions (encodings/positions.py)
+    m.share_pe_heads = False  # encoder parameters per head ...
+    m.share_pe_layers = False  # ... and per layer
+    m.head_zero_init = True  # zero-initialised classifier
+    m.dtype = dtype  # activation dtype; parameters stay float32
+    return m
+
+
 TOPK_INIT_STD = 0.02  # Cayley-STRING top-k: S ~ N(0, 0.02) at init (see cayley_hparams)
 
 

@@ -5,6 +5,7 @@ catalogue datasets (cifar10/100, mnist, imagenet2012, ucf101) run on tfds.testin
 """
 
 import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -79,6 +80,19 @@ def test_the_liere_papers_baselines_are_what_its_code_ran():
         "sequential",
     )
     assert get_config("arrows", "pe=visionllama").model.pe_hparams.to_dict() == {}
+
+
+def test_the_model_config_is_the_vits_keyword_arguments():
+    fields = common.pe_fields("liere")
+    model = common.model_config(
+        variant="mu", image_shape=(8, 8), channels=1, num_classes=2, **fields
+    )
+    vit_args = set(inspect.signature(vit.ViT.__init__).parameters) - {"self", "rngs"}
+    assert set(model) == vit_args - {"patch_size"}  # None: the variant's patch
+    with_patch = common.model_config(
+        variant="mu", patch_size=2, image_shape=(8, 8), channels=1, num_classes=2, **fields
+    )
+    assert set(with_patch) == vit_args and with_patch.patch_size == 2
 
 
 @pytest.mark.parametrize(
