@@ -48,7 +48,7 @@ from rope_lie.models import ViT
 TRAIN_KEYS = ("image", "label", "soft_label")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Setup:
     """What the steps close over: the model graph, its abstract params, optimizer, shardings."""
 
@@ -93,14 +93,14 @@ def create_setup_and_state(config: mc.ConfigDict, mesh, total_steps: int):
     shardings = sharding.state_shardings(abstract_state, mesh, config.fsdp_min_size)
     other_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), abstract_other)
     setup = Setup(
-        graphdef,
-        abstract_params,
-        tx,
-        schedule,
-        mesh,
-        shardings,
-        other_sharding,
-        tuple(abstract_model.patch),
+        graphdef=graphdef,
+        abstract_params=abstract_params,
+        tx=tx,
+        schedule=schedule,
+        mesh=mesh,
+        state_shardings=shardings,
+        other_sharding=other_sharding,
+        patch=tuple(abstract_model.patch),
     )
     init = _run_once(jax.jit(init_fn, out_shardings=(shardings, other_sharding)))
     init_other = _run_once(jax.jit(lambda key: init_fn(key)[1], out_shardings=other_sharding))
@@ -230,7 +230,7 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
         return _train(config, workdir, mesh)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Run:
     """The pieces of one training run that the loop threads through."""
 
