@@ -4,6 +4,7 @@ Local datasets (spatial_arrows, sklearn_digits) are generated into the session's
 catalogue datasets (cifar10/100, mnist, imagenet2012, ucf101) run on tfds.testing.mock_data.
 """
 
+import glob
 import importlib
 import inspect
 import os
@@ -38,18 +39,19 @@ RECIPES = [
     ("imagenet", "pe=rope_mixed"),
     ("imagenet", "pe=ape,finetune,init_from=/nonexistent/run"),
     ("ucf101", "pe=liere"),
-    ("cifar10_cayley", "generator=dense"),
-    ("cifar10_cayley", "generator=topk,k=24"),
-    ("mnist_cayley", "generator=banded,bw=4"),
-    ("mnist_cayley", "generator=block2x2"),
+    ("cayley", "dataset=cifar10,generator=dense"),
+    ("cayley", "dataset=cifar10,generator=topk,k=24"),
+    ("cayley", "dataset=mnist,generator=banded,bw=4"),
+    ("cayley", "dataset=mnist,generator=block2x2"),
 ]
 # End-to-end smoke runs, one per distinct path through data and model. arrows:smoke is the
 # quickstart's path (LieRE mu/8 on spatial_arrows/c8_g8, larger grids, shuffled patches) and
-# mnist_cayley:smoke is cifar10_cayley's (the "string" ViT with Cayley-STRING; MNIST's pipeline
-# runs on mock data in tests/test_pipeline.py); digits:smoke runs in tests/test_train.py. Every
-# recipe's model, config keys and datasets are checked without training below.
+# cayley:dataset=mnist,smoke is cayley's CIFAR-10 one (the "string" ViT with Cayley-STRING;
+# MNIST's pipeline runs on mock data in tests/test_pipeline.py); digits:smoke runs in
+# tests/test_train.py. Every recipe's model, config keys and datasets are checked without
+# training below.
 LOCAL = ["quickstart"]
-CATALOGUE = ["cifar100", "imagenet", "ucf101", "cifar10_cayley"]
+CATALOGUE = [("cifar100", ""), ("imagenet", ""), ("ucf101", ""), ("cayley", "dataset=cifar10")]
 
 
 def get_config(recipe: str, arg: str):
@@ -169,14 +171,14 @@ def test_paper_model_sizes():
     assert 85e6 < count_params(get_config("cifar100", "pe=rope_mixed")) < 86.5e6
     # Sparse Cayley-STRING study: 0.116-0.118 M parameters on CIFAR-10 (Table 1).
     for generator in ("dense", "block2x2", "banded", "topk"):
-        n = count_params(get_config("cifar10_cayley", f"generator={generator}"))
+        n = count_params(get_config("cayley", f"dataset=cifar10,generator={generator}"))
         assert 0.110e6 < n < 0.125e6, (generator, n)
 
 
-@pytest.mark.parametrize("recipe", ["cifar10_cayley", "mnist_cayley"])
-def test_topk_recipes_start_from_a_random_generator(recipe):
+@pytest.mark.parametrize("dataset", ["cifar10", "mnist"])
+def test_topk_recipes_start_from_a_random_generator(dataset):
     """From S = 0, top_k would keep the first k entries forever: the recipes draw S."""
-    hparams = get_config(recipe, "generator=topk").model.pe_hparams
+    hparams = get_config("cayley", f"dataset={dataset},generator=topk").model.pe_hparams
     assert hparams["init_std"] > 0
     params = cayley_string.init(jax.random.key(0), num_heads=4, head_dim=12, num_axes=2, **hparams)
     mask = np.asarray(cayley_string.generator(params, k=hparams["k"])) != 0
@@ -275,6 +277,27 @@ def test_a_recipe_loads_from_any_directory(tfds_dir, tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.exists(tmp_path / "work" / "final.json")
+
+
+def test_every_recipe_loads_by_path_from_any_directory(tmp_path, monkeypatch):
+    """What --config=/abs/path/configs/<recipe>.py:<arg> does in another directory: absl loads
+    the file by path, and only the installed package is importable (not the repository root,
+    not configs/). The run itself: test_a_recipe_loads_from_any_directory, for one recipe."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p) != REPO])
+    for name in [m for m in sys.modules if m == "configs" or m.startswith("configs.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported by the tests above
+    monkeypatch.chdir(tmp_path)
+    recipes = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+    cayley = os.path.join(REPO, "configs", "cayley.py")
+    assert cayley in recipes
+    for spec in [f"{path}:smoke" for path in recipes] + [f"{cayley}:dataset=cifar10,smoke"]:
+        flag_values = flags.FlagValues()
+        config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+        flag_values(["main", f"--config={spec}"])
+        assert flag_values.config.model.variant and flag_values.config.dataset.name, spec
 
 
 @pytest.mark.parametrize("devices", [4, 8])

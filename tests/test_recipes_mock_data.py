@@ -12,11 +12,11 @@ from rope_lie.data import catalog
 from tests.test_configs import CATALOGUE, _smoke, get_config
 
 
-@pytest.mark.parametrize("recipe", CATALOGUE)
-def test_catalogue_recipe_runs_on_mock_data(recipe, tmp_path):
+@pytest.mark.parametrize("recipe, arg", CATALOGUE)
+def test_catalogue_recipe_runs_on_mock_data(recipe, arg, tmp_path):
     # The recipe's own dataset (name, config, splits) gets metadata with known split sizes, so
     # catalog.prepare finds it prepared and mock_data serves random examples of its features.
-    config = get_config(recipe, "smoke")
+    config = get_config(recipe, ",".join(filter(None, [arg, "smoke"])))
     name, tfds_dir = config.dataset.name, str(tmp_path / "tfds")
     splits = {config.dataset.train_split, config.dataset.eval_split}
     splits |= {e.split for e in config.evals.values() if e.split}
@@ -26,5 +26,5 @@ def test_catalogue_recipe_runs_on_mock_data(recipe, tmp_path):
     # Synchronous checkpoints: while as_dataset runs, mock_data swaps in a process-wide mock file
     # system, and a background Orbax save writing at that moment would land in the mock.
     with tfds.testing.mock_data(num_examples=16, data_dir=tfds_dir, policy=policy):
-        final = _smoke(recipe, "", tfds_dir, tmp_path / "work", **{"checkpoint.async_save": False})
+        final = _smoke(recipe, arg, tfds_dir, tmp_path / "work", **{"checkpoint.async_save": False})
     assert final["evals"], recipe

@@ -219,15 +219,15 @@ _add(
 
 
 def _cayley(name: str, label: str, arg: str) -> Arm:
-    # CPU: sklearn digits with the study's ViT; paper scale: the study's MNIST recipe.
-    paper_arg = arg.replace("pe=cayley_string,", "")
+    # CPU: sklearn digits with the study's ViT; paper scale: the study's recipe on MNIST.
+    paper_arg = "dataset=mnist," + arg.replace("pe=cayley_string,", "")
     return Arm(
         name,
         label,
         "digits",
         f"{arg},variant=string",
         paper_arg=paper_arg,
-        paper_recipe="mnist_cayley",
+        paper_recipe="cayley",
     )
 
 
