@@ -197,7 +197,8 @@ def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one
     reference, tfds_dir, tmp_path, capsys
 ):
     """The finished run's step-12 checkpoint loses the second half of its largest file: the
-    rerun names the step and its directory, resumes from step 8 and ends as the reference."""
+    rerun names the step and its directory, resumes from step 8 and ends as the reference (one
+    evaluation of the two, to save time)."""
     ref_dir, ref_final = reference
     workdir = str(tmp_path / "damaged")
     shutil.copytree(ref_dir, workdir)
@@ -209,12 +210,14 @@ def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one
     )
     with open(largest, "r+b") as f:
         f.truncate(os.path.getsize(largest) // 2)
+    config = _config(tfds_dir)
+    del config.evals["size16"]
     capsys.readouterr()
-    final = train.train_and_evaluate(_config(tfds_dir), workdir)
+    final = train.train_and_evaluate(config, workdir)
     out = capsys.readouterr().out
     assert f"Checkpoint step 12 in {workdir}/checkpoints cannot be read: " in out
     assert "Falling back to checkpoint step 8" in out and "Resuming from step 8 of 12" in out
-    assert final == json.loads(json.dumps(ref_final))
+    assert final["evals"]["size8"] == json.loads(json.dumps(ref_final["evals"]["size8"]))
     _, ref_state = checkpoint.load_state(os.path.join(ref_dir, "checkpoints"))
     step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
     assert step == 12
