@@ -12,8 +12,10 @@ Arguments: pe=<family, variant or ape/sincos (common.pe_fields; VisionLLaMA's AS
 divisible by 6, use visionllama_liere)>, block=<LieRE block size>, ape_std=<APE init std,
 default 1.0 as the LieRE reference>, steps=<training steps, default 600>, smoke.
 
-Expected runtime and metric: to be measured (216 tokens per example: about 3.5x a 2D arrows
-step per example).
+Expected runtime and metric: not measured yet; no full run has been made here (the `volumes`
+study, experiments/studies/, has not started). An example has 216 tokens against 2D arrows' 64,
+so expect a multiple of that recipe's 6-7 min per run on the 2-core CPU. The smoke run (a few
+steps of the pico ViT) took 51 s with data generation (commit b9a1d05).
 """
 
 from rope_lie import config_lib as common

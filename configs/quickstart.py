@@ -14,14 +14,17 @@ ape_std=<APE init std, default 0.02>, smoke (8 steps; 41 s on
 2 cores, 60 s when it first generates its datasets).
 Compare encoders with e.g. `:pe=ape` and `:pe=rope_mixed` in other workdirs.
 
-Measured (one seed, 2-core CPU machine shared with other jobs, fresh data_dir):
-  runtime 295 s in all (4.9 min: ~30 s generating the three datasets, compilation, 500 steps
-  at ~330-400 examples/s, evaluations at steps 250 and 500). pe=rope_mixed took
-  380 s and pe=ape 287 s (the machine's load varied).
-  accuracy       c8_g8 (64 px)  c8_g12 (96 px)  c8_g16 (128 px)  c8_g8 shuffled
-  pe=liere       1.000          1.000           0.998            0.321
-  pe=rope_mixed  1.000          1.000           0.944            0.324
-  pe=ape         0.436          0.454           0.439            0.430
+Measured (one seed; README.md): on this project's 2-core AMD EPYC CPU (no accelerator), from a
+fresh clone of tree 6b48c0c on 2026-11-24 with the datasets present, the first command took
+6 min 38 s wall (500 steps at ~285 examples/s, then 20-55 s per evaluation round) and gave
+accuracy 1.000 at c8_g8 (64 px), 1.000 at c8_g12 (96 px), 1.000 at c8_g16 (128 px) and 0.320
+with shuffled patches. Earlier, on a 2-core Intel Xeon machine of this project shared with
+other jobs (2026-11-22, fresh data_dir): 295 s in all with ~30 s generating the three datasets
+(500 steps at ~330-400 examples/s); pe=rope_mixed took 380 s and pe=ape 287 s.
+  accuracy (Xeon) c8_g8 (64 px)  c8_g12 (96 px)  c8_g16 (128 px)  c8_g8 shuffled
+  pe=liere        1.000          1.000           0.998            0.321
+  pe=rope_mixed   1.000          1.000           0.944            0.324
+  pe=ape          0.436          0.454           0.439            0.430
   (chance 0.25; APE learns no usable positions here, as in the paper's Table 3.)
 """
 

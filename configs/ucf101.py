@@ -15,8 +15,10 @@ Arguments: pe=<family or ape/sincos>, block=<LieRE block size>, variant=<ViT var
 ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
 smoke (tiny model and clips, a few steps; used by the tests).
 
-Expected runtime: to be measured (paper: 8x A100).
-Expected metric: to be measured (paper: 47.0 top-1 for LieRE8).
+Expected runtime: not run here (needs UCF101 prepared with `tfds build` and GPUs); the paper
+ran it on 8x A100 40 GB or 4x A100 80 GB GPUs and gives no runtime (App. B.3).
+Expected metric: not run here; the paper's Table 1 above (47.0 top-1 for LieRE8), with
+RandAugment, which this recipe lacks.
 """
 
 from rope_lie import config_lib as common
