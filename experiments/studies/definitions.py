@@ -6,8 +6,9 @@ indices; "RoPE-Mixed = LieRE b2 (LieRE paper)" is what the LieRE paper's tables 
 LieRE reference code's fixed tiled rotation, "VisionLLaMA AS2D" the VisionLLaMA paper's.
 
 CPU scale runs ``configs/arrows.py`` at ``res=cpu`` (ViT-mu/8, 500 steps of 128 on 20,000
-layouts of an 8x8 grid of 8 px cells, about 4-5 minutes a run on 2 cores); ``--scale paper``
-runs the same arms with ``res=paper`` (ViT-B/12, 800,000 layouts, the paper's optimiser).
+layouts of an 8x8 grid of 8 px cells, 6-7 minutes a run on the 2-core AMD EPYC: arrows/README.md);
+``--scale paper`` runs the same arms with ``res=paper`` (ViT-B/12, 800,000 layouts, the paper's
+optimiser).
 """
 
 from __future__ import annotations
