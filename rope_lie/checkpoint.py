@@ -146,7 +146,7 @@ def unreadable_reason(error: BaseException) -> str | None:
         if isinstance(error, FileNotFoundError):
             return text
         if isinstance(error, KeyError) and "was not found in the checkpoint" in text:
-            return text.strip("'\"")
+            return str(error.args[0])  # str() of a KeyError is the repr of its message
         if isinstance(error, ValueError) and text.startswith(_TENSORSTORE_READ_ERRORS):
             return text.split(" [tensorstore_spec=")[0]
         error = error.__cause__
