@@ -337,6 +337,13 @@ def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: fl
     }
 
 
+def _checked(run: Run, step: int, m: dict) -> dict:
+    """Step ``step``'s metrics on the host, after stopping the run if they are not finite."""
+    m = jax.device_get(m)
+    check_step(step, m, run.manager, run.workdir)
+    return m
+
+
 def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
     """Steps start+1..total: train, check, log, evaluate, checkpoint (in that order)."""
     config, results, window = run.config, None, []
@@ -356,23 +363,35 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
 
     tick, timed, step = time.perf_counter(), 0, start
     batch = next_batch() if start < run.total else None
+    pending = None  # the previous step's metrics, still on the device
+    every_save = config.checkpoint.every_steps
     with job.StopOnSigterm() as sigterm:  # a scheduler's notice: save at the next step, stop
         for step in range(start + 1, run.total + 1):
             state, m = run.train_step(state, batch, run.other, run.dropout_key)
-            # Read and place the next batch while the step runs (dispatch is asynchronous), then
-            # wait for this step's metrics: host and device work overlap (issue 14).
+            # While step t runs (dispatch is asynchronous): read and place the next batch, then
+            # check step t-1's metrics, as nanodo does; host and device work overlap (issue 14).
             batch = next_batch() if step < run.total else None
-            m = jax.device_get(m)
-            check_step(step, m, run.manager, run.workdir)
-            window.append(m)
+            if pending is not None:
+                window.append(_checked(run, *pending))
+            stop = sigterm.requested  # read once: the save and the stop agree
+            preempted = run.manager.reached_preemption(step)
+            log = step % config.log_every_steps == 0 or step == run.total
+            evaluate_now = step % run.eval_every == 0 or step == run.total
+            # Step t's own metrics are waited for only where something depends on them: a log
+            # line, an evaluation, or a checkpoint (never save a state whose step went NaN).
+            if log or evaluate_now or stop or preempted or step % every_save == 0:
+                window.append(_checked(run, step, m))
+                pending = None
+            else:
+                pending = (step, m)
             pbar.update(1)
             timed += 1
             record = {}
-            if step % config.log_every_steps == 0 or step == run.total:
+            if log:
                 record = _log_record(run, step, window, timed, time.perf_counter() - tick)
                 pbar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{record['throughput']:.0f}")
                 window = []
-            if step % run.eval_every == 0 or step == run.total:
+            if evaluate_now:
                 pbar.set_description("evaluating")
                 results = _evals(run, state, step)
                 pbar.set_description("")
@@ -380,9 +399,8 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
             if record:
                 run.writer.write(step, record)
             meta = {"step": step, "best": run.best}
-            stop = sigterm.requested  # read once: the save and the stop agree
             ckpt.save(run.manager, step, state, meta, force=step == run.total or stop)
-            if stop or run.manager.reached_preemption(step):
+            if stop or preempted:
                 say(f"Preemption at step {step}: checkpoint saved, stopping (rerun to resume).")
                 break
             if record or step == start + 1:  # throughput excludes compiling, evaluating, saving

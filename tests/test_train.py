@@ -144,19 +144,29 @@ def test_resume_after_kill_9_is_bit_identical(reference, tfds_dir, tmp_path, cap
     assert [drop(r) for r in records] == [drop(r) for r in ref_records]
 
 
-def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
+@pytest.mark.parametrize("every_steps, saved", [(1, 1), (3, None)])
+def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(
+    tfds_dir, tmp_path, every_steps, saved
+):
     # lr = 1e38: the first update sends the weights to ~1e38, the next forward pass overflows.
+    # Saving every 3 steps, step 2's metrics are read only after step 3 is dispatched (the loop
+    # waits for a step's own metrics only where a log, evaluation or save needs them): the NaN
+    # must still be named as step 2's, and step 3's state (NaN too) never saved.
     config = _config(
-        tfds_dir, **{"optim.lr": 1e38, "optim.warmup_steps": 0, "checkpoint.every_steps": 1}
-    )
+        tfds_dir,
+        **{"optim.lr": 1e38, "optim.warmup_steps": 0, "checkpoint.every_steps": every_steps,
+           "log_every_steps": 5},
+    )  # fmt: skip
     config.checkpoint.async_save = False
-    with pytest.raises(FloatingPointError, match=r"at step 2; .* latest checkpoint is step 1"):
+    with pytest.raises(
+        FloatingPointError, match=f"at step 2; .* latest checkpoint is step {saved}"
+    ):
         train.train_and_evaluate(config, str(tmp_path))
-    assert os.listdir(tmp_path / "checkpoints") == ["1"]
+    assert os.listdir(tmp_path / "checkpoints") == ([] if saved is None else [str(saved)])
     with open(tmp_path / "final.json") as f:
         final = json.load(f)
     assert final["step"] == 2 and final["stopped"] == "non-finite"
-    assert final["last_good_checkpoint"] == 1
+    assert final["last_good_checkpoint"] == saved
     assert not all(np.isfinite([final["metrics"]["loss"], final["metrics"]["grad_norm"]]))
 
 
