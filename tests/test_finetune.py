@@ -1,14 +1,18 @@
 """config.init_from: parameters from another run, APE resized, head kept or new, never silent."""
 
+import os
+
 import jax
 import ml_collections as mc
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from flax import nnx
 
-from rope_lie import checkpoint, finetune, train
+from configs import arrows
+from rope_lie import checkpoint, config_lib, finetune, train
+from rope_lie.data.spatial_arrows import SpatialArrowsConfig
 from rope_lie.encodings import ape
-from tests.test_train import _config
 
 
 def _params(**model):
@@ -50,29 +54,54 @@ def test_other_differences_are_errors_that_name_the_parameter():
         finetune.adapt_params(_params(), _params(additive="none"))
 
 
-def test_a_run_starts_from_another_runs_weights_at_another_resolution(tfds_dir, tmp_path):
-    """Train at 8x8 (4x4 tokens), then fine-tune on 16x16 digits (8x8 tokens) from it with a
-    zero learning rate: the new run's parameters are exactly the adapted source ones."""
-    src_dir = str(tmp_path / "src")
-    train.train_and_evaluate(_config(tfds_dir, **{"model.additive": "ape"}), src_dir)
+def _arrows_config(data_dir: str, grid: int, **fields) -> mc.ConfigDict:
+    """configs/arrows.py smoke (LieRE 2x2 blocks, plus a learned APE table) on the pico ViT and
+    a tiny local grid of 8 px cells."""
+    config = arrows.get_config("pe=liere,block=2,smoke")
+    config.model.variant = "pico/8"
+    config.model.additive = "ape"
+    config.dataset.name = f"spatial_arrows/ft_g{grid}"
+    config.dataset.data_dir = data_dir
+    config.dataset.eval_split = "test"
+    config.model.image_shape = (8 * grid, 8 * grid)
+    config.evals = {f"g{grid:02d}": config_lib.eval_entry()}
+    config.update(fields)
+    return config
+
+
+def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(tmp_path):
+    """Issue 15's recipe at test scale: spatial_arrows with 8 px cells, trained on an 8x8 grid
+    (64 px), then a run from its weights on a 12x12 grid (96 px) with a zero learning rate, so
+    that its parameters must be exactly the adapted source ones: LieRE's generators taken as
+    they are (they act on positions, not on a grid), the APE table resized to 12x12 tokens."""
+    data_dir = str(tmp_path / "tfds")
+    for grid, num_train in ((8, 32), (12, 16)):
+        tfds.builder(
+            "spatial_arrows",
+            config=SpatialArrowsConfig(name=f"ft_g{grid}", grid_size=grid, num_train=num_train,
+                                       num_test=8),
+            data_dir=data_dir,
+        ).download_and_prepare()  # fmt: skip
+    src_dir, ft_dir = str(tmp_path / "g8"), str(tmp_path / "g12")
+    train.train_and_evaluate(_arrows_config(data_dir, 8), src_dir)
     step, source = finetune.load_params(src_dir)
-    assert step == 12
-    config = _config(
-        tfds_dir, **{"model.additive": "ape", "model.image_shape": (16, 16), "optim.lr": 0.0,
-                     "total_steps": 2, "eval_every_steps": 0, "init_from": src_dir},
-    )  # fmt: skip
-    config.dataset.name = "sklearn_digits/size16"
-    del config.evals["size16"]
-    final = train.train_and_evaluate(config, str(tmp_path / "ft"))
-    assert final["step"] == 2
-    _, state = checkpoint.load_state(str(tmp_path / "ft" / "checkpoints"))
-    assert int(state["step"]) == 2  # the step starts afresh, not at the source's 12
+    assert step == 4
+    config = _arrows_config(data_dir, 12, init_from=src_dir, total_steps=2)
+    config.optim.lr = 0.0
+    final = train.train_and_evaluate(config, ft_dir)
+    assert final["step"] == 2 and final["evals"]["g12"]["num_examples"] == 8
+    assert final["evals"]["g12"]["resolution"] == "96x96"
+    _, state = checkpoint.load_state(os.path.join(ft_dir, "checkpoints"))
+    assert int(state["step"]) == 2  # the step starts afresh, not at the source's 4
     tuned = jax.tree.map(np.asarray, state["params"])
+    gen = lambda p: p["blocks"]["1"]["attn"]["pe_params"]["gen_ANKbb"]  # noqa: E731
+    np.testing.assert_array_equal(gen(tuned), gen(source))
     np.testing.assert_array_equal(tuned["blocks"]["1"]["mlp"]["fc1"]["kernel"],
                                   source["blocks"]["1"]["mlp"]["fc1"]["kernel"])  # fmt: skip
-    expected = ape.table({"grid_GD": source["additive_params"]["grid_GD"]}, grid_shape=(8, 8))
+    expected = ape.table({"grid_GD": source["additive_params"]["grid_GD"]}, grid_shape=(12, 12))
     np.testing.assert_allclose(
-        tuned["additive_params"]["grid_GD"].reshape(64, -1), expected, rtol=1e-6
+        tuned["additive_params"]["grid_GD"].reshape(144, -1), expected, rtol=1e-6
     )
+    assert not np.allclose(gen(source), 0)  # trained and carried, not a fresh zero init
     with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
         finetune.load_params(str(tmp_path / "nowhere"))
