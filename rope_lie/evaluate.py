@@ -26,12 +26,12 @@ from jax.sharding import Mesh
 from rope_lie import sharding
 
 
-def cross_entropy(logits_BK: jax.Array, labels: jax.Array) -> jax.Array:
-    """Per-example softmax cross-entropy (B,) with integer labels (B,) or soft labels (B, K)."""
-    logits_BK = logits_BK.astype(jnp.float32)
-    if labels.ndim == logits_BK.ndim:
-        return optax.softmax_cross_entropy(logits_BK, labels.astype(jnp.float32))
-    return optax.softmax_cross_entropy_with_integer_labels(logits_BK, labels)
+def cross_entropy(logits_BV: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example softmax cross-entropy (B,) with integer labels (B,) or soft labels (B, V)."""
+    logits_BV = logits_BV.astype(jnp.float32)
+    if labels.ndim == logits_BV.ndim:
+        return optax.softmax_cross_entropy(logits_BV, labels.astype(jnp.float32))
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BV, labels)
 
 
 def shuffle_patches(
@@ -83,7 +83,7 @@ def make_eval_step(
     """Jitted evaluation of one batch, and of the encoder states it may reuse.
 
     Args:
-      apply_fn: (params, images, cache) -> logits_BK in eval mode (no dropout); cache is
+      apply_fn: (params, images, cache) -> logits_BV in eval mode (no dropout); cache is
         ``precompute_fn``'s output for the images' spatial shape, or None without one.
       precompute_fn: (params, spatial_shape) -> cache, e.g. ``ViT.precompute_pe`` of the
         grid; None to compute everything per batch.
@@ -91,10 +91,10 @@ def make_eval_step(
 
     @jax.jit
     def eval_step(params, batch, cache):
-        logits_BK = apply_fn(params, batch["image"], cache)
-        mask_B = batch.get("mask", jnp.ones(logits_BK.shape[:1], bool)).astype(jnp.float32)
-        loss_B = cross_entropy(logits_BK, batch["label"])
-        correct_B = (jnp.argmax(logits_BK, axis=-1) == batch["label"]).astype(jnp.float32)
+        logits_BV = apply_fn(params, batch["image"], cache)
+        mask_B = batch.get("mask", jnp.ones(logits_BV.shape[:1], bool)).astype(jnp.float32)
+        loss_B = cross_entropy(logits_BV, batch["label"])
+        correct_B = (jnp.argmax(logits_BV, axis=-1) == batch["label"]).astype(jnp.float32)
         return {
             "loss_sum": jnp.sum(loss_B * mask_B),
             "correct": jnp.sum(correct_B * mask_B),

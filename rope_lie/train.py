@@ -139,10 +139,10 @@ def make_train_step(setup: Setup):
 
     def loss_fn(params, batch, other, key):
         model = merge_model(setup, params, fresh_rng_state(other, key))
-        logits_BK = model(batch["image"], train=True)
+        logits_BV = model(batch["image"], train=True)
         labels = batch["soft_label"] if "soft_label" in batch else batch["label"]
-        loss = jnp.mean(evaluate.cross_entropy(logits_BK, labels))
-        accuracy = jnp.mean(jnp.argmax(logits_BK, -1) == batch["label"])
+        loss = jnp.mean(evaluate.cross_entropy(logits_BV, labels))
+        accuracy = jnp.mean(jnp.argmax(logits_BV, -1) == batch["label"])
         return loss, accuracy
 
     def train_step(state, batch, other, dropout_key):

@@ -248,7 +248,10 @@ def randaugment(image: tf.Tensor, key: tf.Tensor, num_layers: int, magnitude: fl
 
 
 def smooth_labels(labels: tf.Tensor, num_classes: int, smoothing: float) -> tf.Tensor:
-    """One-hot targets with label smoothing: (1 - s) one_hot + s / K. (B,) -> (B, K) float32."""
+    """One-hot targets with label smoothing: (1 - s) one_hot + s / V for V classes.
+
+    (B,) -> (B, V) float32.
+    """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"label_smoothing={smoothing} must lie in [0, 1)")
     one_hot = tf.one_hot(labels, num_classes, dtype=tf.float32)
@@ -279,7 +282,7 @@ def _cutmix_mask(key: tf.Tensor, lam: tf.Tensor, height: tf.Tensor, width: tf.Te
 
 def mix_batch(
     images: tf.Tensor,
-    soft_labels_BK: tf.Tensor,
+    soft_labels_BV: tf.Tensor,
     key: tf.Tensor,
     *,
     mixup_alpha: float,
@@ -295,14 +298,14 @@ def mix_batch(
 
     Args:
       images: float32 (B, H, W, C) or (B, T, H, W, C).
-      soft_labels_BK: float32 (B, K), rows summing to 1.
+      soft_labels_BV: float32 (B, V), rows summing to 1.
       key: stateless key.
       mixup_alpha: 0 disables mixup.
       cutmix_alpha: 0 disables cutmix.
       switch_prob: probability of CutMix when both are enabled.
 
     Returns:
-      (mixed images, mixed soft labels (B, K)); label rows still sum to 1.
+      (mixed images, mixed soft labels (B, V)); label rows still sum to 1.
     """
     if mixup_alpha < 0 or cutmix_alpha < 0 or (mixup_alpha == 0 and cutmix_alpha == 0):
         raise ValueError(
@@ -323,5 +326,5 @@ def mix_batch(
         return images * (1.0 - mask) + partner * mask, kept
 
     mixed, lam = tf.cond(use_cutmix, cutmix, lambda: (lam * images + (1 - lam) * partner, lam))
-    labels = lam * soft_labels_BK + (1.0 - lam) * tf.reverse(soft_labels_BK, axis=[0])
+    labels = lam * soft_labels_BV + (1.0 - lam) * tf.reverse(soft_labels_BV, axis=[0])
     return mixed, labels

@@ -159,30 +159,30 @@ def glyph_bank_3d(cell_size: int) -> np.ndarray:
     return np.stack([_place(g, cell_size) for g in arrows + ys + shapes])
 
 
-def render_grid(glyphs_NG: np.ndarray, bank: np.ndarray) -> np.ndarray:
+def render_grid(glyphs_BG: np.ndarray, bank: np.ndarray) -> np.ndarray:
     """Renders layouts of glyph ids into images (2D) or volumes (3D), vectorised.
 
     Args:
-      glyphs_NG: int array (N, G_1, ..., G_r) of glyph ids, -1 for an empty cell;
+      glyphs_BG: int array (B, G_1, ..., G_r) of glyph ids, -1 for an empty cell;
         r = 2 (rows, cols) or 3 (depth, rows, cols).
       bank: uint8 (num_glyphs, c, ..., c) templates of rank r.
 
     Returns:
       uint8 array (N, G_1 * c, ..., G_r * c): cell (i, j[, k]) holds its template.
     """
-    rank = glyphs_NG.ndim - 1
+    rank = glyphs_BG.ndim - 1
     if bank.ndim != rank + 1:
         raise ValueError(f"bank rank {bank.ndim - 1} does not match layout rank {rank}")
-    if glyphs_NG.min(initial=0) < -1 or glyphs_NG.max(initial=0) >= bank.shape[0]:
+    if glyphs_BG.min(initial=0) < -1 or glyphs_BG.max(initial=0) >= bank.shape[0]:
         raise ValueError(
             f"glyph ids must lie in [-1, {bank.shape[0]}), "
-            f"got values in [{glyphs_NG.min()}, {glyphs_NG.max()}]"
+            f"got values in [{glyphs_BG.min()}, {glyphs_BG.max()}]"
         )
     padded = np.concatenate([np.zeros_like(bank[:1]), bank])
-    cells = padded[glyphs_NG + 1]  # (N, G_1..G_r, c_1..c_r)
+    cells = padded[glyphs_BG + 1]  # (B, G_1..G_r, c_1..c_r)
     # Interleave grid and in-cell axes: (N, G_1, c_1, ..., G_r, c_r).
     order = [0] + [a for i in range(rank) for a in (1 + i, 1 + rank + i)]
-    out_shape = [glyphs_NG.shape[0]] + [g * bank.shape[1] for g in glyphs_NG.shape[1:]]
+    out_shape = [glyphs_BG.shape[0]] + [g * bank.shape[1] for g in glyphs_BG.shape[1:]]
     return cells.transpose(order).reshape(out_shape)
 
 
@@ -203,15 +203,15 @@ def bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
     return weights
 
 
-def resize_bilinear(images_NHW: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+def resize_bilinear(images_BHW: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
     """Resizes uint8 images (N, H, W) to (N, *out_hw) bilinearly (half-pixel centres), rounded.
 
     The same scene at another resolution, as a camera with more pixels sees it: glyph edges
     become grey where they fall between the new pixels.
     """
-    rows = bilinear_weights(images_NHW.shape[1], out_hw[0])
-    cols = bilinear_weights(images_NHW.shape[2], out_hw[1])
-    out = rows @ images_NHW.astype(np.float64) @ cols.T  # (i, h) @ (n, h, w) @ (w, j)
+    rows = bilinear_weights(images_BHW.shape[1], out_hw[0])
+    cols = bilinear_weights(images_BHW.shape[2], out_hw[1])
+    out = rows @ images_BHW.astype(np.float64) @ cols.T  # (i, h) @ (b, h, w) @ (w, j)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 

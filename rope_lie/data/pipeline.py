@@ -25,7 +25,7 @@ Batches are dicts of numpy arrays, B = batch_size // process_count per process:
   image       float32 (B, H, W, C), or (B, T, H, W, C) for clips and volumes,
               normalised as (x / 255 - mean) / std
   label       int32 (B,)
-  soft_label  float32 (B, K), training only, present when mixup, cutmix or label
+  soft_label  float32 (B, V), training only, present when mixup, cutmix or label
               smoothing is on: the target for the loss (rows sum to 1)
   mask        float32 (B,), eval only: 1 for real examples, 0 for padding
 

@@ -23,7 +23,7 @@ Generators (``generator=``; the sparse ones from the sparse Cayley-STRING study,
   *half-split* pairs (j, j + H/2), j < H/2, not RoPE's pairs (2j, 2j+1): a rotation within a
   RoPE pair commutes with RoPE's rotation of that pair and would cancel in q.k. The half-split
   planes cover every channel and never coincide with a RoPE pair for H >= 4 (H = 2 is refused).
-- ``"banded"``: S_ij = 0 for |i - j| > bandwidth; ``s_banded_NbH[n, d-1, i] = A_{i, i+d}``
+- ``"banded"``: S_ij = 0 for |i - j| > bandwidth; ``s_banded_NWH[n, d-1, i] = A_{i, i+d}``
   (entries with i + d >= H unused), S = A - A^T.
 - ``"topk"``: the k largest |A_ij| off the diagonal of ``s_topk_NHH`` are kept (mask from
   ``lax.top_k``, no gradient through the selection), the mask is symmetrised (M | M^T) and
@@ -54,8 +54,8 @@ _FAMILY = "cayley_string"
 GENERATORS = ("dense", "block2x2", "banded", "topk")
 _KEYS = {
     "dense": "s_dense_NHH",
-    "block2x2": "s_block2x2_NK",
-    "banded": "s_banded_NbH",
+    "block2x2": "s_block2x2_NF",
+    "banded": "s_banded_NWH",
     "topk": "s_topk_NHH",
 }
 
@@ -148,8 +148,8 @@ def init(
 
     Returns:
       {"freqs_ANF": (A, N, H/2)} and one of {"s_dense_NHH": (N, H, H)},
-      {"s_block2x2_NK": (N, H/2)}, {"s_banded_NbH": (N, b, H)}, {"s_topk_NHH": (N, H, H)};
-      all float32.
+      {"s_block2x2_NF": (N, H/2)}, {"s_banded_NWH": (N, W, H)} (W = bandwidth),
+      {"s_topk_NHH": (N, H, H)}; all float32.
     """
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
     _checks.check_divisible(head_dim, 2, "2 (RoPE pairs)", _FAMILY)
@@ -191,12 +191,12 @@ def _band_valid(bandwidth: int, head_dim: int) -> np.ndarray:
     return np.arange(head_dim)[None, :] + d < head_dim
 
 
-def _banded_upper(s_NbH: jax.Array) -> jax.Array:
+def _banded_upper(s_NWH: jax.Array) -> jax.Array:
     """A with A_{i, i+d} = s[:, d-1, i] for 1 <= d <= b, zero elsewhere, (N, H, H)."""
-    bandwidth, head_dim = s_NbH.shape[-2:]
+    bandwidth, head_dim = s_NWH.shape[-2:]
     d_idx, rows = np.nonzero(_band_valid(bandwidth, head_dim))
-    upper = jnp.zeros((s_NbH.shape[0], head_dim, head_dim), jnp.float32)
-    return upper.at[:, rows, rows + d_idx + 1].set(s_NbH[:, d_idx, rows])
+    upper = jnp.zeros((s_NWH.shape[0], head_dim, head_dim), jnp.float32)
+    return upper.at[:, rows, rows + d_idx + 1].set(s_NWH[:, d_idx, rows])
 
 
 def _topk_masked(a_NHH: jax.Array, k: int) -> jax.Array:
@@ -211,12 +211,12 @@ def _topk_masked(a_NHH: jax.Array, k: int) -> jax.Array:
     return jnp.where(mask | jnp.swapaxes(mask, -1, -2), a_NHH, 0.0)
 
 
-def _block2x2_skew(a_NK: jax.Array) -> jax.Array:
+def _block2x2_skew(a_NF: jax.Array) -> jax.Array:
     """Dense S with S[j, j + H/2] = a_j = -S[j + H/2, j] (the half-split planes), (N, H, H)."""
-    half = a_NK.shape[-1]
+    half = a_NF.shape[-1]
     j = np.arange(half)
-    upper = jnp.zeros((a_NK.shape[0], 2 * half, 2 * half), jnp.float32)
-    upper = upper.at[:, j, j + half].set(a_NK)
+    upper = jnp.zeros((a_NF.shape[0], 2 * half, 2 * half), jnp.float32)
+    upper = upper.at[:, j, j + half].set(a_NF)
     return upper - jnp.swapaxes(upper, -1, -2)
 
 
@@ -272,12 +272,12 @@ def generator(params: dict[str, jax.Array], *, k: int | None = None) -> jax.Arra
     return a_NHH - jnp.swapaxes(a_NHH, -1, -2)
 
 
-def _block2x2_cos_sin(a_NK: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _block2x2_cos_sin(a_NF: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Closed-form Cayley of [[0, a], [-a, 0]]: [[c, -s], [s, c]] (Eq. 12 of the sparse study).
 
     c = (1 - a^2) / (1 + a^2), s = 2a / (1 + a^2).
     """
-    a = a_NK.astype(jnp.float32)
+    a = a_NF.astype(jnp.float32)
     denom = 1.0 + a * a
     return (1.0 - a * a) / denom, 2.0 * a / denom
 
@@ -296,12 +296,12 @@ def orthogonal(params: dict[str, jax.Array], *, k: int | None = None) -> jax.Arr
     _check_apply_k(kind, k)
     if kind != "block2x2":
         return lie.cayley(generator(params, k=k))
-    cos_NK, sin_NK = _block2x2_cos_sin(params[_KEYS[kind]])
-    half = cos_NK.shape[-1]
+    cos_NF, sin_NF = _block2x2_cos_sin(params[_KEYS[kind]])
+    half = cos_NF.shape[-1]
     j = np.arange(half)
-    p = jnp.zeros((cos_NK.shape[0], 2 * half, 2 * half), jnp.float32)
-    p = p.at[:, j, j].set(cos_NK).at[:, j + half, j + half].set(cos_NK)
-    return p.at[:, j, j + half].set(-sin_NK).at[:, j + half, j].set(sin_NK)
+    p = jnp.zeros((cos_NF.shape[0], 2 * half, 2 * half), jnp.float32)
+    p = p.at[:, j, j].set(cos_NF).at[:, j + half, j + half].set(cos_NF)
+    return p.at[:, j, j + half].set(-sin_NF).at[:, j + half, j].set(sin_NF)
 
 
 def fold(params: dict[str, jax.Array], w_DNH: jax.Array, *, k: int | None = None) -> jax.Array:
@@ -386,10 +386,10 @@ def _mix(params: dict[str, jax.Array], x_BTNH: jax.Array, k: int | None) -> jax.
     x32 = x_BTNH.astype(jnp.float32)
     kind = generator_kind(params)
     if kind == "block2x2":
-        cos_NK, sin_NK = _block2x2_cos_sin(params[_KEYS[kind]])
-        half = cos_NK.shape[-1]
+        cos_NF, sin_NF = _block2x2_cos_sin(params[_KEYS[kind]])
+        half = cos_NF.shape[-1]
         u, v = x32[..., :half], x32[..., half:]
-        return jnp.concatenate([cos_NK * u - sin_NK * v, sin_NK * u + cos_NK * v], axis=-1)
+        return jnp.concatenate([cos_NF * u - sin_NF * v, sin_NF * u + cos_NF * v], axis=-1)
     return jnp.einsum("nij,btnj->btni", orthogonal(params, k=k), x32)
 
 

@@ -156,11 +156,11 @@ def precompute(
             f"head_dim={head_dim} (expected (A, {num_heads}, {head_dim}))"
         )
     pos32 = _checks.check_positions(pos, _FAMILY, c_ANH.shape[0]).astype(jnp.float32)
-    theta_ANK = frequencies(params)
+    theta_ANJ = frequencies(params)
     # Phases once per token (once for the whole batch when pos is shared), broadcast over B.
-    spec = "TA,ANK->TNK" if pos32.ndim == 2 else "BTA,ANK->BTNK"
-    angle_XTNK = jnp.einsum(spec, pos32, theta_ANK)
-    return state.SpectralPhases(jax.lax.complex(jnp.cos(angle_XTNK), jnp.sin(angle_XTNK)))
+    spec = "TA,ANJ->TNJ" if pos32.ndim == 2 else "BTA,ANJ->BTNJ"
+    angle_XTNJ = jnp.einsum(spec, pos32, theta_ANJ)
+    return state.SpectralPhases(jax.lax.complex(jnp.cos(angle_XTNJ), jnp.sin(angle_XTNJ)))
 
 
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:

@@ -115,14 +115,14 @@ def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Arr
     powers = [jnp.ones_like(b_XA)]
     for _ in range(degree):
         powers.append(powers[-1] * b_XA)
-    powers_XAK = jnp.stack(powers, axis=-1)
+    powers_XAQ = jnp.stack(powers, axis=-1)
     # coef[x, alpha] = prod_a b_a^alpha_a, gathered by one-hot products: a plain gather makes
     # XLA:CPU lay the coefficients out transposed and run the large product 2x slower.
     coef_XM = 1.0
     for a in range(b_XA.shape[-1]):
-        one_hot_MK = jax.nn.one_hot(exponents_MA[:, a], degree + 1, dtype=b_XA.dtype)
+        one_hot_MQ = jax.nn.one_hot(exponents_MA[:, a], degree + 1, dtype=b_XA.dtype)
         coef_XM = coef_XM * jnp.einsum(
-            "xk,mk->xm", powers_XAK[:, a], one_hot_MK, precision=_HIGHEST
+            "xk,mk->xm", powers_XAQ[:, a], one_hot_MQ, precision=_HIGHEST
         )
     e = jnp.matmul(coef_XM, basis_MYHH.reshape(num_mono, -1), precision=_HIGHEST)
     return e.reshape(-1, h, h)

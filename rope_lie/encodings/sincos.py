@@ -49,19 +49,19 @@ def _check_args(grid_shape: Sequence[int], width: int, num_prefix: int) -> tuple
     return grid
 
 
-def axis_embedding(pos_M: np.ndarray, dim: int) -> np.ndarray:
+def axis_embedding(pos_I: np.ndarray, dim: int) -> np.ndarray:
     """1D sinusoidal embedding ``[sin(pos * omega), cos(pos * omega)]`` of positions.
 
     Args:
-      pos_M: (M,) positions.
+      pos_I: (M,) positions.
       dim: embedding size, even.
 
     Returns:
       (M, dim) float64, ``omega_i = 10000^(-2i/dim)`` for i < dim / 2.
     """
     omega_F = 10000.0 ** (-np.arange(dim // 2, dtype=np.float64) / (dim / 2.0))
-    angle_MF = np.asarray(pos_M, np.float64)[:, None] * omega_F[None, :]
-    return np.concatenate([np.sin(angle_MF), np.cos(angle_MF)], axis=1)
+    angle_IF = np.asarray(pos_I, np.float64)[:, None] * omega_F[None, :]
+    return np.concatenate([np.sin(angle_IF), np.cos(angle_IF)], axis=1)
 
 
 def init(

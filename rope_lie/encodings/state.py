@@ -71,20 +71,20 @@ class BlockRotations(NamedTuple):
 
 
 class SpectralPhases(NamedTuple):
-    """A rotation diagonal in the Fourier basis: ``irfft(rfft(x) * phase_TNK)`` over channels.
+    """A rotation diagonal in the Fourier basis: ``irfft(rfft(x) * phase_TNJ)`` over channels.
 
-    ``phase_TNK`` is (T, N, H // 2 + 1) complex64 of unit modulus, or per example
+    ``phase_TNJ`` is (T, N, H // 2 + 1) complex64 of unit modulus, or per example
     (B, T, N, H // 2 + 1); N = 1 for all heads. Hermitian multipliers keep x real.
     """
 
-    phase_TNK: jax.Array
+    phase_TNJ: jax.Array
     fold_NHH = None
     bias_BNTS = None
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         head_dim = x_BTNH.shape[-1]
-        spectrum_BTNK = jnp.fft.rfft(x_BTNH.astype(jnp.float32), axis=-1)
-        out_BTNH = jnp.fft.irfft(spectrum_BTNK * self.phase_TNK, n=head_dim, axis=-1)
+        spectrum_BTNJ = jnp.fft.rfft(x_BTNH.astype(jnp.float32), axis=-1)
+        out_BTNH = jnp.fft.irfft(spectrum_BTNJ * self.phase_TNJ, n=head_dim, axis=-1)
         return out_BTNH.astype(x_BTNH.dtype)
 
 

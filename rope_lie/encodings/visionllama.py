@@ -79,11 +79,11 @@ def liere_pair_frequencies(head_dim: int, num_axes: int, base: float | None = No
     """
     del base
     num_phases = head_dim // num_axes // 2
-    phase_P = np.exp(-4.0 * np.linspace(0.0, 1.0, num_phases))
+    phases = np.exp(-4.0 * np.linspace(0.0, 1.0, num_phases))
     axis_F = np.zeros(head_dim // 2, np.int64)
     freq_F = np.zeros(head_dim // 2)
     axis_F[: num_axes * num_phases] = np.repeat(np.arange(num_axes), num_phases)
-    freq_F[: num_axes * num_phases] = np.tile(phase_P, num_axes)
+    freq_F[: num_axes * num_phases] = np.tile(phases, num_axes)
     return axis_F, freq_F
 
 

@@ -51,7 +51,7 @@ def _liere_per_head(head_dim: int, num_axes: int, hparams: Mapping[str, Any]) ->
 
 def _cayley_per_head(head_dim: int, num_axes: int, hparams: Mapping[str, Any]) -> int:
     generator = hparams.get("generator", "dense")
-    s_count = {  # s_dense_NHH, s_block2x2_NK, s_banded_NbH, s_topk_NHH
+    s_count = {  # s_dense_NHH, s_block2x2_NF, s_banded_NWH, s_topk_NHH
         "dense": head_dim * head_dim,
         "block2x2": head_dim // 2,
         "banded": (hparams.get("bandwidth") or 0) * head_dim,

@@ -128,8 +128,8 @@ class MlpBlock(nnx.Module):
         self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
 
     def __call__(self, x_BTD: jax.Array, *, train: bool) -> jax.Array:
-        h_BTF = self.dropout(jax.nn.gelu(self.fc1(x_BTD)), deterministic=not train)
-        return self.dropout(self.fc2(h_BTF), deterministic=not train)
+        h_BTE = self.dropout(jax.nn.gelu(self.fc1(x_BTD)), deterministic=not train)
+        return self.dropout(self.fc2(h_BTE), deterministic=not train)
 
 
 class Block(nnx.Module):
@@ -403,7 +403,7 @@ class ViT(nnx.Module):
             compute the encoder states here.
 
         Returns:
-          float32 logits (B, K).
+          float32 logits (B, V).
         """
         grid = self.input_grid(images)
         states = self.precompute_pe(grid) if pe_cache is None else list(pe_cache)

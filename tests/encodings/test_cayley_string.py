@@ -16,8 +16,8 @@ GENERATORS = ["dense", "block2x2", "banded", "topk"]
 HPARAMS = {"dense": {}, "block2x2": {}, "banded": {"bandwidth": 2}, "topk": {"k": 12}}
 KEYS = {
     "dense": "s_dense_NHH",
-    "block2x2": "s_block2x2_NK",
-    "banded": "s_banded_NbH",
+    "block2x2": "s_block2x2_NF",
+    "banded": "s_banded_NWH",
     "topk": "s_topk_NHH",
 }
 
@@ -81,14 +81,14 @@ def _skew_reference(params, generator: str) -> np.ndarray:
         upper = np.triu(np.asarray(params["s_dense_NHH"], np.float64), k=1)
         return upper - np.swapaxes(upper, -1, -2)
     if generator == "block2x2":
-        a = np.asarray(params["s_block2x2_NK"], np.float64)
+        a = np.asarray(params["s_block2x2_NF"], np.float64)
         half = a.shape[-1]
         s = np.zeros((a.shape[0], 2 * half, 2 * half))
         for j in range(half):  # plane (j, j + H/2)
             s[:, j, j + half], s[:, j + half, j] = a[:, j], -a[:, j]
         return s
     if generator == "banded":
-        raw = np.asarray(params["s_banded_NbH"], np.float64)
+        raw = np.asarray(params["s_banded_NWH"], np.float64)
         head_dim = raw.shape[-1]
         a = np.zeros((raw.shape[0], head_dim, head_dim))
         for d in range(1, raw.shape[1] + 1):
@@ -194,7 +194,7 @@ def test_orthogonal(generator):
 @pytest.mark.parametrize("bandwidth", [1, 2, 7])
 def test_banded_structure(bandwidth):
     params = _params(10, "banded", init_std=1.0, bandwidth=bandwidth)
-    raw = np.asarray(params["s_banded_NbH"])
+    raw = np.asarray(params["s_banded_NWH"])
     chex.assert_shape(raw, (N, bandwidth, H))
     s = np.asarray(_generator(params))
     i, j = np.indices((H, H))
@@ -207,7 +207,7 @@ def test_banded_structure(bandwidth):
     # Unused entries past the end of a diagonal have no effect.
     tail = np.zeros_like(raw)
     tail[:, bandwidth - 1, H - bandwidth :] = 5.0
-    np.testing.assert_array_equal(_generator({**params, "s_banded_NbH": raw + tail}), s)
+    np.testing.assert_array_equal(_generator({**params, "s_banded_NWH": raw + tail}), s)
 
 
 def _hand_made_a():
@@ -283,7 +283,7 @@ def test_block2x2_on_rope_pairs_would_cancel():
     """Why block2x2 uses the half-split planes: on RoPE's own pairs P commutes with RoPE."""
     params = _params(21, "block2x2", init_std=1.0)
     rope_params = {"freqs_ANF": params["freqs_ANF"]}
-    a = np.asarray(params["s_block2x2_NK"], np.float64)
+    a = np.asarray(params["s_block2x2_NF"], np.float64)
     s = np.zeros((N, H, H))
     j = np.arange(H // 2)
     s[:, 2 * j, 2 * j + 1], s[:, 2 * j + 1, 2 * j] = a, -a

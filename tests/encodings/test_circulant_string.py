@@ -125,13 +125,13 @@ def test_translation_invariance(head_dim):
 def test_frequencies_are_generator_eigenvalues(head_dim):
     """L_a v_k = i theta_ak v_k for the Fourier vectors v_k[j] = exp(2 pi i j k / H)."""
     params, _, _ = _setup(head_dim, num_axes=2)
-    theta_ANK = np.asarray(circulant_string.frequencies(params), np.float64)
-    chex.assert_shape(theta_ANK, (2, 2, head_dim // 2 + 1))
+    theta_ANJ = np.asarray(circulant_string.frequencies(params), np.float64)
+    chex.assert_shape(theta_ANJ, (2, 2, head_dim // 2 + 1))
     gen = _dense_generators(params["c_ANH"])
     for k in range(head_dim // 2 + 1):
         v_H = np.exp(2j * np.pi * np.arange(head_dim) * k / head_dim)
-        np.testing.assert_allclose(gen @ v_H, 1j * theta_ANK[..., k, None] * v_H, atol=1e-5)
-    np.testing.assert_allclose(theta_ANK[..., 0], 0.0, atol=1e-6)  # DC bin is never rotated
+        np.testing.assert_allclose(gen @ v_H, 1j * theta_ANJ[..., k, None] * v_H, atol=1e-5)
+    np.testing.assert_allclose(theta_ANJ[..., 0], 0.0, atol=1e-6)  # DC bin is never rotated
 
 
 @pytest.mark.parametrize("head_dim", [7, 8])
