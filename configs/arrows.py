@@ -33,8 +33,8 @@ Expected metric, res=cpu: the arrows study (`python -m experiments.studies.run a
 evaluates once, at the end; experiments/studies/arrows/README.md, and summary.md for the
 current seed means): accuracy in % on 2,000 test layouts, the range over the seeds run so far:
   pe=                 seeds  g08        g12        g16        g20        g08_shuffled
-  liere (block=8)     0      100.0      100.0      100.0      86.8       32.0
-  liere,block=16      0      100.0      100.0      100.0      99.9       33.9
+  liere (block=8)     0-1    100.0      100.0      100.0      86.8-99.5  32.0-34.2
+  liere,block=16      0-1    100.0      99.5-100.0 89.7-100.0 77.3-99.9  33.1-33.9
   liere,block=2       0-1    100.0      96.6-99.6  75.3-91.5  57.4-76.2  30.9-31.3
   rope_mixed          0-1    100.0      99.8-100.0 90.1-94.4  39.3-62.8  32.4-33.8
   visionllama         0-1    100.0      99.8-99.9  97.0-98.4  94.0-96.3  33.9-34.5
