@@ -1,11 +1,10 @@
-"""What a training job needs around the loop: processes, signals, and the data it reads.
+"""What a training job needs around the loop: processes, signals, its first lines.
+
+(The data a run reads is ``rope_lie/data/run_inputs.py``.)
 
 - ``maybe_initialize_distributed``: ``jax.distributed`` for multi-process jobs (config.distributed);
 - ``check_workdir``: a workdir that cannot be written fails before anything is read or trained;
 - ``StopOnSigterm``: a scheduler's SIGTERM becomes "checkpoint this step and return";
-- ``prepare_data`` / ``data_summary`` / ``prepare_eval_data``: every dataset generated or checked
-  before the first step (process 0 first in a multi-process job);
-- ``data_train_batches``: this process's share of every global batch (``config.data_shards``);
 - ``describe_run``: the run's first two lines (model, data, steps, mesh, processes).
 """
 
@@ -15,11 +14,9 @@ import os
 import signal
 import tempfile
 import threading
-from typing import Any
 
 import jax
 import ml_collections as mc
-import numpy as np
 from absl import logging
 from tqdm import tqdm
 
@@ -105,92 +102,6 @@ class StopOnSigterm:
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-
-
-def data_train_batches(config: mc.ConfigDict, start_step: int):
-    """This process's slice of the global batches from `start_step` on (exact resume).
-
-    The global batch is made of ``config.data_shards`` shards (0: one per process), each
-    read and shuffled on its own (``tfds.split_for_jax_process`` slices); a process reads
-    ``data_shards / process_count`` of them and concatenates. With ``data_shards`` fixed, the
-    batches do not depend on how many processes run the job, so a checkpoint resumes on another
-    topology with the same data, and a 1-process run reproduces a multi-process one.
-    """
-    from rope_lie.data import pipeline  # TensorFlow is imported only when data is read
-
-    processes, index = jax.process_count(), jax.process_index()
-    shards = config.get("data_shards", 0) or processes
-    if shards < processes or shards % processes:
-        raise ValueError(
-            f"data_shards={shards} must be a multiple of the {processes} processes of the job"
-        )
-    per_process = shards // processes
-    iterators = [
-        pipeline.make_train_iterator(
-            config.dataset,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            start_step=start_step,
-            process_index=shard,
-            process_count=shards,
-        )
-        for shard in range(index * per_process, (index + 1) * per_process)
-    ]
-    if len(iterators) == 1:
-        return iterators[0]
-    return (
-        {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
-        for batches in zip(*iterators, strict=True)
-    )
-
-
-def prepare_data(config: mc.ConfigDict) -> int:
-    """Generate (local builders) or check every dataset of the run; returns the train size.
-
-    In a multi-process job process 0 does it first and the others wait at a barrier of the
-    coordination service (not a device collective, whose rendezvous times out after 30 s
-    while a dataset is being generated), then only read what it wrote.
-    """
-
-    def prepare() -> int:
-        num_train = data_summary(config)["num_train_examples"]
-        prepare_eval_data(config)
-        return num_train
-
-    if jax.process_count() == 1:
-        return prepare()
-    if jax.process_index() == 0:
-        prepare()
-    from jax._src import distributed  # the coordination service's client (jax.distributed)
-
-    distributed.global_state.client.wait_at_barrier("rope_lie_datasets", 3_600_000)
-    return prepare()
-
-
-def data_summary(config: mc.ConfigDict) -> dict[str, Any]:
-    """Train split size, classes and example shape; checks them against config.model."""
-    from rope_lie.data import pipeline
-
-    summary = pipeline.dataset_summary(config.dataset)
-    *spatial, channels = summary["example_shape"]
-    expected = (tuple(spatial), channels, summary["num_classes"])
-    model = config.model
-    actual = (tuple(model.image_shape), model.channels, model.num_classes)
-    if expected != actual:
-        raise ValueError(
-            f"config.model (image_shape, channels, num_classes)={actual} does not match "
-            f"dataset {config.dataset.name!r} (image_size={config.dataset.image_size}): {expected}"
-        )
-    return summary
-
-
-def prepare_eval_data(config: mc.ConfigDict) -> None:
-    """Every dataset of ``config.evals`` prepared (ours generated, catalogue ones checked)."""
-    from rope_lie.data import catalog
-
-    names = {entry.name or config.dataset.name for entry in config.evals.values()}
-    for name in sorted(names):
-        catalog.prepare(name, config.dataset.data_dir)
 
 
 def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_train: int) -> str:

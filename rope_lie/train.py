@@ -254,7 +254,10 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first checkpoint
     nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
     sharding.check_batch_size(config.batch_size, mesh)  # eval batches are padded to the mesh
-    num_train = job.prepare_data(config)  # a missing eval dataset fails now, not after training
+    from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read
+
+    # Every dataset now: a missing eval dataset fails before training, not after it.
+    num_train = run_inputs.prepare_data(config)
     total, steps_per_epoch, eval_every = schedule_steps(config, num_train)
     setup, abstract_state, init, init_other = create_setup_and_state(config, mesh, total)
     manager = ckpt.make_manager(os.path.join(workdir, "checkpoints"), **config.checkpoint)
@@ -355,7 +358,9 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
         dynamic_ncols=True,
         mininterval=1.0,
     )
-    batches = job.data_train_batches(config, start)
+    from rope_lie.data import run_inputs
+
+    batches = run_inputs.data_train_batches(config, start)
 
     def next_batch():
         batch = next(batches)

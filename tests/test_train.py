@@ -16,6 +16,7 @@ import pytest
 
 from configs import digits
 from rope_lie import checkpoint, metrics, train
+from rope_lie.data import run_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -288,6 +289,6 @@ def test_an_unwritable_workdir_fails_before_reading_data(tfds_dir, tmp_path, mon
     def prepare_data(config):
         raise AssertionError("data prepared before the workdir was checked")
 
-    monkeypatch.setattr(train.job, "prepare_data", prepare_data)
+    monkeypatch.setattr(run_inputs, "prepare_data", prepare_data)
     with pytest.raises(OSError, match=f"cannot write in '{re.escape(unwritable)}'"):
         train.train_and_evaluate(_config(tfds_dir), workdir)
