@@ -11,6 +11,10 @@ import pytest
 
 from rope_lie import checkpoint, sharding
 
+# A failed restore leaves orbax's read coroutines to an event loop it has closed; Python reports
+# them whenever they are collected, which may be during a later test of this module.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
 
 def _state(value: int):
     return {
@@ -82,9 +86,6 @@ def _largest_file(directory):
     return max(files, key=os.path.getsize)
 
 
-# A failed array read leaves orbax's tensorstore callbacks to an event loop it has closed.
-_ORBAX_CLOSED_LOOP = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 # Damage done to a complete step folder after it was written, and what the message says.
 DAMAGE = {
     "largest file cut in half": (lambda d: _cut_in_half(_largest_file(d)), "OUT_OF_RANGE"),
@@ -105,7 +106,6 @@ def _two_checkpoints(directory):
     return checkpoint.make_manager(directory, every_steps=2, keep=3, async_save=False)
 
 
-@_ORBAX_CLOSED_LOOP
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_an_unreadable_checkpoint_is_named_and_the_previous_one_restored(tmp_path, capsys, damage):
     directory = tmp_path / "ckpt"
@@ -137,7 +137,6 @@ def test_no_readable_checkpoint_is_an_error_that_moves_nothing(tmp_path):
     assert not os.path.exists(f"{directory}-unreadable")
 
 
-@_ORBAX_CLOSED_LOOP
 def test_a_checkpoint_of_another_shape_is_an_error_not_a_fallback(tmp_path):
     directory = tmp_path / "ckpt"
     manager = _two_checkpoints(directory)
