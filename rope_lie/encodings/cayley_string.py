@@ -354,31 +354,23 @@ def precompute(
       ``PairAngles`` with the RoPE-Mixed angles (T, N, H/2) (B, T, N, H/2 for pos_BTA) and
       ``fold_NHH`` = P (N, H, H), dense for every generator; float32.
     """
-    del num_prefix
-    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
-    freqs_ANF = _checked_params(params, k, num_heads=num_heads, head_dim=head_dim)
-    return state.PairAngles(_angles(freqs_ANF, pos), fold_NHH=orthogonal(params, k=k))
+    _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
+    _check_generator(params, pos, k, num_heads=num_heads, head_dim=head_dim)
+    return _rope(params, pos, num_heads, head_dim)._replace(fold_NHH=orthogonal(params, k=k))
 
 
-def _checked_params(params, k, *, num_heads: int, head_dim: int) -> jax.Array:
-    """Validate the generator against (k, N, H); returns freqs_ANF."""
+def _check_generator(params, pos, k, *, num_heads: int, head_dim: int) -> None:
+    """The generator against (k, N, H), and the positions' axes against the frequencies'."""
     kind = generator_kind(params)
     _check_apply_k(kind, k)
-    freqs_ANF = params["freqs_ANF"]
-    if freqs_ANF.ndim != 3 or freqs_ANF.shape[1:] != (num_heads, head_dim // 2) or head_dim % 2:
-        raise ValueError(
-            f"{_FAMILY}: freqs_ANF has shape {tuple(freqs_ANF.shape)} but num_heads={num_heads}, "
-            f"head_dim={head_dim} (expected (A, {num_heads}, head_dim / 2) with head_dim even)"
-        )
     _check_generator_shape(params, kind, num_heads, head_dim)
-    return freqs_ANF
+    _checks.check_positions(pos, _FAMILY, params["freqs_ANF"].shape[0])
 
 
-def _angles(freqs_ANF: jax.Array, pos: jax.Array) -> jax.Array:
-    """RoPE-Mixed's angles sum_a p_a f[a, n, j], float32 (T, N, F) or (B, T, N, F)."""
-    pos = _checks.check_positions(pos, _FAMILY, freqs_ANF.shape[0]).astype(jnp.float32)
-    spec = "TA,ANF->TNF" if pos.ndim == 2 else "BTA,ANF->BTNF"
-    return jnp.einsum(spec, pos, freqs_ANF.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+def _rope(params, pos, num_heads: int, head_dim: int) -> state.PairAngles:
+    """The RoPE part of R(p): RoPE-Mixed's angles of ``freqs_ANF``."""
+    freqs = {"freqs_ANF": params["freqs_ANF"]}
+    return rope_mixed.precompute(freqs, pos, num_heads=num_heads, head_dim=head_dim)
 
 
 def _mix(params: dict[str, jax.Array], x_BTNH: jax.Array, k: int | None) -> jax.Array:
@@ -407,13 +399,10 @@ def apply(
     Returns:
       (B, T, N, H) array in x's dtype.
     """
-    kind = generator_kind(params)
-    _check_apply_k(kind, k)
-    freqs_ANF = params["freqs_ANF"]
-    num_axes, num_heads, num_pairs = freqs_ANF.shape
+    num_axes, num_heads, num_pairs = params["freqs_ANF"].shape
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
-    freqs_ANF = _checked_params(params, k, num_heads=num_heads, head_dim=2 * num_pairs)
-    angles = state.PairAngles(_angles(freqs_ANF, pos))
-    return angles.rotate(_mix(params, x_BTNH, k)).astype(x_BTNH.dtype)
+    _check_generator(params, pos, k, num_heads=num_heads, head_dim=2 * num_pairs)
+    rope = _rope(params, pos, num_heads, 2 * num_pairs)
+    return rope.rotate(_mix(params, x_BTNH, k)).astype(x_BTNH.dtype)

@@ -147,9 +147,8 @@ def precompute(
     Returns:
       ``SpectralPhases`` of shape (T, N, H // 2 + 1), or (B, T, N, H // 2 + 1); complex64.
     """
-    del num_prefix
     c_ANH = _check_params(params)
-    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
+    _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
     if c_ANH.shape[1:] != (num_heads, head_dim):
         raise ValueError(
             f"{_FAMILY}: c_ANH has shape {tuple(c_ANH.shape)} but num_heads={num_heads}, "

@@ -57,9 +57,8 @@ def precompute(
     Returns:
       ``PairAngles`` with ``angle_TNF`` (T, 1, F), or (B, T, 1, F) for ``pos_BTA``; float32.
     """
-    del num_prefix  # prefix tokens sit at position 0, where R = I
     _checks.check_no_params(params, family)
-    _checks.check_state_args(num_heads, head_dim, 0, family)
+    _checks.check_state_args(num_heads, head_dim, num_prefix, family)
     pos = _checks.check_positions(pos, family)
     num_axes = pos.shape[-1]
     _checks.check_positive_int(num_axes, "num_axes", family)

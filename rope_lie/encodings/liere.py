@@ -221,9 +221,8 @@ def precompute(
       ``PairAngles`` (T, N, K) for b = 2 (closed form), else ``BlockRotations``
       (T, N, K, b, b); with a leading B for pos_BTA. float32.
     """
-    del num_prefix
     gen_ANKbb = _generator_blocks(params)
-    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
+    _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
     _, gen_heads, num_blocks, block = gen_ANKbb.shape[:4]
     if gen_heads != num_heads or head_dim // block != num_blocks:
         raise ValueError(

@@ -162,9 +162,8 @@ def precompute(
     Returns:
       ``PairAngles`` of shape (T, N, F) (``(B, T, N, F)`` for per-example positions), float32.
     """
-    del num_prefix
     freqs_ANF = _checked_freqs(params)
-    _checks.check_state_args(num_heads, head_dim, 0, _FAMILY)
+    _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
     if freqs_ANF.shape[1:] != (num_heads, head_dim // 2) or head_dim % 2:
         raise ValueError(
             f"{_FAMILY}: freqs_ANF has shape {tuple(freqs_ANF.shape)} but num_heads={num_heads}, "

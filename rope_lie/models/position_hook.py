@@ -93,7 +93,7 @@ def init_pe_params(
 
 def apply_hparams(pe: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
     """The subset of ``hparams`` that the family's ``apply``/``bias`` also takes."""
-    names = getattr(pe_module(pe), "APPLY_HPARAMS", ())
+    names = pe_module(pe).APPLY_HPARAMS
     return {k: v for k, v in (hparams or {}).items() if k in names}
 
 
