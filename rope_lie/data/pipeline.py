@@ -19,7 +19,8 @@ order, followed by zero-filled padding with ``mask`` 0 up to a batch count
 that is the same on every process (so collectives line up across hosts).
 
 A record file that turns out damaged (truncated, overwritten) or missing while it is read
-raises an OSError naming the dataset, the split and the file, and how to prepare it again.
+raises an OSError naming the dataset, the split and the file, and how to prepare it again
+(``records.py``).
 
 Batches are dicts of numpy arrays, B = batch_size // process_count per process:
   image       float32 (B, H, W, C), or (B, T, H, W, C) for clips and volumes,
@@ -54,16 +55,14 @@ Batches are dicts of numpy arrays, B = batch_size // process_count per process:
 """
 
 import math
-import re
-import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from rope_lie.data import augment, catalog
+from rope_lie.data import augment, catalog, records
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -115,65 +114,6 @@ def read_split(
         decoders = {recipe.feature: tfds.decode.SkipDecoding()}
     ds = builder.as_dataset(split=split, shuffle_files=False, decoders=decoders)
     return ds, builder.info.splits[split].num_examples
-
-
-def _naming_damage(iterator, builder, name: str, split_name: str, split) -> Iterator:
-    """`iterator`, with TF's error for a damaged or missing record file (which names neither
-    the dataset nor the file) raised as an OSError that names both and how to prepare again."""
-    try:
-        yield from iterator
-    except (tf.errors.DataLossError, tf.errors.NotFoundError) as e:
-        reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", e.message, flags=re.S)
-        paths = [str(p) for p in builder.info.splits[split].filepaths]
-        message = catalog.damaged_dataset_message(
-            name,
-            split_name,
-            damaged_record_file(paths, reason),
-            reason,
-            str(builder.data_dir),
-            str(builder.data_dir_root),
-        )
-        raise OSError(message) from e
-
-
-def damaged_record_file(paths: Sequence[str], reason: str) -> str | None:
-    """Which of the TFRecord files `paths` TF's `reason` is about, or None if none is found.
-
-    A missing file, or one whose record lengths do not add up to its size (truncated, or
-    overwritten in a length field), is found by reading 8 bytes per record. A record whose
-    length or data fail their checksum ("corrupted record at <offset>", the offset of the
-    record or of its data, 12 bytes on) is looked for by reading through the files that have a
-    record there.
-    """
-    offset = re.search(r"record at (\d+)", reason)
-    at_offset = []
-    for path in paths:
-        starts = _record_starts(path) if tf.io.gfile.exists(path) else None
-        if starts is None:
-            return path
-        if offset and {int(offset.group(1)), int(offset.group(1)) - 12} & starts:
-            at_offset.append(path)
-    for path in at_offset:
-        try:
-            for _ in tf.data.TFRecordDataset(path):
-                pass
-        except tf.errors.DataLossError:
-            return path
-    return None
-
-
-def _record_starts(path: str) -> set[int] | None:
-    """Offsets of the records of a TFRecord file, None if their lengths overrun its size.
-
-    A record is: length (uint64 little-endian), its CRC (4 bytes), data, the data's CRC.
-    """
-    size, position, starts = tf.io.gfile.stat(path).length, 0, set()
-    with tf.io.gfile.GFile(path, "rb") as f:
-        while position + 12 <= size:
-            f.seek(position)
-            starts.add(position)
-            position += 16 + struct.unpack("<Q", f.read(8))[0]
-    return starts if position == size else None
 
 
 def example_shape(
@@ -347,7 +287,7 @@ def make_train_iterator(
             num_parallel_calls=AUTOTUNE,
             deterministic=True,
         )
-    return _naming_damage(
+    return records.naming_damage(
         ds.prefetch(AUTOTUNE).as_numpy_iterator(), builder, ds_cfg.name, ds_cfg.train_split, split
     )
 
@@ -402,7 +342,7 @@ def make_eval_iterator(
     ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
     ds = ds.take(num_batches * local_batch).batch(local_batch)
     iterator = ds.prefetch(AUTOTUNE).as_numpy_iterator()
-    return _naming_damage(iterator, builder, ds_cfg.name, split, process_slice)
+    return records.naming_damage(iterator, builder, ds_cfg.name, split, process_slice)
 
 
 def dataset_summary(ds_cfg: ml_collections.ConfigDict) -> dict:
