@@ -1,6 +1,7 @@
 """The studies' runner, statistics and summary, on a tiny smoke study (digits, a few steps)."""
 
 import csv
+import dataclasses
 import os
 import subprocess
 
@@ -74,6 +75,42 @@ def test_rerun_redoes_nothing_and_more_seeds_run_only_the_new_ones(smoke_study, 
     assert len(cmds) == 2 and all("--config.seed=1" in c for c in cmds)
     assert "--config.eval_batch_size=40" in cmds[0] and "pe=ape,smoke" in cmds[1]
     assert len({c.split("--workdir=")[1].split()[0] for c in cmds}) == 2
+
+
+def test_a_run_recorded_by_another_study_is_copied_not_retrained(
+    smoke_study, tmp_path, monkeypatch
+):
+    results, runs, _, _ = smoke_study
+    same = dataclasses.replace(SMOKE.arms[0], name="liere_again", label="LieRE again")
+    other = dataclasses.replace(SMOKE.arms[0], name="liere_other", overrides=TINY)  # no batch 40
+    study = lib.Study(name="second", title="Second", arms=(same, other), evals=SMOKE.evals)
+    calls, log = [], []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    handled = lib.run_study(
+        study, seeds=1, scale="cpu", root=str(tmp_path / "elsewhere"), study_dir=str(tmp_path),
+        arms=["liere_again"], others=[(SMOKE, results)], log=log.append,
+    )  # fmt: skip
+    assert handled == [("liere_again", 0)] and calls == []
+    assert any(f"recorded by {results} as liere" in line for line in log)
+    mine, theirs = lib.read_results(str(tmp_path)), lib.read_results(results)
+    theirs = [r for r in theirs if r["arm"] == "liere"]
+    assert len(mine) == len(theirs) == len(SMOKE.evals)
+    for a, b in zip(mine, theirs, strict=True):
+        assert (a["study"], a["arm"]) == ("second", "liere_again")
+        assert {k: v for k, v in a.items() if k not in ("study", "arm")} == {
+            k: v for k, v in b.items() if k not in ("study", "arm")
+        }
+    examples, source = lib.read_examples(str(tmp_path)), lib.read_examples(results)
+    for name in SMOKE.evals:
+        np.testing.assert_array_equal(examples[f"liere_again/0/{name}"], source[f"liere/0/{name}"])
+    # Another run (different overrides) is not taken for this one: it would be trained.
+    log = []
+    lib.run_study(
+        study, seeds=1, scale="cpu", root=runs, study_dir=str(tmp_path / "b"), dry_run=True,
+        arms=["liere_other"], others=[(SMOKE, results)], log=log.append,
+    )  # fmt: skip
+    assert sum("rope_lie.main" in line for line in log) == 1
+    assert not any("recorded by" in line for line in log)
 
 
 def test_paper_scale_uses_the_paper_arguments(tmp_path):

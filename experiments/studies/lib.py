@@ -7,8 +7,11 @@ arm share its runs. The runner:
 
 1. skips (arm, seed) pairs already in the study's ``results.csv`` (a finished run is never
    redone);
-2. otherwise collects a run whose workdir has ``final.json`` and ``eval_examples.npz``;
-3. otherwise starts (or resumes, from the run's last checkpoint) ``python -m rope_lie.main`` in
+2. otherwise copies the run's rows from another study's ``results.csv`` that recorded the same
+   run (same recipe, argument, overrides, seed and scale: the same workdir name), so shared
+   runs are shared through the committed results even when the workdirs are gone;
+3. otherwise collects a run whose workdir has ``final.json`` and ``eval_examples.npz``;
+4. otherwise starts (or resumes, from the run's last checkpoint) ``python -m rope_lie.main`` in
    a subprocess, then collects it.
 
 Collecting appends one row per evaluation to ``results.csv`` (columns ``RESULT_COLUMNS``) and the
@@ -225,6 +228,44 @@ def _fmt(value: Any) -> Any:
     return f"{value:.6g}" if isinstance(value, float) else value
 
 
+def recorded_elsewhere(
+    arm: Arm, seed: int, scale: str, others: Sequence[tuple[Study, str]]
+) -> tuple[str, str] | None:
+    """(study directory, arm name) of another study that recorded this very run, or None.
+
+    Runs are the same when their workdir names are (``run_dir``: recipe, argument, overrides,
+    seed, scale); the root does not matter.
+    """
+    name = os.path.basename(run_dir("", arm, seed, scale))
+    for other, directory in others:
+        recorded = {(r["arm"], r["seed"]) for r in read_results(directory)}
+        for candidate in other.arms:
+            if (candidate.name, seed) in recorded and (
+                os.path.basename(run_dir("", candidate, seed, scale)) == name
+            ):
+                return directory, candidate.name
+    return None
+
+
+def copy_recorded(
+    study: Study, arm: Arm, seed: int, directory: str, source_arm: str
+) -> tuple[list[dict], dict]:
+    """Rows and per-example results of `source_arm`'s `seed` in `directory`, renamed to this
+    study and arm."""
+    rows = [
+        {**r, "study": study.name, "arm": arm.name}
+        for r in read_results(directory)
+        if r["arm"] == source_arm and r["seed"] == seed
+    ]
+    prefix = f"{source_arm}/{seed}/"
+    examples = {
+        f"{arm.name}/{seed}/{k[len(prefix) :]}": v
+        for k, v in read_examples(directory).items()
+        if k.startswith(prefix)
+    }
+    return rows, examples
+
+
 # --------------------------------------------------------------------------- the runner
 
 
@@ -238,12 +279,15 @@ def run_study(
     dry_run: bool = False,
     extra_flags: Sequence[str] = (),
     arms: Sequence[str] | None = None,
+    others: Sequence[tuple[Study, str]] = (),
     log=print,
 ) -> list[tuple[str, int]]:
     """Run every missing (arm, seed) of `study` in order, one at a time.
 
     Seeds are 0..seeds-1, taken seed-major (every arm's seed 0 before any seed 1), so a study
-    cut short still has every arm. Returns the (arm, seed) pairs that were run or collected.
+    cut short still has every arm. A run that one of `others` ((study, its results directory)
+    pairs) has recorded is copied from there, not trained again. Returns the (arm, seed) pairs
+    that were run, copied or collected.
     """
     if scale not in ("cpu", "paper"):
         raise ValueError(f"scale={scale!r}; expected 'cpu' or 'paper'")
@@ -255,6 +299,14 @@ def run_study(
     for i, (arm, seed) in enumerate(todo, 1):
         workdir = run_dir(root, arm, seed, scale)
         cmd = command(arm, seed, scale, workdir, extra_flags)
+        source = recorded_elsewhere(arm, seed, scale, others)
+        if source is not None:
+            rows, examples = copy_recorded(study, arm, seed, *source)
+            log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: recorded by {source[0]} as {source[1]}")
+            if not dry_run:
+                append_results(study_dir, rows, examples)
+                handled.append((arm.name, seed))
+            continue
         if dry_run:
             log(" ".join(cmd))
             continue

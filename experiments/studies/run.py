@@ -22,8 +22,13 @@ from experiments.studies import lib, report, stats
 from experiments.studies.definitions import STUDIES
 
 
-def study_dir(name: str, results_root: str | None) -> str:
-    return os.path.join(results_root or lib.STUDIES_DIR, name)
+def study_dir(name: str, results_root: str | None, scale: str = "cpu") -> str:
+    """Where a study's results go: <results root>/<study>, and at paper scale without an
+    explicit results root, <study>/paper (never mixed with the CPU-scale results)."""
+    directory = os.path.join(results_root or lib.STUDIES_DIR, name)
+    return (
+        os.path.join(directory, "paper") if scale == "paper" and results_root is None else directory
+    )
 
 
 def write_report(study: lib.Study, directory: str) -> str:
@@ -59,9 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds if args.seeds is not None else study.default_seeds
     if seeds < 1:
         parser.error(f"--seeds={seeds}; expected at least 1")
-    directory = study_dir(study.name, args.results)
-    if args.scale == "paper" and not args.dry_run and args.results is None:
-        directory = os.path.join(directory, "paper")  # never mixed with the CPU-scale results
+    directory = study_dir(study.name, args.results, args.scale)
+    others = [
+        (other, study_dir(other.name, args.results, args.scale))
+        for other in STUDIES.values()
+        if other.name != study.name
+    ]
     if not args.report:
         lib.run_study(
             study,
@@ -72,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run=args.dry_run,
             extra_flags=args.flag,
             arms=[a for a in args.arms.split(",") if a] or None,
+            others=others,
         )
     if not args.dry_run:
         print(write_report(study, directory))
