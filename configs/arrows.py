@@ -27,19 +27,19 @@ steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the
 
 Expected runtime: res=cpu, 6-7 min a run on this project's 2-core AMD EPYC CPU (no accelerator,
 jax 0.10.2): 500 steps at ~330 examples/s when nothing else runs, plus the evaluations; longer
-on a shared machine (the arrows study's runs logged 103-329 examples/s). res=paper: not run
+on a shared machine (the arrows study's runs logged 96-616 examples/s). res=paper: not run
 here (ViT-B on 800,000 layouts needs an accelerator; the paper gives no runtime for it).
 Expected metric, res=cpu: the arrows study (`python -m experiments.studies.run arrows`, which
 evaluates once, at the end; experiments/studies/arrows/README.md, and summary.md for the
-current seed means): accuracy in % on 2,000 test layouts, the range over the seeds run so far:
+current seed means): accuracy in % on 2,000 test layouts, the range over seeds 0-2:
   pe=                 seeds  g08        g12        g16        g20        g08_shuffled
-  liere (block=8)     0-1    100.0      100.0      100.0      86.8-99.5  32.0-34.2
-  liere,block=16      0-1    100.0      99.5-100.0 89.7-100.0 77.3-99.9  33.1-33.9
-  liere,block=2       0-1    100.0      96.6-99.6  75.3-91.5  57.4-76.2  30.9-31.3
-  rope_mixed          0-1    100.0      99.8-100.0 90.1-94.4  39.3-62.8  32.4-33.8
-  visionllama         0-1    100.0      99.8-99.9  97.0-98.4  94.0-96.3  33.9-34.5
-  visionllama_liere   0-1    42.4-42.8  44.6-45.1  44.5-44.6  43.0-45.6  42.6-43.0
-  ape                 0-1    43.2-43.5  44.1-45.3  42.6-44.1  43.9-44.3  42.4-42.8
+  liere (block=8)     0-2    100.0      100.0      99.9-100.0 86.8-99.5  32.0-34.2
+  liere,block=16      0-2    100.0      99.5-100.0 89.7-100.0 77.3-99.9  32.2-33.9
+  liere,block=2       0-2    100.0      94.2-99.6  75.3-91.5  56.9-76.2  30.9-32.4
+  rope_mixed          0-2    100.0      99.5-100.0 90.1-99.2  39.3-96.2  27.3-33.8
+  visionllama         0-2    100.0      99.7-99.9  96.9-98.4  93.8-96.3  32.1-34.5
+  visionllama_liere   0-2    42.4-43.2  44.6-45.9  44.5-44.6  43.0-45.6  42.3-43.0
+  ape                 0-2    43.2-43.5  44.1-46.2  42.6-44.6  43.9-44.4  42.4-43.5
 Chance is 25 %; a model blind to positions reaches at most 44.2 %. res=paper: not run here;
 the paper's Table 3 is above.
 """
