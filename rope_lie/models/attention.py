@@ -124,6 +124,7 @@ class Attention(nnx.Module):
         share_pe_heads: bool = False,
         own_pe: bool = True,
         num_prefix: int = 0,
+        qkv_bias: bool = True,
         dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -140,6 +141,8 @@ class Attention(nnx.Module):
           own_pe: False when the parameters are shared across layers and passed to
             ``__call__`` by the caller.
           num_prefix: prefix (class) tokens at the start of the sequence (for bias families).
+          qkv_bias: biases on the q, k, v projections (False: none, as the LieRE reference's
+            ``to_qkv``); the output projection always has one.
           dtype: activation dtype; parameters are float32.
           rngs: ``nnx.Rngs`` with a ``params`` (or default) stream.
         """
@@ -157,9 +160,12 @@ class Attention(nnx.Module):
         self.wq_DNH = nnx.Param(init_in(rngs.params(), shape_DNH))
         self.wk_DNH = nnx.Param(init_in(rngs.params(), shape_DNH))
         self.wv_DNH = nnx.Param(init_in(rngs.params(), shape_DNH))
-        self.bq_NH, self.bk_NH, self.bv_NH = (
-            nnx.Param(jnp.zeros((num_heads, head_dim))) for _ in range(3)
-        )
+        # data: hold a Param when qkv_bias, None otherwise
+        self.bq_NH, self.bk_NH, self.bv_NH = nnx.data(None), nnx.data(None), nnx.data(None)
+        if qkv_bias:
+            self.bq_NH, self.bk_NH, self.bv_NH = (
+                nnx.Param(jnp.zeros((num_heads, head_dim))) for _ in range(3)
+            )
         init_out = xavier_uniform((0, 1), 2)
         self.wo_NHD = nnx.Param(init_out(rngs.params(), (num_heads, head_dim, width)))
         self.bo_D = nnx.Param(jnp.zeros((width,)))
@@ -227,6 +233,12 @@ class Attention(nnx.Module):
         q_BTNH, k_BTNH, _, bias = self.qkv(x_BTD, None, pe_state=pe_state)
         return attention_probs(q_BTNH, k_BTNH, bias)
 
+    def _bias(self, b_NH: nnx.Param | None) -> jax.Array:
+        """A projection's bias, zeros when the layer has none (``qkv_bias=False``)."""
+        if b_NH is None:
+            return jnp.zeros((self.num_heads, self.head_dim), jnp.float32)
+        return b_NH[...]
+
     def qkv(
         self,
         x_BTD: jax.Array,
@@ -244,13 +256,14 @@ class Attention(nnx.Module):
         elif pe_params is not None:
             raise ValueError("Attention takes pe_params or pe_state, not both")
         x_BTD = x_BTD.astype(self.dtype)
-        wq, bq, wk, bk = self.wq_DNH[...], self.bq_NH[...], self.wk_DNH[...], self.bk_NH[...]
+        wq, wk, wv = self.wq_DNH[...], self.wk_DNH[...], self.wv_DNH[...]
+        bq, bk, bv = (self._bias(b) for b in (self.bq_NH, self.bk_NH, self.bv_NH))
         if pe_state.fold_NHH is not None:  # a position-independent P: fold it, never per token
             (wq, bq), (wk, bk) = (fold_projection(pe_state.fold_NHH, w, b)
                                   for w, b in ((wq, bq), (wk, bk)))  # fmt: skip
         q_BTNH = pe_state.rotate(project(x_BTD, wq, bq))
         k_BTNH = pe_state.rotate(project(x_BTD, wk, bk))
-        v_BTNH = project(x_BTD, self.wv_DNH[...], self.bv_NH[...])
+        v_BTNH = project(x_BTD, wv, bv)
         bias = pe_state.bias_BNTS
         bias = None if bias is None else bias.astype(self.dtype)
         return q_BTNH, k_BTNH, v_BTNH, bias

@@ -5,7 +5,14 @@
 Patches (2D) or tubelets (3D) are flattened and projected (a strided convolution written as
 patchify + linear), a class token is prepended when ``pool="cls"``, an absolute table is added
 when ``additive`` is ``"ape"``/``"sincos"``, then pre-LN blocks (attention with the position-
-encoding hook of ``attention.py``, GELU MLP), a final LayerNorm, pooling and a linear head.
+encoding hook of ``attention.py``, GELU MLP; ``blocks.py``), a final LayerNorm, pooling and a
+linear head.
+
+Options that other codes' models need, off by default (``rope_lie/interop`` converts timm's
+naver RoPE ViTs and the LieRE reference with them): explicit ``dims`` instead of a named
+variant, LayerScale, the exact (erf) GELU, the LayerNorm epsilon (``blocks.py``), q/k/v
+projections without biases (``qkv_bias``), and an additive table that leaves the class token
+alone (``additive_prefix=False``, timm's ``no_embed_class``).
 
 The token grid is derived from the input shape at every call, so the model runs at any
 resolution divisible by the patch size: positions are recomputed with ``position_convention``
@@ -31,58 +38,17 @@ from flax import nnx
 from rope_lie import encodings
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
-from rope_lie.models import attention, position_hook
+from rope_lie.models import attention, blocks, position_hook
 from rope_lie.models.position_hook import PositionParam
+from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_variant: public)
+    DIM_KEYS,
+    VARIANTS,
+    model_dims,
+    parse_variant,
+)
 
-# width D, depth L, heads N, MLP hidden size. Ti/S/B/L as in ViT and DeiT.
-VARIANTS: dict[str, dict[str, int]] = {
-    "pico": dict(width=32, depth=2, num_heads=2, mlp_dim=64),  # unit tests and smoke runs
-    "mu": dict(width=64, depth=4, num_heads=4, mlp_dim=128),  # CPU quickstart, H = 16
-    # The sparse Cayley-STRING study's small ViT (H = 12): 0.116-0.118 M parameters at
-    # 32x32x3, patch 4, 10 classes, depending on the generator (see tests/models/test_vit.py).
-    "string": dict(width=48, depth=4, num_heads=4, mlp_dim=192),
-    "Ti": dict(width=192, depth=12, num_heads=3, mlp_dim=768),
-    "S": dict(width=384, depth=12, num_heads=6, mlp_dim=1536),
-    "B": dict(width=768, depth=12, num_heads=12, mlp_dim=3072),
-    "L": dict(width=1024, depth=24, num_heads=16, mlp_dim=4096),
-}
 POOLS = ("cls", "mean")
 _DTYPES = ("float32", "bfloat16", "float16")
-
-
-def parse_variant(
-    variant: str, patch_size: int | Sequence[int] | None, rank: int
-) -> tuple[dict[str, int], tuple[int, ...]]:
-    """Model dimensions and patch size from ``"Ti/16"``-style names.
-
-    Args:
-      variant: a key of ``VARIANTS``, optionally followed by ``/p`` (the patch size).
-      patch_size: int or tuple of length ``rank``; wins over the variant's ``/p`` (which must
-        then agree with its last entry).
-      rank: spatial rank of the input (2 for images, 3 for volumes).
-
-    Returns:
-      (dims, patch): the variant's dimensions and the patch size per spatial axis.
-    """
-    name, _, patch_str = str(variant).partition("/")
-    if name not in VARIANTS:
-        raise ValueError(f"unknown variant={variant!r}; expected one of {sorted(VARIANTS)}")
-    if patch_str and not patch_str.isdigit():
-        raise ValueError(f"variant={variant!r}: the patch size after '/' must be an integer")
-    variant_patch = int(patch_str) if patch_str else None
-    if patch_size is None:
-        if variant_patch is None:
-            raise ValueError(f"variant={variant!r} has no '/patch' and patch_size is None")
-        patch_size = variant_patch
-    patch = (patch_size,) * rank if isinstance(patch_size, numbers.Integral) else tuple(patch_size)
-    if len(patch) != rank or any(not isinstance(p, numbers.Integral) or p < 1 for p in patch):
-        raise ValueError(
-            f"patch_size={patch_size!r} must be a positive int or {rank} positive ints "
-            f"(one per spatial axis of image_shape)"
-        )
-    if variant_patch is not None and variant_patch != patch[-1]:
-        raise ValueError(f"variant={variant!r} and patch_size={patch_size!r} disagree")
-    return dict(VARIANTS[name]), tuple(int(p) for p in patch)
 
 
 def token_grid(spatial: Sequence[int], patch: Sequence[int], what: str) -> tuple[int, ...]:
@@ -111,53 +77,6 @@ def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
     rank = len(grid)
     order = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
     return x.transpose(order).reshape(batch, math.prod(grid), math.prod(patch) * channels)
-
-
-class MlpBlock(nnx.Module):
-    """Dense(mlp_dim) -> GELU -> dropout -> Dense(width) -> dropout (the ViT MLP)."""
-
-    def __init__(self, width: int, mlp_dim: int, *, dropout: float, dtype: Any, rngs: nnx.Rngs):
-        init = dict(
-            kernel_init=attention.xavier_uniform(0, 1),
-            bias_init=jax.nn.initializers.normal(1e-6),
-            dtype=dtype,
-            rngs=rngs,
-        )
-        self.fc1 = nnx.Linear(width, mlp_dim, **init)
-        self.fc2 = nnx.Linear(mlp_dim, width, **init)
-        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
-
-    def __call__(self, x_BTD: jax.Array, *, train: bool) -> jax.Array:
-        h_BTE = self.dropout(jax.nn.gelu(self.fc1(x_BTD)), deterministic=not train)
-        return self.dropout(self.fc2(h_BTE), deterministic=not train)
-
-
-class Block(nnx.Module):
-    """Pre-LN encoder block: x + drop(attn(LN(x))), then x + MLP(LN(x))."""
-
-    def __init__(
-        self,
-        width: int,
-        num_heads: int,
-        mlp_dim: int,
-        *,
-        dropout: float,
-        dtype: Any,
-        rngs: nnx.Rngs,
-        **attention_kwargs: Any,
-    ):
-        self.ln1 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
-        self.attn = attention.Attention(
-            width, num_heads, dtype=dtype, rngs=rngs, **attention_kwargs
-        )
-        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
-        self.ln2 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
-        self.mlp = MlpBlock(width, mlp_dim, dropout=dropout, dtype=dtype, rngs=rngs)
-
-    def __call__(self, x_BTD: jax.Array, pe_state: State, *, train: bool) -> jax.Array:
-        y_BTD = self.attn(self.ln1(x_BTD), None, pe_state=pe_state)
-        x_BTD = x_BTD + self.dropout(y_BTD, deterministic=not train)
-        return x_BTD + self.mlp(self.ln2(x_BTD), train=train)
 
 
 def additive_names() -> list[str]:
@@ -233,7 +152,8 @@ class ViT(nnx.Module):
     def __init__(
         self,
         *,
-        variant: str = "Ti/16",
+        variant: str | None = "Ti/16",
+        dims: Mapping[str, int] | None = None,
         patch_size: int | Sequence[int] | None = None,
         image_shape: Sequence[int] = (224, 224),
         channels: int = 3,
@@ -248,13 +168,20 @@ class ViT(nnx.Module):
         share_pe_heads: bool = False,
         share_pe_layers: bool = False,
         head_zero_init: bool = True,
+        layer_scale: float | None = None,
+        gelu_approximate: bool = True,
+        norm_eps: float = 1e-6,
+        qkv_bias: bool = True,
+        additive_prefix: bool = True,
         dtype: Any = "float32",
         rngs: nnx.Rngs,
     ):
         """Build the model.
 
         Args:
-          variant: ``VARIANTS`` key with optional ``/patch``, e.g. ``"Ti/16"``, ``"mu/8"``.
+          variant: ``VARIANTS`` key with optional ``/patch``, e.g. ``"Ti/16"``, ``"mu/8"``; None
+            with ``dims`` giving width, depth, num_heads and mlp_dim.
+          dims: entries of ``DIM_KEYS`` that override the variant's (``model_dims``).
           patch_size: int, (p, p) patches or (t, p, p) tubelets; overrides the variant's.
           image_shape: training input spatial shape, (H, W) or (D, H, W).
           channels: input channels C.
@@ -269,11 +196,17 @@ class ViT(nnx.Module):
           share_pe_heads: one set of encoder parameters for all heads (default: per head).
           share_pe_layers: one set of encoder parameters for all layers (default: per layer).
           head_zero_init: zero-initialise the classifier head.
+          layer_scale: None, or LayerScale's initial value (``blocks.py``; timm's 1e-5).
+          gelu_approximate: tanh-approximated GELU (default) or, False, the exact erf form.
+          norm_eps: LayerNorm epsilon of every norm (1e-6; PyTorch's ``nn.LayerNorm`` 1e-5).
+          qkv_bias: biases on the q, k and v projections (the output projection always has one).
+          additive_prefix: the class token gets its own row of the additive table (ViT); False:
+            the table covers the grid only (timm's ``no_embed_class``).
           dtype: activation dtype, ``"float32"`` or ``"bfloat16"``; parameters are float32.
           rngs: ``nnx.Rngs``: ``params`` (or default) stream, and ``dropout`` when dropout > 0.
         """
         self.image_shape = _check_image_shape(image_shape)
-        dims, self.patch = parse_variant(variant, patch_size, len(self.image_shape))
+        dims, self.patch = model_dims(variant, dims, patch_size, len(self.image_shape))
         self.train_grid = token_grid(self.image_shape, self.patch, "image_shape")
         _check_options(pe, pool, additive, position_convention, dropout)
         self.channels, self.pool, self.pe, self.additive = channels, pool, pe, additive
@@ -286,9 +219,11 @@ class ViT(nnx.Module):
         num_axes = len(self.image_shape)
         self.embed = nnx.Linear(math.prod(self.patch) * channels, width, dtype=dt, rngs=rngs)
         self.cls_1D = nnx.Param(jnp.zeros((1, width))) if num_prefix else None
+        self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
-            additive, rngs, self.train_grid, width, num_prefix, additive_hparams
-        )
+            additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
+            additive_hparams,
+        )  # fmt: skip
         self.embed_dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         pe_kwargs = dict(num_heads=num_heads, head_dim=width // num_heads, num_axes=num_axes)
         self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
@@ -298,14 +233,17 @@ class ViT(nnx.Module):
             )
         attention_kwargs = dict(
             num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
-            own_pe=not share_pe_layers, num_prefix=num_prefix,
+            own_pe=not share_pe_layers, num_prefix=num_prefix, qkv_bias=qkv_bias,
         )  # fmt: skip
+        block_kwargs = dict(
+            norm_eps=norm_eps, gelu_approximate=gelu_approximate, layer_scale=layer_scale
+        )
         self.blocks = nnx.List(
-            Block(width, num_heads, dims["mlp_dim"], dropout=dropout, dtype=dt, rngs=rngs,
-                  **attention_kwargs)
+            blocks.Block(width, num_heads, dims["mlp_dim"], dropout=dropout, dtype=dt, rngs=rngs,
+                         **block_kwargs, **attention_kwargs)
             for _ in range(dims["depth"])
         )  # fmt: skip
-        self.norm = nnx.LayerNorm(width, dtype=dt, rngs=rngs)
+        self.norm = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
         head_init = jax.nn.initializers.zeros if head_zero_init else attention.xavier_uniform(0, 1)
         self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
 
@@ -327,16 +265,21 @@ class ViT(nnx.Module):
     def embed_tokens(self, images: jax.Array, grid: tuple[int, ...]) -> jax.Array:
         """Patch embedding, class token and additive table: (B, T, D), prefix tokens first."""
         x_BTD = self.embed(patchify(images.astype(self.dtype), self.patch))
+        if self.additive != "none" and not self.additive_prefix:
+            x_BTD = self._add_table(x_BTD, grid, num_prefix=0)  # timm's no_embed_class
         if self.cls_1D is not None:
             cls_BPD = jnp.broadcast_to(self.cls_1D[...], (x_BTD.shape[0], *self.cls_1D.shape))
             x_BTD = jnp.concatenate([cls_BPD.astype(x_BTD.dtype), x_BTD], axis=1)
-        if self.additive != "none":
-            params = {k: v[...] for k, v in self.additive_params.items()}
-            emb_TD = encodings.ADDITIVE[self.additive].table(
-                params, grid_shape=grid, width=x_BTD.shape[-1], num_prefix=self.num_prefix
-            )
-            x_BTD = x_BTD + emb_TD.astype(x_BTD.dtype)
+        if self.additive != "none" and self.additive_prefix:
+            x_BTD = self._add_table(x_BTD, grid, num_prefix=self.num_prefix)
         return x_BTD
+
+    def _add_table(self, x_BTD: jax.Array, grid: tuple[int, ...], num_prefix: int) -> jax.Array:
+        params = {k: v[...] for k, v in self.additive_params.items()}
+        emb_TD = encodings.ADDITIVE[self.additive].table(
+            params, grid_shape=grid, width=x_BTD.shape[-1], num_prefix=num_prefix
+        )
+        return x_BTD + emb_TD.astype(x_BTD.dtype)
 
     def positions(self, grid: Sequence[int]) -> jax.Array:
         """pos_TA of a token grid under ``position_convention``, prefix tokens at 0."""
