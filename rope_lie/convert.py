@@ -1,0 +1,166 @@
+"""Command line: convert PyTorch weights into a rope_lie workdir (``rope_lie/interop``).
+
+    python -m rope_lie.convert --from=timm --model=vit_small_patch16_rope_mixed_224 \
+        --checkpoint=model.safetensors --workdir=DIR
+    python -m rope_lie.convert --from=liere --model=channels=3 --checkpoint=last.ckpt \
+        --workdir=DIR
+
+``--from=timm``: ``--model`` is a supported timm name (``interop.timm_eva.SUPPORTED``),
+``--checkpoint`` a timm-layout ``state_dict`` file (``.safetensors``/``.pth``, e.g. the
+``naver_in1k`` weights from the Hugging Face hub) or ``none`` for timm's random
+initialisation; ``--overrides`` passes keyword arguments to ``timm.create_model``
+(``embed_dim=64,depth=2``: small models for tests). ``--from=liere``: ``--checkpoint`` is a
+LieRE reference Lightning checkpoint (or its ``state_dict``), its architecture read from the
+tensor shapes (``--model`` may set ``channels=`` and any other ``ReferenceSpec`` field, which
+must then agree); with ``--checkpoint=none`` ``--model`` gives the whole ``ReferenceSpec``
+(``image_size=32,patch_size=8,num_classes=10,dim=128,depth=2,heads=2,mlp_dim=256,
+generator_dim=8,per_layer=1,per_head=1``) and the reference ViT is built in PyTorch with
+random weights (``--seed``).
+
+The workdir holds an Orbax checkpoint (``config.init_from=DIR``) and ``config.json`` /
+``config.py`` (``rope_lie.main``); ``rope_lie.interop.load(DIR)`` returns the model. Needs the
+``interop`` extra (``pip install -e ".[interop]"``: torch, torchvision, timm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+from typing import Any
+
+from rope_lie.interop import _torch_first, liere_reference, timm_eva, workdir
+
+SOURCES = ("timm", "liere")
+DEFAULT_DATASETS = {"timm": "imagenet2012", "liere": "cifar100"}
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    """``"embed_dim=64,img_size=32"`` -> ``{"embed_dim": 64, "img_size": 32}`` (Python literals,
+    anything else kept as a string)."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, has_value, value = item.partition("=")
+        if not has_value or not key:
+            raise ValueError(f"override {item!r} must be key=value")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
+
+
+def _normalisation(mean, std, source_mean, source_std, channels: int, where: str):
+    mean = tuple(source_mean) if mean is None else tuple(mean)
+    std = tuple(source_std) if std is None else tuple(std)
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(
+            f"the converted model has {channels} input channels but the normalisation has "
+            f"mean={mean}, std={std} ({where}); pass --mean and --std with {channels} values"
+        )
+    return mean, std
+
+
+def _from_timm(args) -> tuple[dict, dict, dict]:
+    _torch_first.check()
+    import timm
+    import torch
+
+    torch.manual_seed(args.seed)  # timm's random initialisation, when there is no checkpoint
+    model = timm_eva.create(args.model, args.checkpoint, **parse_overrides(args.overrides))
+    cfg = timm_eva.model_config(model)
+    params = timm_eva.convert_params(model)
+    data = model.pretrained_cfg or {}
+    mean, std = _normalisation(
+        args.mean, args.std, data.get("mean", timm_eva.IMAGENET_MEAN),
+        data.get("std", timm_eva.IMAGENET_STD), cfg["channels"], f"timm {args.model}",
+    )  # fmt: skip
+    info = dict(versions=f"timm {timm.__version__}, torch {torch.__version__}", mean=mean, std=std)
+    return cfg, params, info
+
+
+def _from_liere(args) -> tuple[dict, dict, dict]:
+    _torch_first.check()
+    import torch
+
+    given = liere_reference.parse_spec(args.model) if args.checkpoint is None else None
+    notes = []
+    if args.checkpoint is None:
+        model = liere_reference.reference_model(given, seed=args.seed)
+        state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+        spec = given
+    else:
+        state = liere_reference.load_state_dict(args.checkpoint)
+        fields = liere_reference.parse_fields(args.model)
+        spec = liere_reference.infer_spec(state, channels=fields.pop("channels", 3))
+        differ = {k: (v, getattr(spec, k)) for k, v in fields.items() if getattr(spec, k) != v}
+        if differ:
+            raise ValueError(f"--model fields differ from the checkpoint's (given, read): {differ}")
+    params, notes = liere_reference.convert_state_dict(state, spec, args.liere_layers)
+    cfg = liere_reference.model_config(spec, args.liere_layers)
+    mean, std = _normalisation(
+        args.mean, args.std, liere_reference.MEAN, liere_reference.STD, spec.channels,
+        "the LieRE reference's",
+    )  # fmt: skip
+    info = dict(versions=f"torch {torch.__version__}", mean=mean, std=std, notes=notes,
+                spec=dataclasses.asdict(spec), layers=args.liere_layers)  # fmt: skip
+    return cfg, params, info
+
+
+def convert(args: argparse.Namespace) -> str:
+    """Convert as the command line says; returns the workdir."""
+    if args.source not in SOURCES:
+        raise ValueError(f"--from={args.source!r}; expected one of {SOURCES}")
+    cfg, params, info = (_from_timm if args.source == "timm" else _from_liere)(args)
+    mean, std = info.pop("mean"), info.pop("std")
+    interop = dict(
+        source=args.source,
+        name=args.model,
+        checkpoint=args.checkpoint or "none (random initialisation)",
+        overrides=args.overrides,
+        input="NHWC float32, (x / 255 - dataset.mean) / dataset.std per channel",
+        **info,
+    )
+    config = workdir.converted_config(
+        cfg, dataset=args.dataset or DEFAULT_DATASETS[args.source], mean=mean, std=std,
+        interop=interop,
+    )  # fmt: skip
+    return workdir.save(args.workdir, config, params)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(","))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m rope_lie.convert", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--from", dest="source", required=True, choices=SOURCES)
+    p.add_argument("--model", required=True, help="timm name, or LieRE reference fields")
+    p.add_argument("--checkpoint", required=True, help="weights file, or 'none' (random init)")
+    p.add_argument("--workdir", required=True, help="new directory for the converted model")
+    p.add_argument("--overrides", default="", help="timm.create_model kwargs: k=v,k=v")
+    p.add_argument("--dataset", default=None, help="TFDS name for the written config")
+    p.add_argument("--mean", type=_floats, default=None, help="input mean per channel")
+    p.add_argument("--std", type=_floats, default=None, help="input std per channel")
+    p.add_argument("--liere_layers", default="as_run", choices=liere_reference.LAYERS)
+    p.add_argument("--seed", type=int, default=0, help="torch seed of a random initialisation")
+    return p
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parser().parse_args(argv)
+    if args.checkpoint.lower() == "none":
+        args.checkpoint = None
+    if args.source == "liere" and args.overrides:
+        raise ValueError("--overrides is for --from=timm; give LieRE fields in --model")
+    directory = convert(args)
+    config = workdir.read_config(directory)
+    for note in config.interop.get("notes", []):
+        print(f"note: {note}")
+    print(f"Converted {args.source} {args.model} into {directory}")
+    return directory
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""A converted model on disk: an Orbax checkpoint and a config, as a training run leaves them.
+
+``save`` writes, into a new directory ``DIR``:
+
+- ``DIR/checkpoints/0/``: the checkpoint layout of ``rope_lie/checkpoint.py`` (step 0, item
+  ``state`` = ``{"params": <the ViT's parameters as a pure dict>, "step": 0}``, item ``meta``
+  = where the weights came from), which ``config.init_from=DIR`` reads
+  (``rope_lie/finetune.py``);
+- ``DIR/config.json``: the converted ``model`` (``ViT`` keyword arguments), ``dataset`` (a
+  TFDS name, the training ``image_size`` and the source model's input normalisation
+  ``mean``/``std``) and ``interop`` (source, name, checkpoint, notes);
+- ``DIR/config.py``: a recipe for ``rope_lie.main`` that builds the whole training config from
+  it (``config_lib.base_config()``, the dataset's defaults with those fields, the model):
+
+      python -m rope_lie.main --config=DIR/config.py --config.init_from=DIR --workdir=NEW
+
+``load(DIR)`` returns the NNX model with the converted weights and the config. The model takes
+images NHWC (``(B, H, W, C)``), float32, normalised as the source model expects:
+``(x / 255 - config.dataset.mean) / config.dataset.std`` per channel, and returns logits
+``(B, V)``; any resolution divisible by the patch size works (positions are recomputed, an APE
+table is resized).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import ml_collections as mc
+import numpy as np
+from flax import nnx
+
+from rope_lie import checkpoint as ckpt
+from rope_lie.models import ViT
+
+CONFIG_JSON = "config.json"
+CONFIG_PY = "config.py"
+
+_RECIPE = '''"""{title}
+
+Written by ``python -m rope_lie.convert`` (rope_lie/interop). Its parameters are the checkpoint
+beside this file; fine-tune from them with
+
+    python -m rope_lie.main --config={path} --config.init_from={workdir} --workdir=NEW
+
+(set ``--config.dataset.name=...``, ``--config.model.num_classes=...`` and
+``--config.init_head=new`` for another dataset). The config itself is ``config.json``.
+"""
+
+from rope_lie.interop import workdir
+
+
+def get_config(arg=None):
+    return workdir.recipe_config(__file__, arg)
+'''
+
+
+def _pure_params(model: ViT) -> dict[str, Any]:
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def _abstract_model(model_cfg: Mapping[str, Any]) -> ViT:
+    cfg = dict(model_cfg)
+    return nnx.eval_shape(lambda: ViT(**cfg, rngs=nnx.Rngs(0)))
+
+
+def check_params(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+    """Raise naming every parameter the model lacks, has in excess, or holds in another shape."""
+    wanted = {
+        ckpt.path_name(p): tuple(v.shape)
+        for p, v in jax.tree_util.tree_leaves_with_path(_pure_params(_abstract_model(model_cfg)))
+    }
+    given = {
+        ckpt.path_name(p): tuple(np.shape(v))
+        for p, v in jax.tree_util.tree_leaves_with_path(params)
+    }
+    missing, extra = sorted(set(wanted) - set(given)), sorted(set(given) - set(wanted))
+    shapes = [f"{k}: {given[k]} != {wanted[k]}" for k in sorted(set(wanted) & set(given))
+              if given[k] != wanted[k]]  # fmt: skip
+    if missing or extra or shapes:
+        raise ValueError(
+            f"converted parameters do not fit the model: missing {missing}, unexpected {extra}, "
+            f"shapes (converted != model) {shapes}"
+        )
+
+
+def build(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> ViT:
+    """The ViT of ``model_cfg`` holding ``params`` (a pure dict, checked by ``check_params``)."""
+    check_params(model_cfg, params)
+    model = ViT(**dict(model_cfg), rngs=nnx.Rngs(0))
+    given = {ckpt.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(params)}
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(_pure_params(model))
+    values = [np.asarray(given[ckpt.path_name(p)], np.float32) for p, _ in leaves]
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, values))
+    nnx.update(model, state)
+    return model
+
+
+def converted_config(
+    model_cfg: Mapping[str, Any],
+    *,
+    dataset: str,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    interop: Mapping[str, Any],
+) -> mc.ConfigDict:
+    """What ``config.json`` holds: the model, its dataset and input normalisation, its source.
+
+    Built without the data pipeline (no TensorFlow: a converter imports PyTorch, and the two
+    in one process need PyTorch first, ``_torch_first.py``).
+    """
+    config = mc.ConfigDict()
+    config.model = mc.ConfigDict(dict(model_cfg))  # ViT keyword arguments
+    config.dataset = mc.ConfigDict()
+    config.dataset.name = dataset  # TFDS name for fine-tuning or evaluation runs
+    config.dataset.image_size = int(tuple(model_cfg["image_shape"])[-1])  # training px
+    config.dataset.mean = tuple(mean)  # input normalisation: (x / 255 - mean) / std
+    config.dataset.std = tuple(std)
+    config.interop = mc.ConfigDict(dict(interop))  # where the weights came from
+    return config
+
+
+def training_config(converted: mc.ConfigDict) -> mc.ConfigDict:
+    """The full training config of a converted model (``config.py``): base defaults, the
+    dataset's defaults with the converted fields, the model, one evaluation."""
+    from rope_lie import config_lib
+
+    config = config_lib.base_config()
+    ds = converted.dataset
+    config.dataset = config_lib.dataset_config(ds.name, data_dir=None, mean=ds.mean, std=ds.std)
+    config.dataset.image_size = ds.image_size  # px: the converted model's training resolution
+    config.model = mc.ConfigDict(converted.model.to_dict())
+    config.evals = {"val": config_lib.eval_entry()}
+    config.interop = mc.ConfigDict(converted.interop.to_dict())  # informative
+    return config
+
+
+def save(directory: str, config: mc.ConfigDict, params: Mapping[str, Any]) -> str:
+    """Write a converted model (see the module docstring) into a new or empty ``directory``."""
+    directory = os.path.abspath(os.path.expanduser(directory))
+    if os.path.isdir(directory) and os.listdir(directory):
+        raise FileExistsError(f"workdir={directory!r} is not empty; convert into a new directory")
+    check_params(config.model.to_dict(), params)  # names and shapes (an abstract model)
+    os.makedirs(directory, exist_ok=True)
+    manager = ckpt.make_manager(
+        os.path.join(directory, "checkpoints"), every_steps=1, keep=1, async_save=False
+    )
+    state = {"params": jax.tree.map(lambda v: np.asarray(v, np.float32), params), "step": 0}
+    meta = {"step": 0, "interop": config.interop.to_dict()}
+    ckpt.save(manager, 0, state, meta, force=True)
+    manager.wait_until_finished()
+    manager.close()
+    with open(os.path.join(directory, CONFIG_JSON), "w") as f:
+        f.write(config.to_json(indent=2))
+    title = f"Converted {config.interop.source} model {config.interop.name}."
+    recipe = _RECIPE.format(title=title, path=os.path.join(directory, CONFIG_PY), workdir=directory)
+    with open(os.path.join(directory, CONFIG_PY), "w") as f:
+        f.write(recipe)
+    return directory
+
+
+def _as_tuples(value: Any) -> Any:
+    """JSON lists back to the tuples the config holds (image_shape, mean, std)."""
+    if isinstance(value, list):
+        return tuple(_as_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _as_tuples(v) for k, v in value.items()}
+    return value
+
+
+def read_config(directory: str) -> mc.ConfigDict:
+    """The ``config.json`` of a converted model's directory."""
+    path = os.path.join(os.path.abspath(os.path.expanduser(directory)), CONFIG_JSON)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path} does not exist: {directory!r} is not a directory written by rope_lie.convert"
+        )
+    with open(path) as f:
+        return mc.ConfigDict(_as_tuples(json.load(f)))
+
+
+def recipe_config(recipe_path: str, arg: str | None = None) -> mc.ConfigDict:
+    """``get_config`` of a converted model's ``config.py``: ``training_config`` of its
+    ``config.json``."""
+    if arg:
+        raise ValueError(
+            f"{recipe_path} takes no argument (got {arg!r}); override fields with "
+            "--config.<key>=<value>"
+        )
+    return training_config(read_config(os.path.dirname(os.path.abspath(recipe_path))))
+
+
+def load(directory: str) -> tuple[ViT, mc.ConfigDict]:
+    """The converted model (NNX, weights loaded) and its config.
+
+    Args:
+      directory: a directory written by ``python -m rope_lie.convert`` (or ``save``).
+
+    Returns:
+      (model, config): call ``model(images_BHWC)`` on NHWC float32 images normalised as
+      ``(x / 255 - config.dataset.mean) / config.dataset.std``; logits (B, V). ``config`` is
+      ``config.json`` (model, dataset, interop), not the training config of ``config.py``.
+    """
+    from rope_lie import finetune
+
+    config = read_config(directory)
+    _, params = finetune.load_params(directory)
+    return build(config.model.to_dict(), params), config

@@ -1,0 +1,162 @@
+"""The PyTorch half of tests/test_interop.py, run as ``python tests/interop_torch_side.py OUT``.
+
+A separate process because PyTorch's triton crashes a process that has already loaded
+TensorFlow (``rope_lie/interop/_torch_first.py``), which the test session has. It builds the
+small PyTorch models (timm's own ``Eva`` and the LieRE reference re-implementation), saves
+their weights as checkpoint files, converts them with ``python -m rope_lie.convert``'s
+``main`` into ``OUT/<case>``, and writes what PyTorch computes (``OUT/<case>.npz``: images
+NCHW and logits at each side) and the conversion errors it meets (``OUT/errors.json``).
+torch is imported inside the functions: the test extra alone must import every test file
+(tests/test_dependencies.py).
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from rope_lie import convert  # no TensorFlow: torch can still be imported after it
+from rope_lie.interop import liere_reference, timm_eva
+
+TINY_TIMM = dict(embed_dim=64, depth=2, num_heads=2, img_size=32, patch_size=8, num_classes=10)
+TIMM_CASES = {  # case: timm name
+    "rope_axial": "vit_small_patch16_rope_224",
+    "rope_mixed": "vit_small_patch16_rope_mixed_224",
+    "rope_mixed_ape": "vit_small_patch16_rope_mixed_ape_224",
+}
+LIERE_CASES = {  # case: (block size b, per_layer, per_head)
+    "liere_dense_per_layer_head": (64, True, True),
+    "liere_8x8_per_layer_head": (8, True, True),
+    "liere_dense_shared": (64, False, False),
+    "liere_8x8_shared": (8, False, False),
+}
+LIERE_SPEC = dict(image_size=16, patch_size=4, num_classes=10, dim=128, depth=2, heads=2,
+                  mlp_dim=256)  # fmt: skip
+
+
+def _overrides(kw: dict) -> str:
+    return "--overrides=" + ",".join(f"{k}={v}" for k, v in kw.items())
+
+
+def _scale_weights(model, seed: int) -> None:
+    """Weights where every part moves the logits: LayerScale gains ~1 (timm's 1e-5 would hide
+    the blocks), biases, a unit-variance APE table and class token, and a unit head (timm's
+    1e-3 head would leave logits near zero, where any two models agree)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("gamma_1", "gamma_2")):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif name.endswith("bias") or name in ("pos_embed", "cls_token"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif name in ("head.weight", "model.mlp_head.1.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+
+def _logits(model, sides, channels=3, seed=0, head=None) -> dict[str, np.ndarray]:
+    """Images and the model's logits at each side; with ``head`` (the classifier module), also
+    what enters it (``features_<side>``: a randomly initialised head's logits are ~1e-3)."""
+    import torch
+
+    out, features = {}, []
+    if head is not None:
+        head.register_forward_hook(lambda module, args, output: features.append(args[0]))
+    for side in sides:
+        images = np.random.RandomState(seed + side).randn(2, channels, side, side)
+        out[f"images_{side}"] = images.astype(np.float32)
+        with torch.no_grad():
+            out[f"logits_{side}"] = model(torch.from_numpy(out[f"images_{side}"])).numpy()
+        if head is not None:
+            out[f"features_{side}"] = features.pop().numpy()
+    return out
+
+
+def _timm(out: str) -> None:
+    import torch
+
+    for case, name in TIMM_CASES.items():
+        torch.manual_seed(0)
+        model = timm_eva.create(name, dynamic_img_size=True, **TINY_TIMM)
+        _scale_weights(model, seed=0)
+        path = os.path.join(out, f"{case}.pth")
+        torch.save(model.state_dict(), path)
+        convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
+                      f"--workdir={out}/{case}", _overrides(TINY_TIMM)])  # fmt: skip
+        np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48)))
+    # --checkpoint=none (timm's random initialisation under --seed), for the fine-tuning test:
+    # 1 channel, 4 classes (spatial_arrows), 32 px
+    kw = {**TINY_TIMM, "in_chans": 1, "num_classes": 4}
+    convert.main(["--from=timm", "--model=vit_small_patch16_rope_mixed_224", "--checkpoint=none",
+                  f"--workdir={out}/arrows_source", "--mean=0.5", "--std=0.5", "--seed=3",
+                  _overrides(kw)])  # fmt: skip
+    torch.manual_seed(3)
+    model = timm_eva.create("vit_small_patch16_rope_mixed_224", **kw)
+    np.savez(os.path.join(out, "arrows_source.npz"),
+             **_logits(model, (32,), channels=1, head=model.head))  # fmt: skip
+
+
+def _liere(out: str) -> None:
+    import torch
+
+    for case, (b, per_layer, per_head) in LIERE_CASES.items():
+        spec = liere_reference.ReferenceSpec(**LIERE_SPEC, generator_dim=b, per_layer=per_layer,
+                                             per_head=per_head)  # fmt: skip
+        model = liere_reference.reference_model(spec, seed=1)
+        _scale_weights(model, seed=1)
+        path = os.path.join(out, f"{case}.ckpt")  # the Lightning layout: state_dict + the rest
+        torch.save({"epoch": 3, "global_step": 100, "state_dict": model.state_dict()}, path)
+        convert.main(["--from=liere", "--model=channels=3", f"--checkpoint={path}",
+                      f"--workdir={out}/{case}"])  # fmt: skip
+        if per_layer and b == 8:  # the stored per-layer generators, not what the reference runs
+            stored = f"--workdir={out}/{case}_as_stored"
+            convert.main(["--from=liere", f"--checkpoint={path}", "--model=",
+                          "--liere_layers=as_stored", stored])  # fmt: skip
+        np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (16, 24)))
+    # --checkpoint=none: the re-implementation's random initialisation, spec given in --model
+    fields = ",".join(f"{k}={v}" for k, v in LIERE_SPEC.items())
+    convert.main(["--from=liere", f"--model={fields},generator_dim=8,per_head=1",
+                  "--checkpoint=none", "--seed=5", f"--workdir={out}/liere_random"])  # fmt: skip
+    spec = liere_reference.ReferenceSpec(**LIERE_SPEC, generator_dim=8, per_head=True)
+    model = liere_reference.reference_model(spec, seed=5)
+    head = model.model.mlp_head[1]
+    np.savez(os.path.join(out, "liere_random.npz"), **_logits(model, (16,), head=head))
+
+
+def _errors(out: str) -> dict[str, str]:
+    import torch
+
+    errors = {}
+
+    def record(case, fn):
+        try:
+            fn()
+        except (ValueError, FileExistsError) as e:
+            errors[case] = f"{type(e).__name__}: {e}"
+
+    state = torch.load(os.path.join(out, "rope_axial.pth"))
+    state["blocks.0.attn.extra"] = torch.zeros(1)
+    del state["norm.bias"]
+    torch.save(state, os.path.join(out, "bad.pth"))
+    bad = os.path.join(out, "bad.pth")
+    record("bad_keys", lambda: timm_eva.create("vit_small_patch16_rope_224", bad, **TINY_TIMM))
+    record("name", lambda: timm_eva.check_name("vit_small_patch16_224"))
+    avg = timm_eva.create("vit_small_patch16_rope_224", global_pool="avg", **TINY_TIMM)
+    record("avg_pool", lambda: timm_eva.model_config(avg))
+    record("not_empty", lambda: convert.main([
+        "--from=timm", "--model=vit_small_patch16_rope_224", "--checkpoint=none",
+        f"--workdir={out}/rope_axial", _overrides(TINY_TIMM)]))  # fmt: skip
+    record("spec_differs", lambda: convert.main([
+        "--from=liere", "--model=depth=3", f"--checkpoint={out}/liere_8x8_shared.ckpt",
+        f"--workdir={out}/never"]))  # fmt: skip
+    return errors
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    _timm(out)
+    _liere(out)
+    with open(os.path.join(out, "errors.json"), "w") as f:
+        json.dump(_errors(out), f, indent=1)

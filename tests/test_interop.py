@@ -1,0 +1,177 @@
+"""rope_lie.interop: PyTorch ViTs converted with the same logits, the convert command, load, and
+fine-tuning a converted model with config.init_from.
+
+The PyTorch half runs in its own process (``tests/interop_torch_side.py``: PyTorch's triton
+crashes a process that has loaded TensorFlow, as this session has): it builds small models with
+timm's own code and with the LieRE reference re-implemented module for module, saves their
+weights as checkpoint files, converts them with the command's ``main`` and records PyTorch's
+logits. This process loads the converted workdirs with ``interop.load`` (no PyTorch) and
+compares, each side having changed resolution its own way (timm's ``dynamic_img_size``, the
+reference's position grid), at the training resolution and at 1.5x. The models have 2 blocks
+of width 64 (timm) or 128 (LieRE, whose reference fixes 64 channels per head), with weights
+scaled so that every part moves the logits, which are O(10).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from flax import nnx
+
+from rope_lie import checkpoint, config_lib, interop, train
+from rope_lie.data.spatial_arrows import SpatialArrowsConfig
+
+TOL = 1e-4  # |logit difference|, float32
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMM_SIDES = (32, 48)
+LIERE_SIDES = (16, 24)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> str:
+    """The torch side's output directory (one process for every case of this file)."""
+    if importlib.util.find_spec("timm") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip('needs the interop extra: pip install -e ".[interop]"')
+    out = str(tmp_path_factory.mktemp("interop"))
+    script = os.path.join(REPO, "tests", "interop_torch_side.py")
+    run = subprocess.run([sys.executable, script, out], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return out
+
+
+def _max_diffs(directory: str, case: str, sides, model=None, what="logits") -> dict[int, float]:
+    """max |difference| per side between the converted model's logits (or, ``what="features"``,
+    what enters its classifier) and PyTorch's on the same images."""
+    if model is None:
+        model, _ = interop.load(os.path.join(directory, case))
+    if what == "features":  # the classifier made the identity: the model returns its input
+        width = model.head.in_features
+        model.head = nnx.Linear(width, width, rngs=nnx.Rngs(0))
+        model.head.kernel[...], model.head.bias[...] = jnp.eye(width), jnp.zeros(width)
+    ref = np.load(os.path.join(directory, f"{case.removesuffix('_as_stored')}.npz"))
+    diffs = {}
+    for side in sides:
+        expected = ref[f"{what}_{side}"]
+        got = np.asarray(model(jnp.asarray(ref[f"images_{side}"].transpose(0, 2, 3, 1))))
+        assert got.shape == expected.shape and np.abs(expected).max() > 1.0  # values that matter
+        diffs[side] = float(np.abs(got - expected).max())
+    return diffs
+
+
+@pytest.mark.parametrize("case", ["rope_axial", "rope_mixed", "rope_mixed_ape"])
+def test_timm_rope_vits_give_the_same_logits_at_two_resolutions(converted, case):
+    """RoPE-Axial, RoPE-Mixed and RoPE-Mixed + APE (the classes and kwargs of timm's
+    vit_small_patch16_rope{,_mixed}{,_ape}_224 at width 64), converted from a checkpoint file:
+    equal logits at 32 px (the training resolution) and 48 px (timm resizes pos_embed and
+    recomputes the rope grid, rope_lie too). The same model with its position axes swapped
+    (timm's "xy" read as "ij") fails the check: the comparison sees the axis order."""
+    model, config = interop.load(os.path.join(converted, case))
+    assert config.model.layer_scale == 1e-5 and config.model.norm_eps == 1e-6
+    diffs = _max_diffs(converted, case, TIMM_SIDES, model)
+    assert max(diffs.values()) < TOL, diffs
+    for block in model.blocks:  # swap the axes: halves of q/k channels, or the frequency rows
+        attn = block.attn
+        if config.model.pe == "rope_axial":
+            h = attn.head_dim
+            for w in (attn.wq_DNH, attn.wk_DNH):
+                w[...] = jnp.roll(w[...], h // 2, axis=-1)
+        else:
+            freqs = attn.pe_params["freqs_ANF"]
+            freqs[...] = freqs[...][::-1]
+    assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
+
+
+LIERE_CASES = ["liere_dense_per_layer_head", "liere_8x8_per_layer_head", "liere_dense_shared",
+               "liere_8x8_shared"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", LIERE_CASES)
+def test_liere_reference_checkpoints_give_the_same_logits_at_two_resolutions(converted, case):
+    """LieRE dense and 8x8 blocks, generators per layer and head or shared by all, from a
+    checkpoint in the reference's Lightning layout, architecture read from the shapes: equal
+    logits at 16 px and 24 px (the reference's grid linspace(0, n / n_train, n)). With per-layer
+    generators the reference uses layer 0's in every layer (its models/vit.py); the stored
+    per-layer generators ("as_stored") then give other logits."""
+    diffs = _max_diffs(converted, case, LIERE_SIDES)
+    assert max(diffs.values()) < TOL, diffs
+    _, config = interop.load(os.path.join(converted, case))
+    assert config.model.share_pe_layers and config.model.qkv_bias is False
+    assert config.model.share_pe_heads == ("shared" in case)
+    assert any("pos_embedding" in note for note in config.interop.notes)
+    if "per_layer" in case:
+        assert any("layers 1..1" in note for note in config.interop.notes)
+    if case == "liere_8x8_per_layer_head":
+        stored = _max_diffs(converted, f"{case}_as_stored", LIERE_SIDES[:1])
+        assert stored[LIERE_SIDES[0]] > 10 * TOL
+
+
+def test_random_initialisations_convert_and_load(converted):
+    """--checkpoint=none: timm's random init and the reference's (under --seed) load back with
+    PyTorch's features (what enters the classifier: randomly initialised heads give logits of
+    ~1e-3, too small to compare); the config says where they came from and how to normalise."""
+    for case, side in (("arrows_source", 32), ("liere_random", 16)):
+        assert _max_diffs(converted, case, (side,), what="features")[side] < TOL
+    _, config = interop.load(os.path.join(converted, "arrows_source"))
+    assert config.interop.source == "timm" and config.interop.checkpoint.startswith("none")
+    assert config.dataset.mean == (0.5,) and config.dataset.name == "imagenet2012"
+    _, config = interop.load(os.path.join(converted, "rope_mixed"))
+    assert config.dataset.mean == (0.485, 0.456, 0.406) and config.model.additive == "none"
+    _, config = interop.load(os.path.join(converted, "liere_random"))
+    assert config.dataset.std == (0.2023, 0.1994, 0.2010) and config.model.pe == "liere"
+
+
+def test_conversion_errors_name_the_problem(converted):
+    with open(os.path.join(converted, "errors.json")) as f:
+        errors = json.load(f)
+    assert (
+        "missing keys ['norm.bias'], unexpected keys ['blocks.0.attn.extra']" in errors["bad_keys"]
+    )
+    assert "'vit_small_patch16_224' is not supported" in errors["name"]
+    assert "vit_large_patch16_rope_mixed_ape_224" in errors["name"]  # lists the supported
+    assert "global_pool='avg', expected 'token'" in errors["avg_pool"]
+    assert errors["not_empty"].startswith("FileExistsError") and "not empty" in errors["not_empty"]
+    assert "'depth': (3, 2)" in errors["spec_differs"]
+    with pytest.raises(FileNotFoundError, match="not a directory written by rope_lie.convert"):
+        interop.load(converted)
+
+
+def test_a_converted_model_fine_tunes_with_init_from_on_arrows(converted, tmp_path):
+    """A converted timm RoPE-Mixed ViT (1 channel, 4 classes, 32 px), trained 2 steps on a tiny
+    local spatial_arrows (4x4 cells of 8 px) with the workdir's own config.py and init_from: it
+    starts from the converted weights (every parameter within 1e-2 of them after 2 Adam steps
+    at 1e-3, the head moved: neither a fresh init nor a frozen copy) and evaluates."""
+    data_dir = str(tmp_path / "tfds")
+    tfds.builder(
+        "spatial_arrows",
+        config=SpatialArrowsConfig(name="interop_g4", grid_size=4, num_train=16, num_test=8,
+                                   num_distractor_arrows=2, num_letters=2),
+        data_dir=data_dir,
+    ).download_and_prepare()  # fmt: skip
+    source = os.path.join(converted, "arrows_source")
+    recipe = importlib.util.spec_from_file_location("converted_recipe", f"{source}/config.py")
+    module = importlib.util.module_from_spec(recipe)
+    recipe.loader.exec_module(module)  # what rope_lie.main's --config=DIR/config.py does
+    config = module.get_config()
+    config.dataset = config_lib.dataset_config(
+        "spatial_arrows/interop_g4", data_dir=data_dir, mean=(0.5,), std=(0.5,)
+    )
+    config.update(dict(init_from=source, total_steps=2, batch_size=8, eval_batch_size=8,
+                       progress=False, tensorboard=False))  # fmt: skip
+    config.optim.lr, config.checkpoint.every_steps = 1e-3, 2
+    final = train.train_and_evaluate(config, str(tmp_path / "tuned"))
+    assert final["step"] == 2 and final["evals"]["val"]["num_examples"] == 8
+    _, before = checkpoint.load_state(os.path.join(source, "checkpoints"))
+    _, after = checkpoint.load_state(str(tmp_path / "tuned" / "checkpoints"))
+    after = {checkpoint.path_name(p): v
+             for p, v in jax.tree_util.tree_leaves_with_path(after["params"])}  # fmt: skip
+    for path, value in jax.tree_util.tree_leaves_with_path(before["params"]):
+        moved = np.abs(after[checkpoint.path_name(path)] - value).max()
+        assert moved < 1e-2, (checkpoint.path_name(path), moved)
+    assert not np.array_equal(after["head/kernel"], before["params"]["head"]["kernel"])
