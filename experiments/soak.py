@@ -5,7 +5,9 @@ r"""Memory soak: train with periodic evaluation for a fixed wall time, sampling 
 Trains a recipe (default: the quickstart, ViT-mu/8 + LieRE on spatial_arrows/c8_g8, with a
 schedule too long to finish) in this process, evaluating every ``--eval_every`` steps. A thread
 reads this process's resident memory (``VmRSS`` in /proc/self/status) every ``--every``
-seconds and appends it to ``OUT/rss.csv`` as it goes (session, elapsed_s, step, rss_mib). At
+seconds and appends it to ``OUT/rss.csv`` as it goes (session, elapsed_s, step, rss_mib, and in
+CSVs started since the heap columns exist, glibc's heap bytes in use and held: a leak raises
+the first, allocator retention only the second). At
 the deadline it sends this process SIGTERM: the training loop checkpoints the step it is on
 and returns (its preemption path), so rerunning the same command resumes the training in
 ``--workdir`` and appends a new session to the CSV.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import ctypes
 import importlib
 import json
 import os
@@ -43,6 +46,28 @@ def rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024  # kB
     raise OSError("no VmRSS line in /proc/self/status (not Linux?)")
+
+
+class _MallInfo2(ctypes.Structure):  # glibc >= 2.33, <malloc.h>
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks "
+        "keepcost".split()
+    ]
+
+
+def heap_mib() -> tuple[float, float]:
+    """(bytes in use, bytes held) of the C heap in MiB, from glibc's ``mallinfo2``: in use is
+    what live allocations hold, held adds the free memory kept in the arenas (a leak grows
+    the first; fragmentation or retention only the second). (nan, nan) without glibc 2.33."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return float("nan"), float("nan")
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    in_use = info.uordblks + info.hblkhd  # arena chunks in use + mmapped chunks
+    return in_use / MIB, (info.arena + info.hblkhd) / MIB
 
 
 def last_step(workdir: str) -> int:
@@ -69,12 +94,16 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.csv_path, self.workdir, self.session = csv_path, workdir, session
         self.every, self.seconds = every, seconds
+        with open(csv_path) as f:  # files of the first sessions have no heap columns
+            self.heap = "heap_in_use_mib" in f.readline()
         self.start_time = time.monotonic()
         self.done = threading.Event()
 
     def sample(self) -> None:
         row = [self.session, round(time.monotonic() - self.start_time, 1)]
         row += [last_step(self.workdir), round(rss_mib(), 1)]
+        if self.heap:
+            row += [round(x, 1) for x in heap_mib()]
         with open(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerow(row)
 
@@ -92,6 +121,30 @@ def read_session(csv_path: str, session: int) -> np.ndarray:
     with open(csv_path) as f:
         rows = [r for r in csv.DictReader(f) if int(r["session"]) == session]
     return np.array([[float(r["elapsed_s"]), int(r["step"]), float(r["rss_mib"])] for r in rows])
+
+
+def read_heap(csv_path: str, session: int) -> np.ndarray | None:
+    """(elapsed_s, heap_in_use_mib, heap_held_mib) rows of one session; None without them."""
+    with open(csv_path) as f:
+        rows = [r for r in csv.DictReader(f) if int(r["session"]) == session]
+    if not rows or not rows[0].get("heap_in_use_mib"):
+        return None
+    keys = ("elapsed_s", "heap_in_use_mib", "heap_held_mib")
+    return np.array([[float(r[k]) for k in keys] for r in rows])
+
+
+def heap_summary(heap: np.ndarray, warmup_s: float) -> dict:
+    """C-heap bytes in use and held after warm-up: first and last values, least-squares slopes."""
+    t, in_use, held = heap[heap[:, 0] >= warmup_s].T
+    per_hour = lambda y: round(float(np.polyfit(t, y, 1)[0] * 3600), 1)
+    return {
+        "heap_in_use_after_warmup_mib": round(float(in_use[0]), 1),
+        "heap_in_use_end_mib": round(float(in_use[-1]), 1),
+        "heap_in_use_slope_mib_per_hour": per_hour(in_use),
+        "heap_held_after_warmup_mib": round(float(held[0]), 1),
+        "heap_held_end_mib": round(float(held[-1]), 1),
+        "heap_held_slope_mib_per_hour": per_hour(held),
+    }
 
 
 def summarise(rows: np.ndarray, warmup_s: float, eval_every: int, evals: list[int]) -> dict:
@@ -184,6 +237,9 @@ def report(out: str, workdir: str, session: int, warmup_s: float, eval_every: in
     rows = read_session(os.path.join(out, "rss.csv"), session)
     evals = eval_steps(workdir, int(rows[0, 1]), int(rows[-1, 1]))
     summary = {"session": session, **summarise(rows, warmup_s, eval_every, evals)}
+    heap = read_heap(os.path.join(out, "rss.csv"), session)
+    if heap is not None:
+        summary.update(heap_summary(heap, warmup_s))
     with open(os.path.join(out, f"session{session}.json"), "w") as f:
         json.dump(summary, f, indent=2)
     evals_at_s = [float(rows[np.argmax(rows[:, 1] >= s), 0]) for s in evals]
@@ -212,7 +268,9 @@ def main() -> None:
     if not os.path.exists(csv_path):
         os.makedirs(args.out, exist_ok=True)
         with open(csv_path, "w", newline="") as f:
-            csv.writer(f).writerow(["session", "elapsed_s", "step", "rss_mib"])
+            csv.writer(f).writerow(
+                ["session", "elapsed_s", "step", "rss_mib", "heap_in_use_mib", "heap_held_mib"]
+            )
     with open(csv_path) as f:
         last_session = max((int(r["session"]) for r in csv.DictReader(f)), default=0)
     if args.report:

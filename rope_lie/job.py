@@ -5,11 +5,14 @@
 - ``maybe_initialize_distributed``: ``jax.distributed`` for multi-process jobs (config.distributed);
 - ``check_workdir``: a workdir that cannot be written fails before anything is read or trained;
 - ``StopOnSigterm``: a scheduler's SIGTERM becomes "checkpoint this step and return";
-- ``describe_run``: the run's first two lines (model, data, steps, mesh, processes).
+- ``describe_run``: the run's first two lines (model, data, steps, mesh, processes);
+- ``release_free_heap``: hand the C heap's free pages back to the OS after an evaluation.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import tempfile
@@ -124,3 +127,26 @@ def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_tr
         f"{len(devices)} {kinds} device{'s' * (len(devices) > 1)} in {processes} "
         f"process{'es' * (processes > 1)}"
     )
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+
+
+def release_free_heap() -> bool:
+    """Give the free pages of the C heap back to the OS (glibc ``malloc_trim(0)``).
+
+    An evaluation allocates and frees large temporary buffers (activations of eval batches at
+    several resolutions, input pipelines); glibc keeps the freed pages in its arenas, and with
+    training's allocations in between they fragment, so a long run's resident memory crept up
+    with every evaluation while the bytes in use stayed flat (experiments/README.md, memory
+    soak). The loop calls this after each evaluation. Returns whether memory was released;
+    False where the C library is not glibc (nothing to do there: its allocator is another).
+    """
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False

@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from configs import digits
-from rope_lie import checkpoint, metrics, train
+from rope_lie import checkpoint, job, metrics, train
 from rope_lie.data import run_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,11 +75,20 @@ def test_run_writes_metrics_checkpoints_and_final(reference):
     assert steps == [8, 12]  # keep=2 latest of 4, 8, 12
 
 
-def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir):
+def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir, monkeypatch):
     workdir, final = reference
+    trims = []  # each evaluation hands its freed heap back (job.release_free_heap)
+    monkeypatch.setattr(train.job, "release_free_heap", lambda: trims.append(1) or True)
     again = train.train_and_evaluate(_config(tfds_dir), workdir)
+    assert trims == [1]
     assert again["evals"]["size8"]["accuracy"] == final["evals"]["size8"]["accuracy"]
     assert len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))) == 6
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_release_free_heap_finds_glibcs_malloc_trim():
+    assert job._malloc_trim() is not None
+    assert job.release_free_heap() in (True, False)
 
 
 # Training in a subprocess; after every checkpoint save it sleeps, so the parent can SIGKILL it
