@@ -141,6 +141,13 @@ def model_config(
     m.share_pe_layers = False  # ... and per layer
     m.head_zero_init = True  # zero-initialised classifier
     m.dtype = dtype  # activation dtype; parameters stay float32
+    # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
+    m.dims = {}  # width / depth / num_heads / mlp_dim overriding the variant's
+    m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off
+    m.gelu_approximate = True  # tanh GELU; False = exact (erf)
+    m.norm_eps = 1e-6  # LayerNorm epsilon
+    m.qkv_bias = True  # biases on the q, k, v projections
+    m.additive_prefix = True  # the class token has its own row of the additive table
     return m
 
 
