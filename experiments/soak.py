@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from rope_lie import metrics, train
+from rope_lie import job, metrics, train
 
 MIB = 1024 * 1024
 
@@ -262,6 +262,11 @@ def main() -> None:
     parser.add_argument("--eval_every", type=int, default=100, help="steps between evaluations")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--report", type=int, default=0, help="only summarise session N (-1: last)")
+    parser.add_argument(
+        "--keep_free_heap",
+        action="store_true",
+        help="control: skip the loop's job.release_free_heap after evaluations",
+    )
     args = parser.parse_args()
 
     csv_path = os.path.join(args.out, "rss.csv")
@@ -293,6 +298,8 @@ def main() -> None:
     sampler = Sampler(csv_path, args.workdir, session, args.every, args.minutes * 60)
     sampler.sample()
     sampler.start()
+    if args.keep_free_heap:
+        job.release_free_heap = lambda: False  # the control: glibc keeps what it frees
     train.train_and_evaluate(config, args.workdir)
     sampler.done.set()
     sampler.join()
