@@ -323,7 +323,7 @@ def _evals(run: Run, state: Any, step: int) -> dict[str, dict[str, Any]]:
         run.config, run.eval_step, state["params"], run.setup.mesh, run.setup.patch, step, run.best
     )
     run.correct = {name: res.pop("correct") for name, res in results.items()}
-    job.release_free_heap()  # the evaluation's freed buffers: resident memory stays flat
+    job.release_free_heap()  # the evaluation's freed buffers go back to the OS
     return results
 
 
