@@ -24,24 +24,9 @@ import json
 
 import numpy as np
 
-from rope_lie.interop import timm_eva, workdir
+from rope_lie.interop import checks, timm_eva, workdir
 
 MODELS = ("vit_small_patch16_rope_224", "vit_small_patch16_rope_mixed_224")
-
-
-def scale_weights(model, seed: int = 0) -> None:
-    """LayerScale gains ~1, biases and class token N(0, 0.25), a unit head (see above)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("gamma_1", "gamma_2")):
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif name.endswith("bias") or name in ("pos_embed", "cls_token"):
-                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            elif name == "head.weight":
-                p.copy_(torch.randn(p.shape, generator=gen))
 
 
 def sweep(name: str, sides, checkpoint: str | None, scale: bool, seed: int = 0) -> list[dict]:
@@ -53,7 +38,7 @@ def sweep(name: str, sides, checkpoint: str | None, scale: bool, seed: int = 0) 
     torch.manual_seed(seed)
     model = timm_eva.create(name, checkpoint, dynamic_img_size=True)
     if scale:
-        scale_weights(model, seed)
+        checks.scale_weights(model, seed)
     vit = workdir.build(timm_eva.model_config(model), timm_eva.convert_params(model))
     features = []
     model.head.register_forward_hook(lambda module, args, output: features.append(args[0]))

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from rope_lie import convert  # no TensorFlow: torch can still be imported after it
-from rope_lie.interop import liere_reference, timm_eva
+from rope_lie.interop import checks, liere_reference, timm_eva
 
 TINY_TIMM = dict(embed_dim=64, depth=2, num_heads=2, img_size=32, patch_size=8, num_classes=10)
 TIMM_CASES = {  # case: timm name
@@ -37,23 +37,6 @@ LIERE_SPEC = dict(image_size=16, patch_size=4, num_classes=10, dim=128, depth=2,
 
 def _overrides(kw: dict) -> str:
     return "--overrides=" + ",".join(f"{k}={v}" for k, v in kw.items())
-
-
-def _scale_weights(model, seed: int) -> None:
-    """Weights where every part moves the logits: LayerScale gains ~1 (timm's 1e-5 would hide
-    the blocks), biases, a unit-variance APE table and class token, and a unit head (timm's
-    1e-3 head would leave logits near zero, where any two models agree)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("gamma_1", "gamma_2")):
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif name.endswith("bias") or name in ("pos_embed", "cls_token"):
-                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            elif name in ("head.weight", "model.mlp_head.1.weight"):
-                p.copy_(torch.randn(p.shape, generator=gen))
 
 
 def _logits(model, sides, channels=3, seed=0, head=None) -> dict[str, np.ndarray]:
@@ -80,7 +63,7 @@ def _timm(out: str) -> None:
     for case, name in TIMM_CASES.items():
         torch.manual_seed(0)
         model = timm_eva.create(name, dynamic_img_size=True, **TINY_TIMM)
-        _scale_weights(model, seed=0)
+        checks.scale_weights(model, seed=0)
         path = os.path.join(out, f"{case}.pth")
         torch.save(model.state_dict(), path)
         convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
@@ -105,7 +88,7 @@ def _liere(out: str) -> None:
         spec = liere_reference.ReferenceSpec(**LIERE_SPEC, generator_dim=b, per_layer=per_layer,
                                              per_head=per_head)  # fmt: skip
         model = liere_reference.reference_model(spec, seed=1)
-        _scale_weights(model, seed=1)
+        checks.scale_weights(model, seed=1)
         path = os.path.join(out, f"{case}.ckpt")  # the Lightning layout: state_dict + the rest
         torch.save({"epoch": 3, "global_step": 100, "state_dict": model.state_dict()}, path)
         convert.main(["--from=liere", "--model=channels=3", f"--checkpoint={path}",
