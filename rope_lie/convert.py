@@ -29,7 +29,7 @@ import ast
 import dataclasses
 from typing import Any
 
-from rope_lie.interop import _torch_first, liere_reference, timm_eva, workdir
+from rope_lie.interop import _torch_first, liere_reference, liere_torch, timm_eva, workdir
 
 SOURCES = ("timm", "liere")
 DEFAULT_DATASETS = {"timm": "imagenet2012", "liere": "cifar100"}
@@ -86,7 +86,7 @@ def _from_liere(args) -> tuple[dict, dict, dict]:
     given = liere_reference.parse_spec(args.model) if args.checkpoint is None else None
     notes = []
     if args.checkpoint is None:
-        model = liere_reference.reference_model(given, seed=args.seed)
+        model = liere_torch.reference_model(given, seed=args.seed)
         state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
         spec = given
     else:

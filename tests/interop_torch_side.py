@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from rope_lie import convert  # no TensorFlow: torch can still be imported after it
-from rope_lie.interop import checks, liere_reference, timm_eva
+from rope_lie.interop import checks, liere_reference, liere_torch, timm_eva
 
 TINY_TIMM = dict(embed_dim=64, depth=2, num_heads=2, img_size=32, patch_size=8, num_classes=10)
 TIMM_CASES = {  # case: timm name
@@ -87,7 +87,7 @@ def _liere(out: str) -> None:
     for case, (b, per_layer, per_head) in LIERE_CASES.items():
         spec = liere_reference.ReferenceSpec(**LIERE_SPEC, generator_dim=b, per_layer=per_layer,
                                              per_head=per_head)  # fmt: skip
-        model = liere_reference.reference_model(spec, seed=1)
+        model = liere_torch.reference_model(spec, seed=1)
         checks.scale_weights(model, seed=1)
         path = os.path.join(out, f"{case}.ckpt")  # the Lightning layout: state_dict + the rest
         torch.save({"epoch": 3, "global_step": 100, "state_dict": model.state_dict()}, path)
@@ -103,7 +103,7 @@ def _liere(out: str) -> None:
     convert.main(["--from=liere", f"--model={fields},generator_dim=8,per_head=1",
                   "--checkpoint=none", "--seed=5", f"--workdir={out}/liere_random"])  # fmt: skip
     spec = liere_reference.ReferenceSpec(**LIERE_SPEC, generator_dim=8, per_head=True)
-    model = liere_reference.reference_model(spec, seed=5)
+    model = liere_torch.reference_model(spec, seed=5)
     head = model.model.mlp_head[1]
     np.savez(os.path.join(out, "liere_random.npz"), **_logits(model, (16,), head=head))
 
