@@ -16,7 +16,15 @@ import json
 import os
 import time
 
-from experiments.benchmarks import common, flops, model_steps, rotations, scaling, vs_pytorch
+from experiments.benchmarks import (
+    attention_chunks,
+    common,
+    flops,
+    model_steps,
+    rotations,
+    scaling,
+    vs_pytorch,
+)
 
 BENCHMARKS = {
     "rotations": rotations,
@@ -24,6 +32,7 @@ BENCHMARKS = {
     "scaling": scaling,
     "flops": flops,
     "vs_pytorch": vs_pytorch,
+    "attention_chunks": attention_chunks,
 }
 
 

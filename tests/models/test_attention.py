@@ -233,6 +233,53 @@ def test_attend_is_jax_dot_product_attention(dtype, with_bias):
         np.testing.assert_allclose(np.float32(a), np.float32(b), atol=10 * tol, rtol=10 * tol)
 
 
+@pytest.mark.parametrize(
+    "bias_shape",
+    [None, (1, HEADS, TOKENS, TOKENS), (6, HEADS, TOKENS, TOKENS), (HEADS, TOKENS, TOKENS)],
+)
+@pytest.mark.parametrize("chunks", [2, 3])
+def test_attend_in_batch_chunks_is_attend(bias_shape, chunks):
+    """Interleaved batch chunks: the same attention per example (bitwise in the forward, the
+    examples in their original order), gradients equal to float32 rounding."""
+    rng = np.random.default_rng(4)
+    q, k, v = (
+        jnp.asarray(rng.normal(size=(6, TOKENS, HEADS, HEAD_DIM)), jnp.float32) for _ in "qkv"
+    )
+    bias = None if bias_shape is None else jnp.asarray(rng.normal(size=bias_shape), jnp.float32)
+    w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+    whole = jax.jit(lambda q, k, v: attention.attend(q, k, v, bias))(q, k, v)
+    chunked = jax.jit(lambda q, k, v: attention.attend(q, k, v, bias, batch_chunks=chunks))(q, k, v)
+    np.testing.assert_array_equal(chunked, whole)
+    # Example 1 alone (its own batch of one) is row 1 of both: nothing moved between examples.
+    one_bias = bias if bias is None or bias.ndim == 3 or bias.shape[0] == 1 else bias[1:2]
+    np.testing.assert_allclose(
+        chunked[1:2], attention.attend(q[1:2], k[1:2], v[1:2], one_bias), atol=1e-6
+    )
+
+    def loss(n, q, k, v):
+        return jnp.sum(w * attention.attend(q, k, v, bias, batch_chunks=n))
+
+    g_whole = jax.grad(lambda *a: loss(1, *a), argnums=(0, 1, 2))(q, k, v)
+    g_chunked = jax.grad(lambda *a: loss(chunks, *a), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g_chunked, g_whole, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_attend_batch_chunks_must_divide_the_batch():
+    q = jnp.zeros((6, TOKENS, HEADS, HEAD_DIM))
+    with pytest.raises(ValueError, match="batch_chunks=4 must be >= 1 and divide the batch 6"):
+        attention.attend(q, q, q, batch_chunks=4)
+    with pytest.raises(ValueError, match="batch_chunks=0"):
+        attention.attend(q, q, q, batch_chunks=0)
+
+
+def test_cpu_batch_chunks_rule():
+    """Two chunks only for an even batch on a single XLA:CPU device."""
+    single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
+    assert attention.cpu_batch_chunks(8) == (2 if single_cpu else 1)
+    assert attention.cpu_batch_chunks(7) == 1
+
+
 def test_bfloat16_activations():
     attn = Attention(
         WIDTH,
