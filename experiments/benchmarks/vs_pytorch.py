@@ -89,6 +89,7 @@ def ours_step(model_kw: dict, batch: int, encoder: str):
         )
         return loss
 
+    call.compiled = compiled  # for profile_step.py: the HLO behind the call
     count = sum(x.size for x in jax.tree.leaves(params))
     return call, float(cost["flops"]), count
 
