@@ -62,3 +62,30 @@ def test_timeit_alternating_pauses_before_every_call_and_rotates():
     assert set(times) == {"a", "b"} and all(t["repeats"] == 2 for t in times.values())
     # the pause is idle time before the clock starts, not part of the measured call
     assert all(t["median_s"] < 0.03 for t in times.values())
+
+
+def test_profile_summary_sums_ops_per_thread_kind_and_operation():
+    from experiments.benchmarks import profile_step
+
+    hlo = (
+        "  %dot.40 = f32[2]{0} dot(%a, %b), "
+        'metadata={op_name="jit(step)/jvp(BTNH,BSNH->BNTS)/dot_general"}\n'
+        "  ROOT %ynn_fusion.12 = f32[2]{0} fusion(%x), "
+        'metadata={op_name="jit(step)/blocks.3/reduce_max"}\n'
+        "  %copy.1 = f32[2]{0} copy(%y)\n"
+    )
+    names = profile_step.op_names(hlo)
+    assert names == {
+        "dot.40": "jvp(BTNH,BSNH->BNTS)/dot_general",
+        "ynn_fusion.12": "blocks.#/reduce_max",
+        "copy.1": "",
+    }
+    events = [
+        {"name": "dot.40", "dur": 4000, "tid": 1},
+        {"name": "ynn_fusion.12", "dur": 2000, "tid": 2},
+        {"name": "ynn_fusion.12", "dur": 2000, "tid": 1},
+    ]
+    out = profile_step.summarise(events, names, steps=2)
+    assert out["threads_ms"] == [3.0, 1.0] and out["total_ms"] == 4.0
+    assert dict(out["kinds_ms"]) == {"dot": 2.0, "ynn_fusion": 2.0}
+    assert dict(out["op_names_ms"])["blocks.#/reduce_max"] == 2.0
