@@ -1,15 +1,15 @@
-"""Benchmark 7: the train step with the attention in two batch chunks against one (issue 14).
+"""Benchmark 7: inference with the attention in chunks (``attention.cpu_chunks``) against none.
 
-``attention.cpu_batch_chunks`` splits each attention into two interleaved batch chunks on a
-single XLA:CPU device, so that XLA's thunk executor runs the small batched products and the
-softmax of the two chunks on both cores at once. This times the same train step as
-``vs_pytorch.py`` (forward, backward, AdamW; batch 128, float32) traced with the rule as it is
-(two chunks here) and with one chunk, round-robin in the same run (``common.timeit_interleaved``),
-and prints one chunk / two chunks per model and encoder (> 1: the chunks are faster). It also
-prints the largest gradient difference between the two steps on the same batch: the forward is
-bitwise equal, the gradients differ by float32 rounding only.
+On one XLA:CPU device, ``Attention`` outside training attends the batch in groups, one after
+the other in a ``lax.map`` loop, so that a group's logits stay in cache through the softmax,
+and each group in two concurrent chunks, one per core (``attention.attend``). This times the
+jitted forward of a ViT (the evaluation path: encoder states precomputed once per resolution)
+with the chunks ``cpu_chunks`` chooses and with none, round-robin in one process
+(``common.timeit_interleaved``), at the training grid and the larger evaluation grids of the
+arrows studies, checks that the logits are bitwise equal, and prints none / chunks (> 1: the
+chunks are faster).
 
-    python -m experiments.benchmarks.attention_chunks [--quick] [--repeats 8]
+    python -m experiments.benchmarks.attention_chunks [--quick] [--repeats 4]
 """
 
 from __future__ import annotations
@@ -19,72 +19,66 @@ from unittest import mock
 
 import jax
 import jax.numpy as jnp
-import optax
+import numpy as np
 from flax import nnx
 
-from experiments.benchmarks import common, vs_pytorch
+from experiments.benchmarks import common
 from rope_lie.models import attention
 from rope_lie.models.vit import ViT
 
-ENCODERS = ("none", "liere_b8")
+# The arrows studies' model and evaluation batch: ViT mu/8 with LieRE 8x8 trained on 64 px,
+# evaluated on 250 images at the training grid (65 tokens) and at 2x and 2.5x (257, 401).
+MODEL = dict(variant="mu/8", image_shape=(64, 64), channels=1, num_classes=4, pe="liere",
+             pe_hparams={"block_size": 8}, position_convention="sequential")  # fmt: skip
+SIDES = (64, 128, 160)
+QUICK_SIDES = (64, 96)
+BATCH = 250
 
 
-def step_and_grads(model_kw: dict, batch: int, encoder: str, chunks: int | None):
-    """(no-argument train-step call, the gradients of the first step) with the attention in
-    ``chunks`` batch chunks, or as ``cpu_batch_chunks`` decides when None."""
-    rule = attention.cpu_batch_chunks if chunks is None else (lambda _batch: chunks)
-    with mock.patch.object(attention, "cpu_batch_chunks", rule):  # read while tracing
-        call, _, _ = vs_pytorch.ours_step(model_kw, batch, encoder)
-        pe, hparams, additive = vs_pytorch.ENCODERS[encoder]
-        model = ViT(
-            **model_kw, pe=pe, pe_hparams=hparams, additive=additive,
-            position_convention="sequential", head_zero_init=False, rngs=nnx.Rngs(0),
-        )  # fmt: skip
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        images, labels = vs_pytorch._batch(model_kw, batch)
-
-        def loss_fn(params):
-            logits = nnx.merge(graphdef, params, rest)(images, train=True)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        grads = jax.jit(jax.grad(loss_fn))(params)
-    return call, grads
+def forward_calls(side: int, batch: int) -> tuple[dict, tuple[int, int], bool]:
+    """({"none": call, "chunks": call}, the chunks, whether the two give equal bits)."""
+    model = ViT(**MODEL, head_zero_init=False, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    images = np.random.default_rng(0).normal(size=(batch, side, side, 1)).astype(np.float32)
+    images = jnp.asarray(images)
+    grid = model.input_grid(images)
+    cache = jax.jit(lambda s: nnx.merge(graphdef, s).precompute_pe(grid))(state)
+    heads, tokens = model.blocks[0].attn.num_heads, grid[0] * grid[1] + 1
+    chunks = attention.cpu_chunks(batch, heads, tokens, tokens)
+    calls = {}
+    for name, rule in (("none", lambda *_: (1, 1)), ("chunks", attention.cpu_chunks)):
+        with mock.patch.object(attention, "cpu_chunks", rule):  # read while tracing
+            fn = jax.jit(lambda s, x, c: nnx.merge(graphdef, s)(x, pe_cache=c))
+            compiled = fn.lower(state, images, cache).compile()
+        calls[name] = lambda compiled=compiled: compiled(state, images, cache)
+    equal = bool(jnp.all(calls["none"]() == calls["chunks"]()))
+    return calls, chunks, equal
 
 
-def run(quick: bool = False, repeats: int = 8) -> list[dict]:
-    models = vs_pytorch.QUICK_MODELS if quick else vs_pytorch.MODELS
+def run(quick: bool = False, repeats: int = 4) -> list[dict]:
     rows = []
-    for name, (model_kw, batch) in models.items():
-        for encoder in ENCODERS:
-            one, g_one = step_and_grads(model_kw, batch, encoder, 1)
-            auto, g_auto = step_and_grads(model_kw, batch, encoder, None)
-            diff = max(
-                float(jnp.max(jnp.abs(a - b)))
-                for a, b in zip(jax.tree.leaves(g_one), jax.tree.leaves(g_auto), strict=True)
-            )
-            times = common.timeit_interleaved({"one": one, "auto": auto}, repeats=repeats)
-            row = {
-                "model": name, "encoder": encoder, "chunks": attention.cpu_batch_chunks(batch),
-                "one": times["one"], "auto": times["auto"], "max_grad_diff": diff,
-            }  # fmt: skip
-            rows.append(row)
-            print(
-                f"  {name} {encoder}: one chunk {common.fmt_time(times['one'])} ms, "
-                f"{row['chunks']} chunks {common.fmt_time(times['auto'])} ms",
-                flush=True,
-            )
+    for side in QUICK_SIDES if quick else SIDES:
+        calls, chunks, equal = forward_calls(side, BATCH)
+        times = common.timeit_interleaved(calls, repeats=repeats)
+        rows.append({"side": side, "batch": BATCH, "chunks": chunks, "bitwise_equal": equal,
+                     "none": times["none"], "with_chunks": times["chunks"]})  # fmt: skip
+        print(
+            f"  {side} px: none {common.fmt_time(times['none'])} ms, chunks {chunks} "
+            f"{common.fmt_time(times['chunks'])} ms, bitwise equal {equal}",
+            flush=True,
+        )
     return rows
 
 
 def table(rows: list[dict]) -> None:
     common.print_table(
-        "7. Train step, attention in batch chunks (cpu_batch_chunks) vs one, batch 128",
-        ["model", "encoder", "chunks", "one ms min / med", "chunks ms min / med",
-         "one / chunks", "max |grad diff|"],
+        f"7. Inference forward, mu/8 LieRE 8x8, batch {BATCH}: attention chunks vs none",
+        ["image", "tokens", "(loop, parallel)", "none ms min / med", "chunks ms min / med",
+         "none / chunks", "bitwise equal"],
         [
-            [r["model"], r["encoder"], r["chunks"], common.fmt_time(r["one"]),
-             common.fmt_time(r["auto"]), common.fmt_ratio(common.ratio(r["one"], r["auto"])),
-             f"{r['max_grad_diff']:.1e}"]
+            [f"{r['side']} px", (r["side"] // 8) ** 2 + 1, str(tuple(r["chunks"])),
+             common.fmt_time(r["none"]), common.fmt_time(r["with_chunks"]),
+             common.fmt_ratio(common.ratio(r["none"], r["with_chunks"])), r["bitwise_equal"]]
             for r in rows
         ],
     )  # fmt: skip
@@ -93,7 +87,7 @@ def table(rows: list[dict]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=4)
     flags = parser.parse_args()
     print(common.machine())
     table(run(flags.quick, flags.repeats))

@@ -73,6 +73,7 @@ def attend(
     v_BTNH: jax.Array,
     bias: jax.Array | None = None,
     *,
+    loop_chunks: int = 1,
     batch_chunks: int = 1,
 ) -> jax.Array:
     """Scaled dot-product attention, ``softmax(q k^T / sqrt(H) + bias) v`` per head.
@@ -85,59 +86,108 @@ def attend(
     jax 0.10's dot_product_attention takes this same XLA path on every platform (its cuDNN
     kernel only when asked for), so nothing is lost on GPU.
 
-    ``batch_chunks`` > 1 computes the attention of interleaved batch chunks (examples
-    ``c, c + n, c + 2n, ...`` for chunk ``c``) as independent operations and puts them back
-    in order. Every example's attention is computed exactly as without chunks (the forward is
-    bitwise equal); XLA:CPU's thunk executor runs the chunks' small batched products and
-    softmaxes on different cores at once, where one batched op keeps one core busy
-    (``cpu_batch_chunks``). Interleaving rather than halving keeps each chunk local to every
-    device when the batch is sharded in contiguous blocks.
+    Chunks (``cpu_chunks`` chooses them): the batch is cut into ``loop_chunks`` groups that a
+    ``lax.map`` loop attends one after the other, so that one group's logits stay in the CPU's
+    cache through the softmax instead of streaming a whole batch's through memory several
+    times; each group is cut into ``batch_chunks`` chunks attended as independent operations,
+    which XLA:CPU's thunk executor runs on different cores at once. Chunks interleave the
+    examples (example b is in group ``(b // batch_chunks) % loop_chunks`` and chunk
+    ``b % batch_chunks``), so a batch sharded over devices in contiguous blocks would keep
+    every chunk local. Every example's attention is computed with the same operations as
+    without chunks: under ``jax.jit`` the result is bitwise equal (tested, and at the eval
+    shapes of ``experiments/benchmarks/attention_chunks.py``); with a per-example bias, or
+    called op by op outside jit, XLA may fuse or tile a chunk's operations differently and the
+    result is equal to float32 rounding.
 
     Args:
       q_BTNH: queries.
       k_BTNH: keys (S = T tokens).
       v_BTNH: values.
-      bias: None or a logit bias broadcastable to (B, N, T, S).
-      batch_chunks: n >= 1, dividing the batch B.
+      bias: None or a logit bias broadcastable to (B, N, T, S); a per-example bias (leading
+        axis B) is chunked with the examples.
+      loop_chunks: L >= 1 groups attended in a loop.
+      batch_chunks: P >= 1 concurrent chunks per group; L * P divides the batch B.
 
     Returns:
       (B, T, N, H) in v's dtype.
     """
     batch = q_BTNH.shape[0]
-    if batch_chunks < 1 or batch % batch_chunks:
-        raise ValueError(f"batch_chunks={batch_chunks} must be >= 1 and divide the batch {batch}")
-    if batch_chunks == 1:
+    if loop_chunks < 1 or batch_chunks < 1 or batch % (loop_chunks * batch_chunks):
+        raise ValueError(
+            f"loop_chunks={loop_chunks} x batch_chunks={batch_chunks} must be >= 1 and divide "
+            f"the batch {batch}"
+        )
+    if loop_chunks == batch_chunks == 1:
         probs_BNTS = attention_probs(q_BTNH, k_BTNH, bias).astype(v_BTNH.dtype)
         return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, v_BTNH)
-
-    def chunk(x, c):  # examples c, c + n, c + 2n, ...: (B / n, ...)
-        return x.reshape(batch // batch_chunks, batch_chunks, *x.shape[1:])[:, c]
-
     per_example = bias is not None and bias.ndim == 4 and bias.shape[0] == batch
-    outs = [
-        attend(
-            chunk(q_BTNH, c), chunk(k_BTNH, c), chunk(v_BTNH, c),
-            chunk(bias, c) if per_example else bias,
-        )
-        for c in range(batch_chunks)
-    ]  # fmt: skip
-    return jnp.stack(outs, axis=1).reshape(batch, *outs[0].shape[1:])
+    shared_bias = None if per_example else bias
+    inner = batch // (loop_chunks * batch_chunks)
+
+    def split(x):  # (B, ...) -> (L, inner, P, ...): example b = (i * L + l) * P + p
+        x = x.reshape(inner, loop_chunks, batch_chunks, *x.shape[1:])
+        return jnp.moveaxis(x, 1, 0)
+
+    def group(args):  # one group: (inner, P, ...) arrays -> (inner, P, T, N, H)
+        q, k, v, b = args
+        outs = [
+            attend(q[:, p], k[:, p], v[:, p], b[:, p] if per_example else shared_bias)
+            for p in range(batch_chunks)
+        ]
+        return jnp.stack(outs, axis=1)
+
+    parts = [split(x) for x in (q_BTNH, k_BTNH, v_BTNH)]
+    parts.append(split(bias) if per_example else jnp.zeros((loop_chunks,)))
+    if loop_chunks == 1:
+        out = group([x[0] for x in parts])[None]
+    else:
+        out = jax.lax.map(group, tuple(parts))
+    return jnp.moveaxis(out, 0, 1).reshape(batch, *out.shape[3:])
 
 
-def cpu_batch_chunks(batch: int) -> int:
-    """``attend``'s ``batch_chunks`` for a model call: 2 on one XLA:CPU device, else 1.
+# Largest logits, in bytes, of one group of ``cpu_chunks``'s loop (B/L examples x N x T x S
+# float32): small enough for the softmax's passes over them to stay in a 2-core machine's
+# shared cache (32 MiB here). On our AMD EPYC a mu/8 forward at 401 tokens ran 4.5x faster with
+# groups of 4 examples (10 MiB) than with the whole batch of 256 at once (660 MiB), and slower
+# with groups of 8 or 16 (``experiments/benchmarks/attention_chunks.py`` has the rule's own
+# numbers).
+GROUP_LOGITS_BYTES = 12 * 2**20
 
-    XLA:CPU runs most of an attention's ops (the (B, N) small batched products, the softmax's
-    reductions) on one thread each; two independent chunks keep two cores busy. Measured on
-    a 2-core AMD EPYC (``experiments/benchmarks/vs_pytorch.py``, issue 14): a mu/8 train step
-    8-10 % faster, ViT-Ti/4 5-8 %. Not on GPU/TPU (no gain, one more kernel launch), not
-    over several devices (each device already has its own thread pool and a smaller batch),
-    not for odd batches. Results: the forward is bitwise equal; gradients differ by float32
-    rounding only (the q/k/v bias gradients' reduction order; <= 1e-7 at mu/8, measured).
+
+def cpu_chunks(batch: int, num_heads: int, q_tokens: int, k_tokens: int) -> tuple[int, int]:
+    """``attend``'s (loop_chunks, batch_chunks) for an inference call on one XLA:CPU device.
+
+    Two concurrent chunks when the batch is even (XLA:CPU runs most of an attention's small
+    batched products and reductions on one thread each; two independent chunks keep both
+    cores busy), and the fewest loop groups whose logits fit ``GROUP_LOGITS_BYTES``. (1, 1)
+    on GPU/TPU and over several devices (no gain measured or expected there). The model calls
+    this only outside training (``Attention.__call__(..., train=False)``): in a training step
+    the two chunks sped an isolated mu/8 step up by 7-12 % but the training loop not at all
+    (quickstart: 2 min 55 s against 2 min 57 s; the loop's host work already filled the idle
+    core), and they would move the gradients' float32 rounding, so training is left exactly
+    as it was.
+
+    Args:
+      batch: B.
+      num_heads: N.
+      q_tokens: T.
+      k_tokens: S.
+
+    Returns:
+      (L, P) with L * P dividing B.
     """
-    if jax.default_backend() == "cpu" and jax.device_count() == 1 and batch % 2 == 0:
-        return 2
-    return 1
+    if jax.default_backend() != "cpu" or jax.device_count() != 1:
+        return 1, 1
+    parallel = 2 if batch % 2 == 0 else 1
+    per_example = num_heads * q_tokens * k_tokens * 4
+    groups = batch // parallel
+    # At least two examples per chunk: XLA:CPU compiles a one-example product differently, and
+    # its float32 rounding then differed from the whole batch's (measured at 401 tokens).
+    loops = [n for n in range(1, groups + 1) if groups % n == 0 and groups // n >= 2] or [1]
+    for loop in loops:
+        if (batch // loop) * per_example <= GROUP_LOGITS_BYTES:
+            return loop, parallel
+    return loops[-1], parallel
 
 
 def attention_probs(
@@ -255,6 +305,7 @@ class Attention(nnx.Module):
         *,
         pe_params: Mapping[str, Any] | None = None,
         pe_state: State | None = None,
+        train: bool = False,
     ) -> jax.Array:
         """Attend.
 
@@ -266,13 +317,16 @@ class Attention(nnx.Module):
             or arrays); None uses this layer's own.
           pe_state: a precomputed encoder state (``pe_state``/``precompute_pe``) to use instead
             of building one from parameters and positions; excludes ``pe_params``.
+          train: a training call: attend the whole batch at once. Otherwise on one CPU device
+            the attention runs in the chunks ``cpu_chunks`` chooses (the same result, bitwise).
 
         Returns:
           (B, T, D) array in the activation dtype.
         """
         q_BTNH, k_BTNH, v_BTNH, bias = self.qkv(x_BTD, pos, pe_params=pe_params, pe_state=pe_state)
-        chunks = cpu_batch_chunks(q_BTNH.shape[0])
-        o_BTNH = attend(q_BTNH, k_BTNH, v_BTNH, bias, batch_chunks=chunks)
+        (batch, tokens, heads, _), keys = q_BTNH.shape, k_BTNH.shape[1]
+        loop, parallel = (1, 1) if train else cpu_chunks(batch, heads, tokens, keys)
+        o_BTNH = attend(q_BTNH, k_BTNH, v_BTNH, bias, loop_chunks=loop, batch_chunks=parallel)
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
         return y_BTD + self.bo_D[...].astype(self.dtype)
 

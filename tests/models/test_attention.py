@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -235,49 +237,84 @@ def test_attend_is_jax_dot_product_attention(dtype, with_bias):
 
 @pytest.mark.parametrize(
     "bias_shape",
-    [None, (1, HEADS, TOKENS, TOKENS), (6, HEADS, TOKENS, TOKENS), (HEADS, TOKENS, TOKENS)],
+    [None, (1, HEADS, TOKENS, TOKENS), (12, HEADS, TOKENS, TOKENS), (HEADS, TOKENS, TOKENS)],
 )
-@pytest.mark.parametrize("chunks", [2, 3])
-def test_attend_in_batch_chunks_is_attend(bias_shape, chunks):
-    """Interleaved batch chunks: the same attention per example (bitwise in the forward, the
-    examples in their original order), gradients equal to float32 rounding."""
+@pytest.mark.parametrize("loop, parallel", [(1, 2), (3, 1), (2, 3), (6, 2)])
+def test_attend_in_chunks_is_attend(bias_shape, loop, parallel):
+    """Groups in a loop and concurrent chunks: the same attention per example, bitwise (to
+    float32 rounding with a per-example bias), the examples in their original order; gradients
+    equal to float32 rounding."""
     rng = np.random.default_rng(4)
     q, k, v = (
-        jnp.asarray(rng.normal(size=(6, TOKENS, HEADS, HEAD_DIM)), jnp.float32) for _ in "qkv"
+        jnp.asarray(rng.normal(size=(12, TOKENS, HEADS, HEAD_DIM)), jnp.float32) for _ in "qkv"
     )
     bias = None if bias_shape is None else jnp.asarray(rng.normal(size=bias_shape), jnp.float32)
     w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+
+    def chunked(q, k, v):
+        return attention.attend(q, k, v, bias, loop_chunks=loop, batch_chunks=parallel)
+
     whole = jax.jit(lambda q, k, v: attention.attend(q, k, v, bias))(q, k, v)
-    chunked = jax.jit(lambda q, k, v: attention.attend(q, k, v, bias, batch_chunks=chunks))(q, k, v)
-    np.testing.assert_array_equal(chunked, whole)
-    # Example 1 alone (its own batch of one) is row 1 of both: nothing moved between examples.
-    one_bias = bias if bias is None or bias.ndim == 3 or bias.shape[0] == 1 else bias[1:2]
+    if bias is not None and bias.shape[0] == 12:  # per-example: XLA may fuse the add otherwise
+        np.testing.assert_allclose(jax.jit(chunked)(q, k, v), whole, atol=1e-6, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(jax.jit(chunked)(q, k, v), whole)
+    # Example 5 alone (its own batch of one) is row 5: no example moved or mixed with another.
+    one_bias = bias if bias is None or bias.ndim == 3 or bias.shape[0] == 1 else bias[5:6]
     np.testing.assert_allclose(
-        chunked[1:2], attention.attend(q[1:2], k[1:2], v[1:2], one_bias), atol=1e-6
+        whole[5:6], attention.attend(q[5:6], k[5:6], v[5:6], one_bias), atol=1e-6
     )
-
-    def loss(n, q, k, v):
-        return jnp.sum(w * attention.attend(q, k, v, bias, batch_chunks=n))
-
-    g_whole = jax.grad(lambda *a: loss(1, *a), argnums=(0, 1, 2))(q, k, v)
-    g_chunked = jax.grad(lambda *a: loss(chunks, *a), argnums=(0, 1, 2))(q, k, v)
+    g_whole = jax.grad(lambda *a: jnp.sum(w * attention.attend(*a, bias)), (0, 1, 2))(q, k, v)
+    g_chunked = jax.grad(lambda *a: jnp.sum(w * chunked(*a)), (0, 1, 2))(q, k, v)
     for a, b in zip(g_chunked, g_whole, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
 
 
-def test_attend_batch_chunks_must_divide_the_batch():
+def test_attend_chunks_must_divide_the_batch():
     q = jnp.zeros((6, TOKENS, HEADS, HEAD_DIM))
-    with pytest.raises(ValueError, match="batch_chunks=4 must be >= 1 and divide the batch 6"):
-        attention.attend(q, q, q, batch_chunks=4)
+    with pytest.raises(ValueError, match=r"loop_chunks=2 x batch_chunks=2 .* divide the batch 6"):
+        attention.attend(q, q, q, loop_chunks=2, batch_chunks=2)
     with pytest.raises(ValueError, match="batch_chunks=0"):
         attention.attend(q, q, q, batch_chunks=0)
 
 
-def test_cpu_batch_chunks_rule():
-    """Two chunks only for an even batch on a single XLA:CPU device."""
-    single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
-    assert attention.cpu_batch_chunks(8) == (2 if single_cpu else 1)
-    assert attention.cpu_batch_chunks(7) == 1
+def test_cpu_chunks_rule(monkeypatch):
+    """Two concurrent chunks for an even batch, and the fewest loop groups whose logits fit
+    GROUP_LOGITS_BYTES with two examples per chunk or more; nothing off a single CPU device."""
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    monkeypatch.setattr(attention, "GROUP_LOGITS_BYTES", 1000 * 4)  # 1000 float32 logits
+    assert attention.cpu_chunks(8, 1, 10, 10) == (1, 2)  # 8 x 100 logits fit: no loop
+    assert attention.cpu_chunks(8, 2, 10, 10) == (2, 2)  # 1600 do not, 4 x 200 do
+    # At least two examples per chunk, even where a group's logits then exceed the budget:
+    assert attention.cpu_chunks(12, 1, 20, 20) == (3, 2)  # 4 x 400 per group, the fewest
+    assert attention.cpu_chunks(7, 1, 20, 20) == (1, 1)  # odd, and 7 is prime
+    assert attention.cpu_chunks(4, 1, 40, 40) == (1, 2)
+    monkeypatch.setattr(jax, "device_count", lambda: 8)
+    assert attention.cpu_chunks(8, 2, 10, 10) == (1, 1)
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert attention.cpu_chunks(8, 2, 10, 10) == (1, 1)
+
+
+def test_inference_in_chunks_equals_training_path_bitwise(monkeypatch):
+    """``Attention`` chunks only outside training, and the chunked call gives the same bits."""
+    attn = Attention(WIDTH, HEADS, num_axes=AXES, pe="liere", rngs=nnx.Rngs(0))
+    x_BTD = jnp.asarray(np.random.default_rng(5).normal(size=(8, TOKENS, WIDTH)), jnp.float32)
+    pos_TA = jnp.asarray(np.random.default_rng(6).uniform(size=(TOKENS, AXES)), jnp.float32)
+    graphdef, state = nnx.split(attn)
+    calls = []
+    monkeypatch.setattr(attention, "cpu_chunks", lambda *a: calls.append(a) or (2, 2))
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def call(state, train: bool):
+        return nnx.merge(graphdef, state)(x_BTD, pos_TA, train=train)
+
+    inference = call(state, False)
+    assert calls == [(8, HEADS, TOKENS, TOKENS)]
+    training = call(state, True)
+    assert len(calls) == 1  # not asked in training
+    np.testing.assert_array_equal(inference, training)
 
 
 def test_bfloat16_activations():
