@@ -14,7 +14,11 @@ ape_std=<APE init std, default 0.02>, smoke (8 steps; 41 s on
 2 cores, 60 s when it first generates its datasets).
 Compare encoders with e.g. `:pe=ape` and `:pe=rope_mixed` in other workdirs.
 
-Measured (one seed; README.md): on this project's 2-core AMD EPYC CPU (no accelerator), from a
+Measured (one seed; README.md): latest, from a fresh clone of tree 27c15a3 on a 2-core AMD EPYC
+with AVX-512 (2026-11-24, datasets present): 2 min 29 s wall (500 steps at ~700 examples/s,
+then 21 s and 12 s for the two evaluation rounds), accuracy 1.000 at c8_g8, c8_g12 and c8_g16
+and 0.3195 shuffled: exactly the table that tree 534eb3d printed there, in 2 min 57 s.
+Earlier, on this project's 2-core AMD EPYC CPU (no accelerator), from a
 fresh clone of tree 6b48c0c on 2026-11-24 with the datasets present, the first command took
 6 min 38 s wall (500 steps at ~285 examples/s, then 20-55 s per evaluation round) and gave
 accuracy 1.000 at c8_g8 (64 px), 1.000 at c8_g12 (96 px), 1.000 at c8_g16 (128 px) and 0.320
