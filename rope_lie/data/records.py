@@ -18,9 +18,12 @@ from rope_lie.data import catalog
 def naming_damage(iterator, builder, name: str, split_name: str, split) -> Iterator:
     """`iterator`, with TF's error for a damaged or missing record file (which names neither
     the dataset nor the file) raised as an OSError that names both and how to prepare again."""
+    # Bound before iterating: a generator closed at interpreter exit evaluates its except
+    # clause after TensorFlow's modules are torn down (tf.errors is None by then).
+    damage = (tf.errors.DataLossError, tf.errors.NotFoundError)
     try:
         yield from iterator
-    except (tf.errors.DataLossError, tf.errors.NotFoundError) as e:
+    except damage as e:
         reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", e.message, flags=re.S)
         paths = [str(p) for p in builder.info.splits[split].filepaths]
         message = catalog.damaged_dataset_message(
