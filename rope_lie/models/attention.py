@@ -157,7 +157,7 @@ GROUP_LOGITS_BYTES = 12 * 2**20
 def cpu_chunks(batch: int, num_heads: int, q_tokens: int, k_tokens: int) -> tuple[int, int]:
     """``attend``'s (loop_chunks, batch_chunks) for an inference call on one XLA:CPU device.
 
-    Two concurrent chunks when the batch is even (XLA:CPU runs most of an attention's small
+    Two concurrent chunks when the batch is even and >= 4 (XLA:CPU runs most of an attention's small
     batched products and reductions on one thread each; two independent chunks keep both
     cores busy), and the fewest loop groups whose logits fit ``GROUP_LOGITS_BYTES``. (1, 1)
     on GPU/TPU and over several devices (no gain measured or expected there). The model calls
@@ -178,11 +178,11 @@ def cpu_chunks(batch: int, num_heads: int, q_tokens: int, k_tokens: int) -> tupl
     """
     if jax.default_backend() != "cpu" or jax.device_count() != 1:
         return 1, 1
-    parallel = 2 if batch % 2 == 0 else 1
-    per_example = num_heads * q_tokens * k_tokens * 4
-    groups = batch // parallel
     # At least two examples per chunk: XLA:CPU compiles a one-example product differently, and
     # its float32 rounding then differed from the whole batch's (measured at 401 tokens).
+    parallel = 2 if batch % 2 == 0 and batch >= 4 else 1
+    per_example = num_heads * q_tokens * k_tokens * 4
+    groups = batch // parallel
     loops = [n for n in range(1, groups + 1) if groups % n == 0 and groups // n >= 2] or [1]
     for loop in loops:
         if (batch // loop) * per_example <= GROUP_LOGITS_BYTES:

@@ -290,6 +290,7 @@ def test_cpu_chunks_rule(monkeypatch):
     assert attention.cpu_chunks(12, 1, 20, 20) == (3, 2)  # 4 x 400 per group, the fewest
     assert attention.cpu_chunks(7, 1, 20, 20) == (1, 1)  # odd, and 7 is prime
     assert attention.cpu_chunks(4, 1, 40, 40) == (1, 2)
+    assert attention.cpu_chunks(2, 1, 5, 5) == (1, 1)  # two chunks would hold one each
     monkeypatch.setattr(jax, "device_count", lambda: 8)
     assert attention.cpu_chunks(8, 2, 10, 10) == (1, 1)
     monkeypatch.setattr(jax, "device_count", lambda: 1)
