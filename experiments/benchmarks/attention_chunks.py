@@ -35,8 +35,8 @@ QUICK_SIDES = (64, 96)
 BATCH = 250
 
 
-def forward_calls(side: int, batch: int) -> tuple[dict, tuple[int, int], bool]:
-    """({"none": call, "chunks": call}, the chunks, whether the two give equal bits)."""
+def forward_calls(side: int, batch: int) -> tuple[dict, int, tuple[int, int], bool]:
+    """({"none": call, "chunks": call}, tokens, the chunks, whether the two give equal bits)."""
     model = ViT(**MODEL, head_zero_init=False, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     images = np.random.default_rng(0).normal(size=(batch, side, side, 1)).astype(np.float32)
@@ -52,15 +52,16 @@ def forward_calls(side: int, batch: int) -> tuple[dict, tuple[int, int], bool]:
             compiled = fn.lower(state, images, cache).compile()
         calls[name] = lambda compiled=compiled: compiled(state, images, cache)
     equal = bool(jnp.all(calls["none"]() == calls["chunks"]()))
-    return calls, chunks, equal
+    return calls, tokens, chunks, equal
 
 
 def run(quick: bool = False, repeats: int = 4) -> list[dict]:
     rows = []
     for side in QUICK_SIDES if quick else SIDES:
-        calls, chunks, equal = forward_calls(side, BATCH)
+        calls, tokens, chunks, equal = forward_calls(side, BATCH)
         times = common.timeit_interleaved(calls, repeats=repeats)
-        rows.append({"side": side, "batch": BATCH, "chunks": chunks, "bitwise_equal": equal,
+        rows.append({"side": side, "tokens": tokens, "batch": BATCH, "chunks": chunks,
+                     "bitwise_equal": equal,
                      "none": times["none"], "with_chunks": times["chunks"]})  # fmt: skip
         print(
             f"  {side} px: none {common.fmt_time(times['none'])} ms, chunks {chunks} "
@@ -76,7 +77,7 @@ def table(rows: list[dict]) -> None:
         ["image", "tokens", "(loop, parallel)", "none ms min / med", "chunks ms min / med",
          "none / chunks", "bitwise equal"],
         [
-            [f"{r['side']} px", (r["side"] // 8) ** 2 + 1, str(tuple(r["chunks"])),
+            [f"{r['side']} px", r["tokens"], str(tuple(r["chunks"])),
              common.fmt_time(r["none"]), common.fmt_time(r["with_chunks"]),
              common.fmt_ratio(common.ratio(r["none"], r["with_chunks"])), r["bitwise_equal"]]
             for r in rows

@@ -121,27 +121,25 @@ def attend(
         probs_BNTS = attention_probs(q_BTNH, k_BTNH, bias).astype(v_BTNH.dtype)
         return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, v_BTNH)
     per_example = bias is not None and bias.ndim == 4 and bias.shape[0] == batch
-    shared_bias = None if per_example else bias
     inner = batch // (loop_chunks * batch_chunks)
 
     def split(x):  # (B, ...) -> (L, inner, P, ...): example b = (i * L + l) * P + p
         x = x.reshape(inner, loop_chunks, batch_chunks, *x.shape[1:])
         return jnp.moveaxis(x, 1, 0)
 
-    def group(args):  # one group: (inner, P, ...) arrays -> (inner, P, T, N, H)
-        q, k, v, b = args
+    def group(arrays):  # one group's (inner, P, ...) q, k, v [, bias] -> (inner, P, T, N, H)
+        q, k, v, *own_bias = arrays
         outs = [
-            attend(q[:, p], k[:, p], v[:, p], b[:, p] if per_example else shared_bias)
+            attend(q[:, p], k[:, p], v[:, p], own_bias[0][:, p] if own_bias else bias)
             for p in range(batch_chunks)
         ]
         return jnp.stack(outs, axis=1)
 
-    parts = [split(x) for x in (q_BTNH, k_BTNH, v_BTNH)]
-    parts.append(split(bias) if per_example else jnp.zeros((loop_chunks,)))
+    arrays = tuple(split(x) for x in (q_BTNH, k_BTNH, v_BTNH, *([bias] if per_example else [])))
     if loop_chunks == 1:
-        out = group([x[0] for x in parts])[None]
+        out = group([x[0] for x in arrays])[None]
     else:
-        out = jax.lax.map(group, tuple(parts))
+        out = jax.lax.map(group, arrays)
     return jnp.moveaxis(out, 0, 1).reshape(batch, *out.shape[3:])
 
 
