@@ -2,6 +2,7 @@
 
 import csv
 import dataclasses
+import json
 import os
 import subprocess
 
@@ -248,3 +249,23 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
                     hparams=c.pe_hparams.to_dict(),
                 )
             )  # fmt: skip
+
+
+def test_fit_reads_the_last_training_window_and_the_held_out_accuracy(smoke_study, tmp_path):
+    from experiments.studies import fit
+
+    results, runs, _, _ = smoke_study
+    rows = fit.fit_rows(SMOKE, runs, seeds=2)  # seed 1 never ran
+    assert [(r["arm"], r["seed"]) for r in rows] == [("liere", 0), ("ape", 0)]
+    recorded = {r["arm"]: float(r["accuracy"]) for r in lib.read_results(results)
+                if r["eval"] == "size8"}  # fmt: skip
+    for row in rows:
+        workdir = lib.run_dir(runs, SMOKE.arm(row["arm"]), 0, "cpu")
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            logged = [json.loads(line) for line in f if "train_accuracy" in line]
+        assert row["step"] == logged[-1]["step"] and 0 <= row["train_accuracy"] <= 1
+        assert row["held_out"] == pytest.approx(recorded[row["arm"]], abs=1e-6)
+    text = fit.markdown(SMOKE, rows)
+    assert "| LieRE 4x4 | 1 |" in text and "| APE | 1 |" in text
+    with pytest.raises(ValueError, match="no evaluation 'g08'"):
+        fit.held_out_accuracy(lib.run_dir(runs, SMOKE.arms[0], 0, "cpu"), "g08")
