@@ -269,3 +269,23 @@ def test_fit_reads_the_last_training_window_and_the_held_out_accuracy(smoke_stud
     assert "| LieRE 4x4 | 1 |" in text and "| APE | 1 |" in text
     with pytest.raises(ValueError, match="no evaluation 'g08'"):
         fit.held_out_accuracy(lib.run_dir(runs, SMOKE.arms[0], 0, "cpu"), "g08")
+
+
+def test_curves_plot_draws_the_study_curves_and_needs_them(smoke_study):
+    results, _, _, _ = smoke_study
+    rows = lib.read_results(results)
+    with pytest.raises(ValueError, match="'smoke' defines no curves"):
+        report.plot_curves(SMOKE, rows, os.path.join(results, "never.png"))
+    curved = dataclasses.replace(SMOKE, curves=("x", (("both", ((1.0, "ape"), (2.0, "liere"))),)))
+    path = os.path.join(results, "curves.png")
+    report.plot_curves(curved, rows, path, lines=((0.1, "chance"),))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not os.path.exists(os.path.join(results, "never.png"))
+
+
+def test_data_fraction_curves_name_its_arms():
+    study = definitions.STUDIES["data_fraction"]
+    _, curves = study.curves
+    named = [arm for _, points in curves for _, arm in points]
+    assert sorted(named) == sorted(study.arm_names)  # every arm on exactly one curve

@@ -176,6 +176,16 @@ _add(
             (f"liere_b8_f{round(100 * f):03d}", f"liere_b2_f{round(100 * f):03d}")
             for f in FRACTIONS
         ),
+        curves=(
+            "% of the 20,000 training layouts",
+            tuple(
+                (
+                    base.label,
+                    ((100.0, base.name), *((100 * f, _fraction(base, f).name) for f in FRACTIONS)),
+                )
+                for base in _DATA_ARMS
+            ),
+        ),
     )
 )
 

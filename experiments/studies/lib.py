@@ -91,6 +91,9 @@ class Study:
     paper: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     comparisons: tuple[tuple[str, str], ...] = ()  # (arm a, arm b) paired tests
     default_seeds: int = 3
+    # Arms that are points of one curve (the same encoding at several training fractions):
+    # (x-axis label, ((line label, ((x, arm name), ...)), ...)); drawn as curves.png.
+    curves: tuple[str, tuple[tuple[str, tuple[tuple[float, str], ...]], ...]] | None = None
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:

@@ -162,3 +162,53 @@ def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, lines=()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
+    """One panel per evaluation: each of ``study.curves``' lines through its arms' seed means
+    (the seeds as dots), against the curve's x (log scale); ``lines`` as in `plot`."""
+    if study.curves is None:
+        raise ValueError(f"study {study.name!r} defines no curves")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_label, curves = study.curves
+    per_seed = defaultdict(list)
+    for r in rows:
+        per_seed[(r["arm"], r["eval"])].append(r["accuracy"])
+    evals = [n for n in study.evals if any(k[1] == n for k in per_seed)]
+    fig, axes = plt.subplots(1, len(evals), figsize=(2.6 * len(evals), 3.4), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, name in zip(axes[0], evals, strict=True):
+        for i, (label, points) in enumerate(curves):
+            color = f"C{i}"
+            xs, means = [], []
+            for x, arm in sorted(points):
+                accs = per_seed.get((arm, name), [])
+                if not accs:
+                    continue
+                xs.append(x)
+                means.append(float(np.mean(accs)))
+                ax.plot([x] * len(accs), accs, ".", color=color, ms=4, alpha=0.6)
+            ax.plot(xs, means, "-o", color=color, ms=3, lw=1.2, label=label)
+        for value, _ in lines:
+            ax.axhline(value, color="gray", ls=":", lw=1)
+        ax.set_xscale("log")
+        xticks = sorted({x for _, points in curves for x, _ in points})
+        ax.set_xticks(xticks, [f"{x:g}" for x in xticks])
+        ax.minorticks_off()
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(x_label, fontsize=8)
+        ax.set_ylim(0, 1.02)
+    axes[0][0].set_ylabel("accuracy")
+    for value, label in lines:
+        axes[0][-1].annotate(label, (axes[0][-1].get_xlim()[1], value), fontsize=6, color="gray",
+                             ha="right", va="bottom")  # fmt: skip
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(study.title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
