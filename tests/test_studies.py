@@ -289,3 +289,24 @@ def test_data_fraction_curves_name_its_arms():
     _, curves = study.curves
     named = [arm for _, points in curves for _, arm in points]
     assert sorted(named) == sorted(study.arm_names)  # every arm on exactly one curve
+
+
+def test_eval_curves_plot_draws_each_arm_across_the_test_sizes(smoke_study):
+    results, _, _, _ = smoke_study
+    rows = lib.read_results(results)
+    with pytest.raises(ValueError, match="'smoke' defines no eval_curves"):
+        report.plot_eval_curves(SMOKE, rows, os.path.join(results, "never.png"))
+    sized = dataclasses.replace(
+        SMOKE, eval_curves=("size", (("digits", ((8.0, "size8"), (16.0, "size16"))),))
+    )
+    path = os.path.join(results, "scaling.png")
+    report.plot_eval_curves(sized, rows, path)
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resolution_eval_curves_use_its_evaluations():
+    study = definitions.STUDIES["resolution"]
+    _, panels = study.eval_curves
+    named = {name for _, points in panels for _, name in points}
+    assert named == set(study.evals)

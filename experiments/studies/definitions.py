@@ -223,6 +223,19 @@ _add(
         # 55.88, NoPE 53.86 / 54.16, RoPE-Mixed 55.26 / 58.92, 2D ALiBi 60.74 / 65.76; the
         # ordering (ALiBi > RoPE-Mixed > APE > NoPE above the training size) is compared.
         comparisons=(("alibi", "rope_mixed_heo"), ("rope_mixed_heo", "ape")),
+        eval_curves=(
+            "test size / training size (per side)",
+            (
+                (
+                    "larger grid, same 8 px cells (extrapolation)",
+                    ((1.0, "g08"), (1.5, "g12"), (2.0, "g16"), (2.5, "g20")),
+                ),
+                (
+                    "same 8x8 scene, more pixels (interpolation)",
+                    ((1.0, "g08"), (1.25, "px080"), (1.5, "px096"), (2.0, "px128")),
+                ),
+            ),
+        ),
     )
 )
 

@@ -94,6 +94,9 @@ class Study:
     # Arms that are points of one curve (the same encoding at several training fractions):
     # (x-axis label, ((line label, ((x, arm name), ...)), ...)); drawn as curves.png.
     curves: tuple[str, tuple[tuple[str, tuple[tuple[float, str], ...]], ...]] | None = None
+    # Evaluations that are points of one axis (a test at several sizes): (x-axis label,
+    # ((panel title, ((x, eval name), ...)), ...)); one line per arm, drawn as scaling.png.
+    eval_curves: tuple[str, tuple[tuple[str, tuple[tuple[float, str], ...]], ...]] | None = None
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:

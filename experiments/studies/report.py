@@ -212,3 +212,52 @@ def plot_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_eval_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
+    """One panel per ``study.eval_curves`` panel: each arm's seed mean (the seeds as dots)
+    against the x of its evaluations, e.g. accuracy against the test size; ``lines`` as in
+    `plot`."""
+    if study.eval_curves is None:
+        raise ValueError(f"study {study.name!r} defines no eval_curves")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_label, panels = study.eval_curves
+    per_seed = defaultdict(list)
+    for r in rows:
+        per_seed[(r["arm"], r["eval"])].append(r["accuracy"])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.0), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, (title, points) in zip(axes[0], panels, strict=True):
+        for i, arm in enumerate(study.arms):
+            color, xs, means = f"C{i % 10}", [], []
+            style = "-o" if i < 10 else "--s"
+            for x, name in sorted(points):
+                accs = per_seed.get((arm.name, name), [])
+                if not accs:
+                    continue
+                xs.append(x)
+                means.append(float(np.mean(accs)))
+                ax.plot([x] * len(accs), accs, ".", color=color, ms=3, alpha=0.5)
+            if xs:
+                ax.plot(xs, means, style, color=color, ms=3, lw=1.2, label=arm.label)
+        for value, label in lines:
+            ax.axhline(value, color="gray", ls=":", lw=1)
+            ax.annotate(label, (ax.get_xlim()[1], value), fontsize=6, color="gray", ha="right",
+                        va="bottom")  # fmt: skip
+        xticks = sorted({x for x, _ in points})
+        ax.set_xticks(xticks, [f"{x:g}" for x in xticks])
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(x_label, fontsize=8)
+        ax.set_ylim(0, 1.02)
+    axes[0][0].set_ylabel("accuracy")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
+    fig.suptitle(study.title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -7,8 +7,8 @@ r"""Run a study, resumably, and summarise it.
 
 Every (arm, seed) is one ``rope_lie.main`` run in ``<root>/runs/<scale>/...`` (default root
 ``workdirs/studies``, kept out of git); results go to ``experiments/studies/<study>/``
-(``results.csv``, ``examples.npz``, ``summary.md``, ``accuracy.png``, and ``curves.png``
-for a study with curves). Kill it at any time and
+(``results.csv``, ``examples.npz``, ``summary.md``, ``accuracy.png``, and ``curves.png`` or
+``scaling.png`` for a study that defines them). Kill it at any time and
 rerun: finished runs are never redone and the run in progress resumes from its checkpoint.
 One run at a time (the machine has 2 cores).
 """
@@ -44,6 +44,8 @@ def write_report(study: lib.Study, directory: str) -> str:
         report.plot(study, rows, examples, os.path.join(directory, "accuracy.png"), lines)
         if study.curves is not None:
             report.plot_curves(study, rows, os.path.join(directory, "curves.png"), lines)
+        if study.eval_curves is not None:
+            report.plot_eval_curves(study, rows, os.path.join(directory, "scaling.png"), lines)
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[experiments]'): no plot")
     return text
