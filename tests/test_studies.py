@@ -310,3 +310,46 @@ def test_resolution_eval_curves_use_its_evaluations():
     _, panels = study.eval_curves
     named = {name for _, points in panels for _, name in points}
     assert named == set(study.evals)
+
+
+def test_distance_only_ceiling_on_hand_layouts():
+    glyphs = np.full((3, 4, 4), -1, np.int8)
+    y = np.array([[1, 1], [1, 1], [0, 0]])
+    glyphs[0, 0, 1] = 2  # one arrow next to the Y: it is the target
+    glyphs[1, 0, 1], glyphs[1, 1, 2], glyphs[1, 2, 1] = 2, 2, 3  # 2 of 3 neighbours point down
+    glyphs[1, 2, 2] = 0  # a diagonal arrow is not next to the Y
+    glyphs[2, 0, 1], glyphs[2, 1, 0] = 1, 3  # a corner Y, two neighbours, a tie
+    np.testing.assert_allclose(stats.distance_only_ceiling(glyphs, y), [1.0, 2 / 3, 0.5])
+
+
+def test_distance_only_ceiling_matches_the_symmetry_orbits_by_brute_force():
+    """The formula against the Bayes-optimal answer over each layout's orbit under the 8
+    symmetries of the square, built by moving the glyphs (only valid layouts, where the Y's
+    stem neighbour holds an arrow, count; all are equally likely)."""
+    from rope_lie.data import glyphs as glyph_lib
+
+    layouts = glyph_lib.sample_layouts(
+        np.random.default_rng(0), 300, grid_shape=(5, 5), deltas=glyph_lib.DELTAS_2D,
+        num_distractor_arrows=7, letter_ids=glyph_lib.LETTER_IDS_2D, num_letters=5,
+    )  # fmt: skip
+    deltas = glyph_lib.DELTAS_2D
+    best = []
+    for grid, stem in zip(layouts["glyphs"], layouts["y_orientation"], strict=True):
+        labels = []
+        for k in range(4):
+            for flip in (False, True):
+                moved = np.rot90(grid.T if flip else grid, k)
+                ((r, c),) = np.argwhere((moved >= 4) & (moved < 8))  # the Y: ids 4-7 in 2D
+                r, c = r + deltas[stem][0], c + deltas[stem][1]
+                if 0 <= r < 5 and 0 <= c < 5 and 0 <= moved[r, c] < 4:
+                    labels.append(moved[r, c])
+        best.append(np.bincount(labels, minlength=4).max() / len(labels))
+    ceiling = stats.distance_only_ceiling(layouts["glyphs"], layouts["y_cell"])
+    np.testing.assert_allclose(ceiling, best)
+    assert 0.5 < ceiling.mean() < 1.0  # neither trivial nor impossible on a 5x5 grid
+
+
+def test_arrows_distance_only_ceiling_of_the_training_grid():
+    value = stats.arrows_distance_only_ceiling("c8_g8")
+    assert value == pytest.approx(0.9033, abs=5e-4)  # the value the resolution README reports
+    assert stats.blind_ceiling() < value < 1.0

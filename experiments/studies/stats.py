@@ -79,3 +79,49 @@ def blind_ceiling(num_arrows: int = 8, num_directions: int = 4, samples: int = 2
     rng = np.random.default_rng(0)
     counts = rng.multinomial(num_arrows, [1 / num_directions] * num_directions, size=samples)
     return float((counts.max(axis=1) / num_arrows).mean())
+
+
+def distance_only_ceiling(glyphs_NG: np.ndarray, y_cell_NA: np.ndarray, num_dirs: int = 4):
+    """Per-example best accuracy of a model that sees the glyphs and their pairwise distances
+    but no directions (2D ALiBi: a bias of the Euclidean distance alone, nothing else
+    positional), on 2D arrows layouts.
+
+    Such a model is invariant to the 8 symmetries of the square grid that move the glyphs
+    without turning them. They take the Y's stem neighbour (the target) to each of the Y's
+    four neighbours, and every one of those layouts is as likely as the real one when that
+    neighbour holds an arrow. So the best answer is the majority direction among the arrows
+    next to the Y (the target is any of them with equal probability), right with probability
+    (count of the majority direction) / (number of arrows next to the Y).
+
+    Args:
+      glyphs_NG: int (N, G, G) glyph ids, arrows 0..num_dirs-1, -1 empty (``sample_layouts``).
+      y_cell_NA: int (N, 2) the Y's cell.
+      num_dirs: arrow directions (4 in 2D).
+
+    Returns:
+      float (N,) the expected accuracy of the best distance-only answer on each example.
+    """
+    n, g = glyphs_NG.shape[0], glyphs_NG.shape[1]
+    counts_ND = np.zeros((n, num_dirs))
+    for dr, dc in ((-1, 0), (0, 1), (1, 0), (0, -1)):
+        r, c = y_cell_NA[:, 0] + dr, y_cell_NA[:, 1] + dc
+        inside = (r >= 0) & (r < g) & (c >= 0) & (c < g)
+        ids = np.where(inside, glyphs_NG[np.arange(n), r.clip(0, g - 1), c.clip(0, g - 1)], -1)
+        is_arrow = (ids >= 0) & (ids < num_dirs)
+        counts_ND[np.arange(n)[is_arrow], ids[is_arrow]] += 1
+    return counts_ND.max(axis=1) / counts_ND.sum(axis=1)  # the target is one: never 0 / 0
+
+
+def arrows_distance_only_ceiling(config_name: str, split: str = "test") -> float:
+    """`distance_only_ceiling` averaged over a ``spatial_arrows`` split, regenerated from its
+    seed (the same layouts as the TFDS dataset): 0.903 / 0.945 / 0.970 / 0.980 on the test
+    splits of c8_g8 / c8_g12 / c8_g16 / c8_g20 (the grids get sparser, fewer neighbours)."""
+    from rope_lie.data import spatial_arrows
+
+    config = {c.name: c for c in spatial_arrows.CONFIGS}[config_name]
+    total = config.num_test if split == "test" else config.num_train
+    per_example = []
+    for chunk in range(-(-total // spatial_arrows.CHUNK)):
+        layout = spatial_arrows.generate_chunk(config, split, chunk)
+        per_example.append(distance_only_ceiling(layout["glyphs"], layout["y_cell"]))
+    return float(np.concatenate(per_example)[:total].mean())

@@ -158,6 +158,24 @@ def test_permutation_of_patches(pe, additive, invariant):
         assert np.max(np.abs(logits_shuffled - logits)) > 1e-4
 
 
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_alibi_2d_sees_distances_only_the_grid_symmetries_leave_logits_unchanged(pool):
+    """2D ALiBi's bias depends on |p_t - p_s| alone, so moving whole patches by a symmetry of
+    the square grid (turned or mirrored, patch contents untouched) changes nothing: the
+    distance-only ceiling of the arrows studies (`experiments.studies.stats`) rests on it."""
+    config = dict(TINY, image_shape=(12, 12), pe="alibi", pool=pool, head_zero_init=False)
+    model = ViT(**config, rngs=nnx.Rngs(0))
+    images = _images((2, 12, 12, 3))
+    cells = np.arange(9).reshape(3, 3)
+    for moved in (np.rot90(cells), cells.T, cells[:, ::-1]):
+        perm = moved.reshape(-1)  # a symmetry of the 3x3 patch grid, as a permutation
+        turned = _shuffle_patches(images, 4, perm)
+        assert not np.allclose(turned, images)
+        np.testing.assert_allclose(model(turned), model(images), rtol=1e-5, atol=1e-5)
+    broken = _shuffle_patches(images, 4, np.array([1, 0, 2, 3, 4, 5, 6, 7, 8]))  # not an isometry
+    assert np.max(np.abs(model(broken) - model(images))) > 1e-4
+
+
 def test_jit_split_merge_with_dropout():
     model = ViT(
         **TINY,
