@@ -14,8 +14,8 @@ default 1.0 as the LieRE reference>, steps=<training steps, default 600>, smoke.
 
 Expected runtime and metric (the `volumes` study, experiments/studies/volumes/): 6.5-8.5 min a
 run on the 2-core AVX-512 EPYC CPU (95-115 training examples/s; the first run also generates the
-data). Held-out accuracy at g6 after the default 600 steps, seeds 0-1: APE 27-31 %, LieRE 2x2
-36-39 %, LieRE 8x8 33-46 % (chance 16.7 %, position-blind ceiling 36.5 %): every arm still
+data). Held-out accuracy at g6 after the default 600 steps, seeds 0-2: APE 25-31 %, LieRE 2x2
+31-39 %, LieRE 8x8 30-46 % (chance 16.7 %, position-blind ceiling 36.5 %): every arm still
 underfits at 600 steps, so raise `steps` to compare encodings. The smoke run (a few steps of
 the pico ViT) took 51 s with data generation (commit b9a1d05).
 """
