@@ -118,23 +118,56 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, lines=()):
-    """Grouped bars: one group per evaluation, one bar per arm (seed mean, bootstrap CI as the
-    error bar, the seeds as dots); ``lines``: (accuracy, label) reference lines (chance, the
-    position-blind ceiling). Needs matplotlib (the `experiments` or `test` extra)."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _accuracies(rows: list[dict]) -> dict[tuple[str, str], list[float]]:
+    """The seeds' accuracies per (arm, eval)."""
+    out = defaultdict(list)
+    for r in rows:
+        out[(r["arm"], r["eval"])].append(r["accuracy"])
+    return out
+
+
+def _curve(ax, accuracies: dict, points, color: str, label: str, style: str = "-o") -> None:
+    """A line through the seed means of ``points`` ((x, (arm, eval)), ...), the seeds as dots;
+    points without results are left out."""
+    xs, means = [], []
+    for x, key in sorted(points):
+        accs = accuracies.get(key, [])
+        if accs:
+            xs.append(x)
+            means.append(float(np.mean(accs)))
+            ax.plot([x] * len(accs), accs, ".", color=color, ms=3, alpha=0.5)
+    if xs:
+        ax.plot(xs, means, style, color=color, ms=3, lw=1.2, label=label)
+
+
+def _save(fig, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, lines=()):
+    """Grouped bars: one group per evaluation, one bar per arm (seed mean, bootstrap CI as the
+    error bar, the seeds as dots); ``lines``: (accuracy, label) reference lines (chance, the
+    position-blind ceiling). Needs matplotlib (the `experiments` or `test` extra)."""
+    plt = _pyplot()
     table = arm_stats(study, rows, examples)
     arms = [a for a in study.arms if any(e["arm"] == a.name for e in table)]
     evals = [n for n in study.evals if any(e["eval"] == n for e in table)]
     width = 0.8 / max(len(arms), 1)
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(evals) * max(1, len(arms)) / 4, 5.0))
-    per_seed = {(r["arm"], r["eval"]): [] for r in rows}
-    for r in rows:
-        per_seed[(r["arm"], r["eval"])].append(r["accuracy"])
+    per_seed = _accuracies(rows)
     for i, arm in enumerate(arms):
         xs, ys, lo, hi = [], [], [], []
         for j, name in enumerate(evals):
@@ -159,9 +192,7 @@ def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, lines=()
     ax.set_title(study.title, fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=4, frameon=False)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
@@ -169,49 +200,24 @@ def plot_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
     (the seeds as dots), against the curve's x (log scale); ``lines`` as in `plot`."""
     if study.curves is None:
         raise ValueError(f"study {study.name!r} defines no curves")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     x_label, curves = study.curves
-    per_seed = defaultdict(list)
-    for r in rows:
-        per_seed[(r["arm"], r["eval"])].append(r["accuracy"])
-    evals = [n for n in study.evals if any(k[1] == n for k in per_seed)]
+    accuracies = _accuracies(rows)
+    evals = [n for n in study.evals if any(k[1] == n for k in accuracies)]
+    xticks = sorted({x for _, points in curves for x, _ in points})
     fig, axes = plt.subplots(1, len(evals), figsize=(2.6 * len(evals), 3.4), sharey=True,
                              squeeze=False)  # fmt: skip
     for ax, name in zip(axes[0], evals, strict=True):
         for i, (label, points) in enumerate(curves):
-            color = f"C{i}"
-            xs, means = [], []
-            for x, arm in sorted(points):
-                accs = per_seed.get((arm, name), [])
-                if not accs:
-                    continue
-                xs.append(x)
-                means.append(float(np.mean(accs)))
-                ax.plot([x] * len(accs), accs, ".", color=color, ms=4, alpha=0.6)
-            ax.plot(xs, means, "-o", color=color, ms=3, lw=1.2, label=label)
-        for value, _ in lines:
-            ax.axhline(value, color="gray", ls=":", lw=1)
+            _curve(ax, accuracies, [(x, (arm, name)) for x, arm in points], f"C{i}", label)
         ax.set_xscale("log")
-        xticks = sorted({x for _, points in curves for x, _ in points})
-        ax.set_xticks(xticks, [f"{x:g}" for x in xticks])
+        _finish_panel(ax, name, x_label, xticks, lines)
         ax.minorticks_off()
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel(x_label, fontsize=8)
-        ax.set_ylim(0, 1.02)
-    axes[0][0].set_ylabel("accuracy")
-    for value, label in lines:
-        axes[0][-1].annotate(label, (axes[0][-1].get_xlim()[1], value), fontsize=6, color="gray",
-                             ha="right", va="bottom")  # fmt: skip
     axes[0][0].legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("accuracy")
     fig.suptitle(study.title, fontsize=9)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_eval_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
@@ -220,44 +226,32 @@ def plot_eval_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
     `plot`."""
     if study.eval_curves is None:
         raise ValueError(f"study {study.name!r} defines no eval_curves")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     x_label, panels = study.eval_curves
-    per_seed = defaultdict(list)
-    for r in rows:
-        per_seed[(r["arm"], r["eval"])].append(r["accuracy"])
+    accuracies = _accuracies(rows)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.0), sharey=True,
                              squeeze=False)  # fmt: skip
     for ax, (title, points) in zip(axes[0], panels, strict=True):
         for i, arm in enumerate(study.arms):
-            color, xs, means = f"C{i % 10}", [], []
-            style = "-o" if i < 10 else "--s"
-            for x, name in sorted(points):
-                accs = per_seed.get((arm.name, name), [])
-                if not accs:
-                    continue
-                xs.append(x)
-                means.append(float(np.mean(accs)))
-                ax.plot([x] * len(accs), accs, ".", color=color, ms=3, alpha=0.5)
-            if xs:
-                ax.plot(xs, means, style, color=color, ms=3, lw=1.2, label=arm.label)
-        for value, label in lines:
-            ax.axhline(value, color="gray", ls=":", lw=1)
-            ax.annotate(label, (ax.get_xlim()[1], value), fontsize=6, color="gray", ha="right",
-                        va="bottom")  # fmt: skip
-        xticks = sorted({x for x, _ in points})
-        ax.set_xticks(xticks, [f"{x:g}" for x in xticks])
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel(x_label, fontsize=8)
-        ax.set_ylim(0, 1.02)
-    axes[0][0].set_ylabel("accuracy")
+            style = "-o" if i < 10 else "--s"  # matplotlib's 10 colours come round again
+            points_of_arm = [(x, (arm.name, name)) for x, name in points]
+            _curve(ax, accuracies, points_of_arm, f"C{i % 10}", arm.label, style)
+        _finish_panel(ax, title, x_label, sorted({x for x, _ in points}), lines)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
+    axes[0][0].set_ylabel("accuracy")
     fig.suptitle(study.title, fontsize=9)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
+
+
+def _finish_panel(ax, title: str, x_label: str, xticks: list[float], lines) -> None:
+    """Reference lines (labelled at the right edge), ticks at the points, titles, 0-1 range."""
+    ax.set_xticks(xticks, [f"{x:g}" for x in xticks])
+    for value, label in lines:
+        ax.axhline(value, color="gray", ls=":", lw=1)
+        ax.annotate(label, (xticks[-1], value), fontsize=6, color="gray", ha="right",
+                    va="bottom")  # fmt: skip
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(x_label, fontsize=8)
+    ax.set_ylim(0, 1.02)
