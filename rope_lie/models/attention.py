@@ -94,10 +94,9 @@ def attend(
     examples (example b is in group ``(b // batch_chunks) % loop_chunks`` and chunk
     ``b % batch_chunks``), so a batch sharded over devices in contiguous blocks would keep
     every chunk local. Every example's attention is computed with the same operations as
-    without chunks: under ``jax.jit`` the result is bitwise equal (tested, and at the eval
-    shapes of ``experiments/benchmarks/attention_chunks.py``); with a per-example bias, or
-    called op by op outside jit, XLA may fuse or tile a chunk's operations differently and the
-    result is equal to float32 rounding.
+    without chunks, and the result is equal to float32 rounding (tested). It is not promised
+    bitwise: how XLA:CPU fuses, tiles and vectorises a chunk depends on its shape and on the
+    CPU's vector width (AVX2 and AVX-512 machines round a few elements differently).
 
     Args:
       q_BTNH: queries.
@@ -316,7 +315,8 @@ class Attention(nnx.Module):
           pe_state: a precomputed encoder state (``pe_state``/``precompute_pe``) to use instead
             of building one from parameters and positions; excludes ``pe_params``.
           train: a training call: attend the whole batch at once. Otherwise on one CPU device
-            the attention runs in the chunks ``cpu_chunks`` chooses (the same result, bitwise).
+            the attention runs in the chunks ``cpu_chunks`` chooses (the same result to float32
+            rounding).
 
         Returns:
           (B, T, D) array in the activation dtype.
