@@ -12,7 +12,11 @@ arm share its runs. The runner:
    runs are shared through the committed results even when the workdirs are gone;
 3. otherwise collects a run whose workdir has ``final.json`` and ``eval_examples.npz``;
 4. otherwise starts (or resumes, from the run's last checkpoint) ``python -m rope_lie.main`` in
-   a subprocess, then collects it.
+   a subprocess, then collects it. Before it starts, the run's workdir gets ``provenance.json``:
+   the code tree (commit, "+dirty" with uncommitted changes to rope_lie/ or configs/) and the
+   CPU kind (model and AVX2/AVX-512), which become the ``tree`` and ``cpu`` columns (empty for
+   runs recorded before they were kept; "+resumed" when a run was resumed on another tree or
+   CPU).
 
 Collecting appends one row per evaluation to ``results.csv`` (columns ``RESULT_COLUMNS``) and the
 per-example results to ``examples.npz`` (packed bits, key ``arm/seed/eval``), both written
@@ -40,8 +44,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STUDIES_DIR = os.path.dirname(os.path.abspath(__file__))
 RESULT_COLUMNS = (
     "study", "arm", "seed", "eval", "accuracy", "num_examples",
-    "best_accuracy", "steps", "train_ex_per_s", "resolution",
+    "best_accuracy", "steps", "train_ex_per_s", "resolution", "tree", "cpu",
 )  # fmt: skip
+PROVENANCE = "provenance.json"  # in a run's workdir: the code tree and CPU that trained it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,11 +142,80 @@ def is_finished(workdir: str) -> bool:
 EXAMPLES = "eval_examples.npz"  # rope_lie.metrics.EXAMPLES_FILE (not imported: no JAX here)
 
 
+def code_tree() -> str:
+    """The checkout's commit (short hash), with "+dirty" when rope_lie/ or configs/ have
+    uncommitted changes; "unknown" outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", REPO, "status", "--porcelain", "--", "rope_lie", "configs"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def cpu_kind() -> str:
+    """The CPU model and its widest vector extension ("AMD EPYC 9B14 avx512"): float32 results
+    differ between AVX2 and AVX-512 machines in the last bits."""
+    model, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown":
+                    model = " ".join(value.split())
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    vector = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    return f"{model} {vector}"
+
+
+def record_provenance(workdir: str) -> dict:
+    """Writes the code tree and CPU kind into the run's workdir when the run starts (a resumed
+    run keeps the first record: say "+resumed" if the tree or CPU changed); returns it."""
+    path = os.path.join(workdir, PROVENANCE)
+    now = {"tree": code_tree(), "cpu": cpu_kind()}
+    if os.path.exists(path):
+        with open(path) as f:
+            first = json.load(f)
+        if first != now and not first.get("resumed_elsewhere"):
+            first["resumed_elsewhere"] = now
+            _atomic_json(path, first)
+        return first
+    os.makedirs(workdir, exist_ok=True)
+    _atomic_json(path, now)
+    return now
+
+
+def _atomic_json(path: str, obj: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
+
+
+def _provenance(workdir: str) -> tuple[str, str]:
+    path = os.path.join(workdir, PROVENANCE)
+    if not os.path.exists(path):
+        return "", ""
+    with open(path) as f:
+        record = json.load(f)
+    mixed = "+resumed" if record.get("resumed_elsewhere") else ""
+    return record["tree"] + mixed, record["cpu"]
+
+
 def collect(study: Study, arm: Arm, seed: int, workdir: str) -> tuple[list[dict], dict]:
     """Rows for results.csv and per-example arrays of a finished run."""
     with open(os.path.join(workdir, "final.json")) as f:
         final = json.load(f)
     throughput = _median_throughput(os.path.join(workdir, "metrics.jsonl"))
+    tree, cpu = _provenance(workdir)
     rows = []
     for name, res in sorted(final["evals"].items()):
         rows.append(
@@ -150,6 +224,7 @@ def collect(study: Study, arm: Arm, seed: int, workdir: str) -> tuple[list[dict]
                 accuracy=res["accuracy"], num_examples=res["num_examples"],
                 best_accuracy=res.get("best_accuracy", res["accuracy"]), steps=final["step"],
                 train_ex_per_s=throughput, resolution=res.get("resolution", ""),
+                tree=tree, cpu=cpu,
             )
         )  # fmt: skip
     with np.load(os.path.join(workdir, EXAMPLES)) as npz:
@@ -188,6 +263,8 @@ def read_results(study_dir: str) -> list[dict]:
         )
         for key in ("accuracy", "best_accuracy", "train_ex_per_s"):
             row[key] = float(row[key])
+        for key in ("tree", "cpu"):  # not recorded before provenance was kept: ""
+            row[key] = row.get(key) or ""
     return rows
 
 
@@ -318,6 +395,7 @@ def run_study(
             continue
         if not is_finished(workdir):
             log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: {workdir}")
+            record_provenance(workdir)
             start = time.perf_counter()
             subprocess.run(cmd, check=True, cwd=REPO)
             log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: {time.perf_counter() - start:.0f} s")
