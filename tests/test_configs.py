@@ -43,6 +43,8 @@ RECIPES = [
     ("cayley", "dataset=cifar10,generator=topk,k=24"),
     ("cayley", "dataset=mnist,generator=banded,bw=4"),
     ("cayley", "dataset=mnist,generator=block2x2"),
+    ("fashion_mnist", "pe=liere,block=8"),
+    ("fashion_mnist", "pe=cayley_string,generator=block2x2,scale_aug"),
 ]
 # End-to-end smoke runs, one per distinct path through data and model. arrows:smoke is the
 # quickstart's path (LieRE mu/8 on spatial_arrows/c8_g8, larger grids, shuffled patches) and

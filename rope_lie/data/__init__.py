@@ -1,7 +1,7 @@
 """TFDS input pipelines and this project's own TFDS datasets.
 
 Importing this package registers the local builders ``spatial_arrows``,
-``spatial_arrows_3d`` and ``sklearn_digits`` with TFDS, so
+``spatial_arrows_3d``, ``sklearn_digits`` and ``fashion_mnist_idx`` with TFDS, so
 ``tfds.builder("spatial_arrows/c8_g8", data_dir=...)`` works; ``prepare``
 generates them on first use. See docs/data.md.
 """
@@ -14,6 +14,7 @@ from rope_lie.data.catalog import (
     missing_dataset_message,
     prepare,
 )
+from rope_lie.data.fashion_mnist_idx import FashionMnistIdx, FashionMnistIdxConfig
 from rope_lie.data.pipeline import (
     dataset_summary,
     make_eval_iterator,
@@ -24,6 +25,8 @@ from rope_lie.data.spatial_arrows import SpatialArrows, SpatialArrowsConfig
 from rope_lie.data.spatial_arrows_3d import SpatialArrows3d, SpatialArrows3dConfig
 
 __all__ = [
+    "FashionMnistIdx",
+    "FashionMnistIdxConfig",
     "LOCAL_BUILDERS",
     "RECIPES",
     "SklearnDigits",

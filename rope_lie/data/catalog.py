@@ -20,12 +20,13 @@ import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 from tensorflow_datasets.core.utils import tqdm_utils
 
-from rope_lie.data import sklearn_digits, spatial_arrows, spatial_arrows_3d
+from rope_lie.data import fashion_mnist_idx, sklearn_digits, spatial_arrows, spatial_arrows_3d
 
 LOCAL_BUILDERS = {
     "spatial_arrows": spatial_arrows.SpatialArrows,
     "spatial_arrows_3d": spatial_arrows_3d.SpatialArrows3d,
     "sklearn_digits": sklearn_digits.SklearnDigits,
+    "fashion_mnist_idx": fashion_mnist_idx.FashionMnistIdx,
 }
 
 
@@ -51,6 +52,7 @@ RECIPES = {
     "imagenet2012": Recipe("image", "image"),
     "ucf101": Recipe("video", "video"),
     "sklearn_digits": Recipe("image", "image"),
+    "fashion_mnist_idx": Recipe("image", "image"),
     "spatial_arrows": Recipe("image", "image", geometry_keeps_label=False),
     "spatial_arrows_3d": Recipe("volume", "volume", geometry_keeps_label=False),
 }
@@ -61,6 +63,7 @@ _DEFAULTS = {
     "cifar10": dict(image_size=32, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
     "cifar100": dict(image_size=32, mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762)),
     "mnist": dict(image_size=32, mean=(0.1307,), std=(0.3081,)),
+    "fashion_mnist_idx": dict(mean=(0.2860,), std=(0.3530,)),  # of the 60,000 training images
     "imagenet2012": dict(
         image_size=224, eval_split="validation", eval_crop_fraction=0.875, **_IMAGENET_STATS
     ),
@@ -116,6 +119,7 @@ def default_config(name: str) -> ml_collections.ConfigDict:
     aug = dict(
         crop="none",
         crop_padding=4,
+        crop_area_min=0.08,
         flip=False,
         randaugment={"num_layers": 0, "magnitude": 9},
         mixup_alpha=0.0,
@@ -152,6 +156,8 @@ def check_config(ds_cfg: ml_collections.ConfigDict) -> Recipe:
         raise ValueError(f"augment.crop={aug.crop!r}; expected one of {CROPS}")
     if aug.crop == "inception" and ds_cfg.image_size is None:
         raise ValueError("augment.crop='inception' needs image_size (the output side)")
+    if not 0.0 < aug.crop_area_min <= 1.0:
+        raise ValueError(f"augment.crop_area_min={aug.crop_area_min} must lie in (0, 1]")
     geometric = aug.crop != "none" or aug.flip or aug.randaugment.num_layers > 0
     if geometric and not recipe.geometry_keeps_label:
         raise ValueError(

@@ -46,6 +46,7 @@ Batches are dicts of numpy arrays, B = batch_size // process_count per process:
   augment.crop       "none", "pad" (zero-pad by crop_padding, random crop back) or
                      "inception" (random-resized crop to image_size)
   augment.crop_padding       pixels of padding for crop="pad"
+  augment.crop_area_min      smallest crop area (fraction of the image) for crop="inception"
   augment.flip               random left-right flip
   augment.randaugment.num_layers  RandAugment ops per image; 0 disables it
   augment.randaugment.magnitude   RandAugment strength on the 0..10 scale
@@ -167,7 +168,9 @@ def _train_example(builder, ds_cfg, shape, key, example) -> dict:
     if aug.crop == "pad":
         image = augment.pad_and_crop(image, crop_key, aug.crop_padding)
     if aug.crop == "inception":
-        image = augment.inception_crop(image, crop_key, ds_cfg.image_size)
+        image = augment.inception_crop(
+            image, crop_key, ds_cfg.image_size, area_range=(aug.crop_area_min, 1.0)
+        )
     elif ds_cfg.image_size is not None:
         image = augment.resize(image, ds_cfg.image_size)
     if aug.flip:

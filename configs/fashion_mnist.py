@@ -1,0 +1,88 @@
+r"""Fashion-MNIST: the papers' comparisons on real images, any encoder.
+
+A ViT-mu/4 (width 64, 4 layers, 4 heads of 16 dims, patch 4: 7x7 tokens and a class token) on
+the 60,000 28x28 training images of Fashion-MNIST (`fashion_mnist_idx`, built from the IDX
+files of Debian's `dataset-fashion-mnist`: rope_lie/data/fashion_mnist_idx.py), with the usual
+augmentation for this data (random crop after 2 px of zero padding, horizontal flip), AdamW
+and a cosine schedule. Evaluated once, at the end, on the 10,000 test images:
+
+- `test`: at the training size; `test_shuffled`: with the patches permuted (LieRE Table 5);
+- `px36`, `px44`, `px56`: the same images resized to more pixels (objects larger in pixels,
+  more tokens: seed 004's regime, 1.29x / 1.57x / 2x per side);
+- `canvas36`, `canvas44`, `canvas56`: the 28 px image centred on a larger black canvas
+  (objects the same size, more tokens: LieRE's larger grids). 44 px rather than 42: the side
+  must be a multiple of the 4 px patch.
+
+    apt-get update && apt-get install -y dataset-fashion-mnist
+    python -m rope_lie.main --config=configs/fashion_mnist.py:pe=liere,block=8 \
+        --workdir=workdirs/fashion_liere8
+    python -m rope_lie.main --config=configs/fashion_mnist.py:smoke --workdir=/tmp/fashion_smoke
+
+Arguments: pe=<family, a variant such as visionllama_liere, or ape/sincos>, block=<LieRE block
+size; 2 = the LieRE paper's RoPE-Mixed>, ape_std=<APE init std; default 1.0, the LieRE
+reference's N(0, 1)>, generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries>
+(pe=cayley_string), epochs=<passes over the training set>, scale_aug (random-resized crops
+of 35-100 % of the area in training, for the resolution study), smoke (a few steps; used by the
+tests).
+
+Runtime and metric: see experiments/studies/fashion/README.md (the `fashion` study runs this
+recipe for every arm; its summary.md has the current seed means).
+"""
+
+from rope_lie import config_lib as common
+
+EPOCHS = 3.0  # passes over the 60,000 training images
+CANVASES = (36, 44, 56)  # px: the 28 px image centred on a larger canvas
+UPSAMPLED = (36, 44, 56)  # px: the 28 px image resized
+
+
+def get_config(arg=None):
+    args = common.parse_arg(
+        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
+        k=24, epochs=EPOCHS, scale_aug=False, smoke=False,
+    )  # fmt: skip
+    c = common.base_config()
+    c.dataset = common.dataset_config(
+        "fashion_mnist_idx/plain",  # built from the IDX files on first use
+        data_dir=None,  # TFDS root; None = ~/tensorflow_datasets
+        mean=(0.2860,),  # of the training images, in units of 255
+        std=(0.3530,),
+        image_size=28,  # model input side in px
+    )
+    c.dataset.augment.crop = "inception" if args.scale_aug else "pad"
+    c.dataset.augment.crop_padding = 2  # px of zero padding for crop="pad"
+    c.dataset.augment.crop_area_min = 0.35 if args.scale_aug else 0.08  # inception crop only
+    c.dataset.augment.flip = True  # left-right: clothing is mirror-symmetric in class
+    c.model = common.model_config(
+        variant="mu/4",  # width 64, depth 4, 4 heads of 16; patch 4 px
+        image_shape=(28, 28),  # training input (H, W) in px
+        channels=1,  # grayscale
+        num_classes=10,  # clothing classes
+        **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
+    )
+    if args.pe == "cayley_string":
+        c.model.pe_hparams = common.cayley_hparams(args.generator, args.bw, args.k)
+    c.batch_size = 128  # examples per step
+    c.num_epochs = float(args.epochs)  # total steps = epochs * 60,000 // 128
+    c.optim.lr = 1e-3  # peak learning rate (AdamW), cosine decay to 0
+    c.optim.weight_decay = 0.05  # weight matrices only
+    c.optim.warmup_steps = 200  # linear warmup steps
+    c.log_every_steps = 50  # steps between metrics lines (the training curve)
+    c.eval_every_epochs = 0.0  # evaluate once, at the end (no model is picked on test)
+    c.eval_batch_size = 500  # 10,000 test images = 20 batches
+    c.checkpoint.every_steps = 200  # steps between checkpoints
+    c.evals = dict(
+        test=common.eval_entry(),  # the training size
+        test_shuffled=common.eval_entry(shuffle_patches=True),  # positions destroyed
+        **{f"px{s}": common.eval_entry(image_size=s) for s in UPSAMPLED},
+        **{
+            f"canvas{s}": common.eval_entry(name=f"fashion_mnist_idx/canvas{s}", image_size=s)
+            for s in CANVASES
+        },
+    )
+    if args.smoke:
+        common.make_smoke(c, variant="mu/4")
+        c.dataset.eval_split = "test[:16]"  # a slice: faster evaluation
+        for name in c.evals:
+            c.evals[name].split = "test[:16]"
+    return c
