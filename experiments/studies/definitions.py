@@ -433,7 +433,7 @@ def _f_fraction(base: Arm, fraction: float, fixed_steps: int | None = None) -> A
 
 
 _F_DATA_ARMS = (F_APE, F_VL_LIERE, F_LIERE_B2, F_LIERE_B8)
-F_FULL_STEPS = 1406  # 3 epochs of 60,000 at batch 128: the fixed-steps control's length
+F_FULL_STEPS = 1404  # 3 x (60,000 // 128) steps: the fixed-steps control's length
 _add(
     Study(
         name="fashion_data_fraction",
