@@ -17,7 +17,7 @@ run on the 2-core AVX-512 EPYC CPU (95-115 training examples/s; the first run al
 data). Held-out accuracy at g6 after the default 600 steps, seeds 0-2: APE 25-31 %, LieRE 2x2
 31-39 %, LieRE 8x8 30-46 % (chance 16.7 %, position-blind ceiling 36.5 %): every arm still
 underfits at 600 steps, so raise `steps` to compare encodings. The smoke run (a few steps of
-the pico ViT) took 51 s with data generation (commit b9a1d05).
+the pico ViT) takes about 51 s, generating the data included.
 """
 
 from rope_lie import config_lib as common
