@@ -25,9 +25,9 @@ ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
 init_scale=<LieRE generator init U[0, s); 0 = the family default 2 pi (LieRE Table 7 uses 1)>,
 steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the tests).
 
-Expected runtime: res=cpu, 6-7 min a run on this project's 2-core AMD EPYC CPU (no accelerator,
-jax 0.10.2): 500 steps at ~330 examples/s when nothing else runs, plus the evaluations; longer
-on a shared machine (the arrows study's runs logged 96-616 examples/s). res=paper: not run
+Runtime on 2 CPU cores (AMD EPYC, no accelerator, jax 0.10.2): res=cpu, 6-7 min a run, 500
+steps at ~330 examples/s when nothing else runs, plus the evaluations; longer on a shared
+machine (the arrows study's runs logged 96-616 examples/s). res=paper: not run
 here (ViT-B on 800,000 layouts needs an accelerator; the paper gives no runtime for it).
 Expected metric, res=cpu: the arrows study (`python -m experiments.studies.run arrows`, which
 evaluates once, at the end; experiments/studies/arrows/README.md, and summary.md for the

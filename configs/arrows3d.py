@@ -12,12 +12,13 @@ Arguments: pe=<family, variant or ape/sincos (common.pe_fields; VisionLLaMA's AS
 divisible by 6, use visionllama_liere)>, block=<LieRE block size>, ape_std=<APE init std,
 default 1.0 as the LieRE reference>, steps=<training steps, default 600>, smoke.
 
-Expected runtime and metric (the `volumes` study, experiments/studies/volumes/): 6.5-8.5 min a
-run on the 2-core AVX-512 EPYC CPU (95-115 training examples/s; the first run also generates the
-data). Held-out accuracy at g6 after the default 600 steps, seeds 0-2: APE 25-31 %, LieRE 2x2
-31-39 %, LieRE 8x8 30-46 % (chance 16.7 %, position-blind ceiling 36.5 %): every arm still
-underfits at 600 steps, so raise `steps` to compare encodings. The smoke run (a few steps of
-the pico ViT) took 51 s with data generation (commit b9a1d05).
+Runtime on 2 CPU cores (AMD EPYC with AVX-512, no accelerator): 6.5-8.5 min a run (95-115
+training examples/s; the first run also generates the data). Smoke (a few steps of the pico
+ViT): about 51 s, generating the data included.
+Expected metric (the `volumes` study, experiments/studies/volumes/): held-out accuracy at g6
+after the default 600 steps, seeds 0-2: APE 25-31 %, LieRE 2x2 31-39 %, LieRE 8x8 30-46 %
+(chance 16.7 %, position-blind ceiling 36.5 %): every arm still underfits at 600 steps, so
+raise `steps` to compare encodings.
 """
 
 from rope_lie import config_lib as common

@@ -1,11 +1,11 @@
-r"""The sparse Cayley-STRING study on MNIST or CIFAR-10 (papers/001, Sec. 3.7, Table 1).
+r"""The sparse Cayley-STRING study (Cicekdag et al., 2025) on MNIST or CIFAR-10.
 
-A ViT with width 48, 4 layers, 4 heads of 12 dims, MLP 192 (variant "string", 0.115-0.118 M
-parameters) on 32x32 images (MNIST resized from 28) with 4x4 patches (8x8 tokens), CLS pooling;
-Cayley-STRING with a dense, block-diagonal 2x2, banded or top-k generator. AdamW, weight decay
-1e-4; MNIST 10 epochs at learning rate 2e-3, CIFAR-10 25 epochs at 4e-3. The study reports the
-best test accuracy over epochs, so we evaluate every epoch and final.json holds
-`best_accuracy` (and `best_step`).
+The study's Sec. 3.7 and Table 1 (cited in docs/encoders.md, section 8): a ViT with width 48, 4
+layers, 4 heads of 12 dims, MLP 192 (variant "string", 0.115-0.118 M parameters) on 32x32 images
+(MNIST resized from 28) with 4x4 patches (8x8 tokens), CLS pooling; Cayley-STRING with a dense,
+block-diagonal 2x2, banded or top-k generator. AdamW, weight decay 1e-4; MNIST 10 epochs at learning
+rate 2e-3, CIFAR-10 25 epochs at 4e-3. The study reports the best test accuracy over epochs, so we
+evaluate every epoch and final.json holds `best_accuracy` (and `best_step`).
 Not stated in the study, our choices: batch 128, cosine decay with 1 epoch of linear warmup,
 gradient clipping at norm 1, no dropout; no augmentation on MNIST, pad-crop + flip on CIFAR-10
 (no RandAugment).

@@ -13,11 +13,11 @@ generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries> (pe=cayl
 variant=<ViT variant, default mu; string = the sparse Cayley-STRING study's H = 12 ViT>,
 smoke (a few steps; used by the tests).
 
-Measured (one seed, pe=liere block 4; 2026-11-22, a 2-core Intel Xeon machine of this project
-shared with other jobs, no accelerator): 126 s in all (673 steps); test accuracy 0.953 at 8x8
-(best 0.953), 0.250 at 16x16 (upsampled digits put a quarter of a stroke in each 2x2 patch: the
-patch embedding, not the positions, fails to transfer), 0.211 with shuffled patches.
-Smoke: < 30 s.
+Runtime on 2 CPU cores (Intel Xeon, shared with other jobs, no accelerator): 126 s in all
+(673 steps, pe=liere block 4). Smoke: under 30 s.
+Expected metric (one seed, pe=liere block 4): test accuracy 0.953 at 8x8 (best 0.953), 0.250 at
+16x16 (upsampled digits put a quarter of a stroke in each 2x2 patch: the patch embedding, not
+the positions, fails to transfer), 0.211 with shuffled patches.
 """
 
 from rope_lie import config_lib as common

@@ -10,26 +10,17 @@ patches (a model that uses positions should drop to chance, 25%).
 
 Arguments: pe=<family> (liere, rope_mixed, rope_axial, visionllama, cayley_string, alibi,
 nope, or the additive tables ape, sincos), block=<LieRE block size>,
-ape_std=<APE init std, default 0.02>, smoke (8 steps; 41 s on
-2 cores, 60 s when it first generates its datasets).
+ape_std=<APE init std, default 0.02>, smoke (8 steps: checks the whole path, not accuracy).
 Compare encoders with e.g. `:pe=ape` and `:pe=rope_mixed` in other workdirs.
 
-Measured (one seed; README.md): latest, from a fresh clone of tree 27c15a3 on a 2-core AMD EPYC
-with AVX-512 (2026-11-24, datasets present): 2 min 29 s wall (500 steps at ~700 examples/s,
-then 21 s and 12 s for the two evaluation rounds), accuracy 1.000 at c8_g8, c8_g12 and c8_g16
-and 0.3195 shuffled: exactly the table that tree 534eb3d printed there, in 2 min 57 s.
-Earlier, on this project's 2-core AMD EPYC CPU (no accelerator), from a
-fresh clone of tree 6b48c0c on 2026-11-24 with the datasets present, the first command took
-6 min 38 s wall (500 steps at ~285 examples/s, then 20-55 s per evaluation round) and gave
-accuracy 1.000 at c8_g8 (64 px), 1.000 at c8_g12 (96 px), 1.000 at c8_g16 (128 px) and 0.320
-with shuffled patches. Earlier, on a 2-core Intel Xeon machine of this project shared with
-other jobs (2026-11-22, fresh data_dir): 295 s in all with ~30 s generating the three datasets
-(500 steps at ~330-400 examples/s); pe=rope_mixed took 380 s and pe=ape 287 s.
-  accuracy (Xeon) c8_g8 (64 px)  c8_g12 (96 px)  c8_g16 (128 px)  c8_g8 shuffled
-  pe=liere        1.000          1.000           0.998            0.321
-  pe=rope_mixed   1.000          1.000           0.944            0.324
-  pe=ape          0.436          0.454           0.439            0.430
-  (chance 0.25; APE learns no usable positions here, as in the paper's Table 3.)
+Runtime on 2 CPU cores (AMD EPYC with AVX-512, no accelerator, datasets already generated):
+2 min 29 s (500 steps at ~700 examples/s, then two evaluation rounds of 21 s and 12 s). Smoke:
+about 40 s, 60 s when it first generates its two datasets.
+Expected metric (one seed; the table in README.md): accuracy 1.000 at c8_g8 (64 px), c8_g12
+(96 px) and c8_g16 (128 px), 0.3195 with shuffled patches (chance 0.25).
+Other encoders (one seed, 2-core Intel Xeon; accuracy at c8_g8 / c8_g12 / c8_g16 / shuffled):
+pe=rope_mixed 1.000 / 1.000 / 0.944 / 0.324; pe=ape 0.436 / 0.454 / 0.439 / 0.430 (APE learns
+no usable positions here, as in the LieRE paper's Table 3).
 """
 
 from rope_lie import config_lib as common

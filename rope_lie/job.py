@@ -81,13 +81,12 @@ class StopOnSigterm:
 
     In a multi-process job JAX's preemption notifier (C++, installed by
     ``jax.distributed.initialize``) takes SIGTERM; a Python handler here would stop one process
-    alone and leave the others waiting in the next collective. Checked by hand, not in the test
-    suite: 2 processes x 2 CPU devices (digits:smoke, pico ViT), SIGTERM to process 1 only after
-    its step-4 checkpoint: both processes stopped at step 7, saved it jointly and exited with
-    status 0. Such a job took 75-100 s to reach step 4 on the 2-core test machine (another
-    training job beside it, compilation cache warm), too much for the suite's 8-minute budget;
-    tests/test_train.py tests the single-process path and tests/test_multiprocess.py the
-    2-process checkpoints."""
+    alone and leave the others waiting in the next collective. That path is checked by hand,
+    not in the test suite (a 2-process job takes over a minute to reach a checkpoint on 2
+    cores): run 2 processes x 2 CPU devices on ``digits:smoke`` and send SIGTERM to process 1
+    only after its step-4 checkpoint; both processes stop at the same later step, save it
+    jointly and exit with status 0. tests/test_train.py tests the single-process path and
+    tests/test_multiprocess.py the 2-process checkpoints."""
 
     def __init__(self):
         self.requested = False
@@ -142,11 +141,10 @@ def release_free_heap() -> bool:
     """Give the free pages of the C heap back to the OS (glibc ``malloc_trim(0)``).
 
     An evaluation allocates and frees large temporary buffers (activations of eval batches at
-    several resolutions, input pipelines) and glibc keeps the freed pages in its arenas: in 15
-    back-to-back evaluations of the quickstart they grew from 572 to 724 MiB while 266 MiB
-    stayed in use. The loop calls this after each evaluation; in two 32-minute soaks of the
-    same code it lowered the training level from 1,577 to 1,455 MiB (means after warm-up; both
-    flat: experiments/README.md, memory soak). Returns whether memory was released; False
+    several resolutions, input pipelines) and glibc keeps the freed pages in its arenas, which
+    grow over repeated evaluations while the bytes in use stay flat. The loop calls this after
+    each evaluation: it lowers the quickstart's resident memory during training by about
+    120 MiB (experiments/README.md, memory soak). Returns whether memory was released; False
     where the C library is not glibc (its allocator is another; nothing to do here).
     """
     trim = _malloc_trim()

@@ -375,7 +375,7 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
         for step in range(start + 1, run.total + 1):
             state, m = run.train_step(state, batch, run.other, run.dropout_key)
             # While step t runs (dispatch is asynchronous): read and place the next batch, then
-            # check step t-1's metrics, as nanodo does; host and device work overlap (issue 14).
+            # check step t-1's metrics, as nanodo does: host and device work overlap.
             batch = next_batch() if step < run.total else None
             if pending is not None:
                 window.append(_checked(run, *pending))

@@ -168,7 +168,7 @@ def test_paired_z_matches_scipys_one_sample_test_on_differences():
 
 
 def test_blind_ceiling_of_the_arrows_task():
-    # STUDIES.md: E[max count] / 8 = 0.442 for 8 arrows of 4 directions.
+    # experiments/studies/README.md: E[max count] / 8 = 0.442 for 8 arrows of 4 directions.
     assert stats.blind_ceiling() == pytest.approx(0.442, abs=0.001)
 
 

@@ -22,7 +22,7 @@ from flax import nnx
 from experiments.benchmarks import common
 from rope_lie.models.vit import ViT
 
-# name: (pe, pe_hparams, goal for the train-step ratio to nope from issue 4, or None)
+# name: (pe, pe_hparams, goal for the train-step ratio to nope, or None)
 ENCODERS = {
     "nope": ("nope", None, None),
     "rope_mixed": ("rope_mixed", None, 1.05),

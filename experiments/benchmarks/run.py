@@ -1,4 +1,4 @@
-"""Run every benchmark (issues 4 and 14), print the tables and write JSON.
+"""Run every benchmark, print the tables and write JSON.
 
     python -m experiments.benchmarks.run            # full: about 15-20 minutes on 2 cores
     python -m experiments.benchmarks.run --quick    # smaller shapes, fewer repeats: ~3 minutes

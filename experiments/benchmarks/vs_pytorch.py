@@ -44,7 +44,7 @@ import numpy as np
 
 from experiments.benchmarks import common, model_steps
 
-# name: (ViT kwargs, batch). The issue's two shapes: the quickstart's model and ViT-Ti/4.
+# name: (ViT kwargs, batch). Two shapes: the quickstart's model and ViT-Ti/4.
 MODELS = {
     "mu/8 @ 64x64x1": (dict(variant="mu/8", image_shape=(64, 64), channels=1, num_classes=4), 128),
     "Ti/4 @ 32x32x3": (dict(variant="Ti/4", image_shape=(32, 32), channels=3, num_classes=10), 128),
@@ -58,7 +58,7 @@ ENCODERS = {
     "liere_b8": ("liere", {"block_size": 8}, "none"),
     "liere_dense": ("liere", None, "none"),
 }
-GOALS = {"none": 1.0, "ape": 1.0, "rope_mixed": 1.0}  # PyTorch / ours >= goal (issue 14)
+GOALS = {"none": 1.0, "ape": 1.0, "rope_mixed": 1.0}  # PyTorch / ours >= goal (parity)
 PAUSE_S = 0.2
 
 

@@ -1,4 +1,4 @@
-"""The studies: arms, reported evaluations and the papers' numbers (../shared/STUDIES.md).
+"""The studies: arms, reported evaluations and the papers' numbers (experiments/studies/README.md).
 
 Arms name their variant plainly: "RoPE-Mixed (Heo et al.)" is rope-vit's RoPE-Mixed on patch
 indices; "RoPE-Mixed = LieRE b2 (LieRE paper)" is what the LieRE paper's tables call RoPE-Mixed

@@ -31,8 +31,8 @@ CASES = [
     ("circulant_string", {}, (1, 2, 3)),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in hp.items())}" for name, hp, _ in CASES]
-# Families whose R(p)^T R(p') depends on p' - p only (DESIGN.md section 3). Dense LieRE in 2D/3D
-# is deliberately absent: its generators do not commute.
+# Families whose R(p)^T R(p') depends on p' - p only (their generators commute). Dense LieRE in
+# 2D/3D is deliberately absent: its generators do not commute.
 RELATIVE = {"nope", "rope", "rope_axial", "rope_mixed", "visionllama", "cayley_string"}
 RELATIVE |= {"circulant_string"}
 
