@@ -1,12 +1,17 @@
 r"""The class token's attention over the grid, per encoder, from the studies' trained runs.
 
     python -m experiments.studies.attention_maps            # arrows study, seed 0, example 0
+    python -m experiments.studies.attention_maps --study fashion   # 4 Fashion-MNIST test images
 
-For one test layout of ``spatial_arrows/c8_g8`` and each arm of the arrows study whose run is
-finished, the last layer's class-token attention (mean over heads) is drawn over the 8x8 grid,
-beside the image with the Y (blue) and the target arrow (red) marked: an encoder that has
-learned the task looks at the Y and the cell its stem points to (the LieRE paper's attention
-figure). Written to ``experiments/studies/arrows/attention.png``.
+Arrows: for one test layout of ``spatial_arrows/c8_g8`` and each arm of the arrows study whose
+run is finished, the last layer's class-token attention (mean over heads) is drawn over the
+8x8 grid, beside the image with the Y (blue) and the target arrow (red) marked: an encoder that
+has learned the task looks at the Y and the cell its stem points to (the LieRE paper's
+attention figure). Written to ``experiments/studies/arrows/attention.png``.
+
+Fashion: for a few Fashion-MNIST test images (one row each) and each arm of the fashion study
+whose run is finished (one column each), the same map over the 7x7 patches, drawn over the
+image, with the arm's prediction. Written to ``experiments/studies/fashion/attention.png``.
 """
 
 from __future__ import annotations
@@ -56,13 +61,75 @@ def class_token_map(model, image_HWC: np.ndarray, layer: int = -1) -> np.ndarray
     return row.reshape(model.input_grid(image_HWC[None]))
 
 
+def fashion_figure(root: str, seed: int, examples: list[int], out: str) -> str:
+    """Class-token maps of the fashion study's finished runs on Fashion-MNIST test images."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rope_lie.data import fashion_mnist_idx
+
+    images, labels = fashion_mnist_idx.load_split("test")
+    study = STUDIES["fashion"]
+    columns = []
+    for arm in study.arms:
+        workdir = lib.run_dir(root, arm, seed, "cpu")
+        if not lib.is_finished(workdir):
+            print(f"{arm.name}: no finished run in {workdir}; skipped")
+            continue
+        config = load_config(arm, seed)
+        model = load_model(config, workdir)
+        mean, std = config.dataset.mean[0], config.dataset.std[0]
+        column = []
+        for i in examples:
+            x = (images[i, :, :, None].astype(np.float32) / 255.0 - mean) / std
+            pred = int(np.asarray(model(x[None]))[0].argmax())
+            column.append((class_token_map(model, x), pred))
+        columns.append((arm.label, column))
+    if not columns:
+        raise SystemExit("no finished fashion runs: run python -m experiments.studies.run fashion")
+    names = fashion_mnist_idx.CLASS_NAMES
+    rows, cols = len(examples), len(columns) + 1
+    fig, axes = plt.subplots(rows, cols, figsize=(1.45 * cols, 1.6 * rows), squeeze=False)
+    for r, i in enumerate(examples):
+        axes[r, 0].imshow(images[i], cmap="gray")
+        axes[r, 0].set_title(f"test {i}: {names[labels[i]]}", fontsize=6)
+        for c, (label, column) in enumerate(columns, 1):
+            amap, pred = column[r]
+            axes[r, c].imshow(images[i], cmap="gray", extent=(0, 28, 28, 0))
+            axes[r, c].imshow(amap, cmap="inferno", alpha=0.6, extent=(0, 28, 28, 0))
+            mark = "" if pred == labels[i] else " (wrong)"
+            head = f"{label}\n" if r == 0 else ""
+            axes[r, c].set_title(f"{head}{names[pred]}{mark}", fontsize=5)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(
+        f"Class token's attention in the last layer (mean over heads), seed {seed}", fontsize=8
+    )
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fig.savefig(out, dpi=150)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", choices=("arrows", "fashion"), default="arrows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--example", type=int, default=0, help="index in c8_g8's test split")
+    parser.add_argument(
+        "--examples", default="0,1,2,3", help="fashion: comma-separated test image indices"
+    )
     parser.add_argument("--root", default=os.path.join(lib.REPO, "workdirs", "studies"))
-    parser.add_argument("--out", default=os.path.join(lib.STUDIES_DIR, "arrows", "attention.png"))
+    parser.add_argument("--out", default=None, help="default: <study>/attention.png")
     args = parser.parse_args(argv)
+    out = args.out or os.path.join(lib.STUDIES_DIR, args.study, "attention.png")
+    if args.study == "fashion":
+        examples = [int(e) for e in args.examples.split(",")]
+        print(f"wrote {fashion_figure(args.root, args.seed, examples, out)}")
+        return 0
 
     import matplotlib
 
@@ -104,9 +171,9 @@ def main(argv=None) -> int:
         ax.set_yticks([])
     fig.suptitle("Class token's attention in the last layer (mean over heads)", fontsize=8)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    fig.savefig(args.out, dpi=130)
-    print(f"wrote {args.out}")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fig.savefig(out, dpi=130)
+    print(f"wrote {out}")
     return 0
 
 
