@@ -1,0 +1,58 @@
+"""experiments.studies.training_curves: collected from run workdirs, round-tripped through
+training.csv, drawn."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments.studies import lib, training_curves
+
+STUDY = lib.Study(
+    name="toy",
+    title="toy",
+    arms=(lib.Arm("a", "arm A", "digits", "pe=liere"), lib.Arm("b", "arm B", "digits", "pe=ape")),
+    evals=("size8",),
+)
+
+
+def _fake_run(root, arm, seed, finished=True):
+    workdir = lib.run_dir(root, arm, seed, "cpu")
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        for step in (10, 20, 30):
+            line = dict(step=step, epoch=step / 30, loss=1.0 / step, train_accuracy=step / 40.0)
+            f.write(json.dumps(line) + "\n")
+        f.write(json.dumps({"step": 30, "size8/accuracy": 0.5}) + "\n")  # an eval line
+    if finished:
+        with open(os.path.join(workdir, "final.json"), "w") as f:
+            json.dump({"step": 30, "evals": {}}, f)
+        np.savez(os.path.join(workdir, lib.EXAMPLES), size8=np.ones(4, bool))
+
+
+def test_collects_finished_runs_only_and_round_trips(tmp_path):
+    root = str(tmp_path / "runs")
+    _fake_run(root, STUDY.arms[0], 0)
+    _fake_run(root, STUDY.arms[0], 1)
+    _fake_run(root, STUDY.arms[1], 0, finished=False)
+    rows = training_curves.collect(STUDY, root, seeds=3)
+    assert {(r["arm"], r["seed"]) for r in rows} == {("a", 0), ("a", 1)}
+    assert [r["step"] for r in rows if r["seed"] == 0] == [10, 20, 30]  # eval line left out
+    path = str(tmp_path / "training.csv")
+    training_curves.write_csv(rows, path)
+    back = training_curves.read_csv(path)
+    assert [(r["arm"], r["seed"], r["step"]) for r in back] == [
+        (r["arm"], r["seed"], r["step"]) for r in rows
+    ]
+    np.testing.assert_allclose([r["loss"] for r in back], [r["loss"] for r in rows], rtol=1e-5)
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    root = str(tmp_path / "runs")
+    for arm in STUDY.arms:
+        _fake_run(root, arm, 0)
+    out = str(tmp_path / "training.png")
+    training_curves.plot(STUDY, training_curves.collect(STUDY, root, seeds=1), out)
+    assert os.path.getsize(out) > 1000
