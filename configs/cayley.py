@@ -15,8 +15,11 @@ gradient clipping at norm 1, no dropout; no augmentation on MNIST, pad-crop + fl
         --workdir=workdirs/cayley_mnist_banded2 --config.dataset.data_dir=$TFDS
     python -m rope_lie.main --config=configs/cayley.py:dataset=cifar10,generator=block2x2 \
         --workdir=workdirs/cayley_cifar10_block2x2 --config.dataset.data_dir=$TFDS
+    python -m rope_lie.main --config=configs/cayley.py:dataset=fashion_mnist,generator=dense \
+        --workdir=workdirs/cayley_fashion_dense
 
-Arguments: dataset=mnist|cifar10 (default mnist), generator=dense|block2x2|banded|topk,
+Arguments: dataset=mnist|cifar10|fashion_mnist (default mnist; fashion_mnist: the MNIST recipe
+on Debian's Fashion-MNIST files, no download), generator=dense|block2x2|banded|topk,
 bw=<bandwidth>, k=<top-k entries>, pe=<family> (default cayley_string; e.g. rope_mixed for the
 plain-RoPE baseline), block=<LieRE block size, for pe=liere>, smoke (a few steps of the same
 model; used by the tests).
@@ -38,7 +41,11 @@ DATASETS = {
     # epoch at batch 128 (60,000 / 128 and 50,000 / 128)
     "mnist": dict(channels=1, epochs=10.0, lr=2e-3, epoch_steps=468),
     "cifar10": dict(channels=3, epochs=25.0, lr=4e-3, epoch_steps=390),
+    # The MNIST recipe on Fashion-MNIST (Debian's files, rope_lie/data/fashion_mnist_idx.py):
+    # the study's MNIST analogue on real images that need no download here.
+    "fashion_mnist": dict(channels=1, epochs=10.0, lr=2e-3, epoch_steps=468),
 }
+TFDS_NAMES = {"fashion_mnist": "fashion_mnist_idx/plain"}  # others: the catalogue's name
 
 
 def get_config(arg=None):
@@ -51,9 +58,11 @@ def get_config(arg=None):
     d = DATASETS[args.dataset]
     c = common.base_config()
     c.dataset = common.dataset_config(
-        args.dataset,  # TFDS catalogue dataset, prepared by the user (tfds build <name>)
+        TFDS_NAMES.get(args.dataset, args.dataset),  # catalogue: prepared by the user
         data_dir=None,  # TFDS root; None = ~/tensorflow_datasets
     )  # defaults: 32x32 (MNIST resized), the dataset's mean/std
+    if args.dataset == "fashion_mnist":
+        c.dataset.image_size = 32  # resized from 28, as the study's MNIST
     if args.dataset == "cifar10":
         c.dataset.augment.randaugment.num_layers = 0  # pad-crop + flip only
     fields = common.pe_fields(args.pe, args.block)

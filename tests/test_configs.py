@@ -44,6 +44,7 @@ RECIPES = [
     ("cayley", "dataset=mnist,generator=banded,bw=4"),
     ("cayley", "dataset=mnist,generator=block2x2"),
     ("fashion_mnist", "pe=liere,block=8"),
+    ("cayley", "dataset=fashion_mnist,generator=banded,bw=2"),
     ("fashion_mnist", "pe=cayley_string,generator=block2x2,scale_aug"),
 ]
 # End-to-end smoke runs, one per distinct path through data and model. arrows:smoke is the
