@@ -132,7 +132,7 @@ def test_summary_table_and_plot(smoke_study):
     rows, examples = lib.read_results(results), lib.read_examples(results)
     text = report.markdown(SMOKE, rows, examples)
     assert "| LieRE 4x4 | 1 |" in text and "paper 90.0" in text
-    assert "| liere | ape | size8 | 1 |" in text  # the paired test
+    assert "| liere | ape | size8 | 1+1 |" in text  # the comparison, one seed per arm
     table = report.arm_stats(SMOKE, rows, examples)
     for entry in table:
         assert entry["min"] == entry["mean"] == entry["max"]  # one seed
@@ -519,3 +519,79 @@ def test_compare_on_committed_block_size_results(capsys):
     p = scipy_stats.ttest_ind(acc["liere_b8"], acc["liere_b2"], equal_var=False).pvalue
     assert float(last.removeprefix("p=")) == pytest.approx(p, rel=1e-3)
     assert p < 0.05  # the one block-size difference the seeds resolve
+
+
+# --------------------------------------------------------------------------- paper scale
+
+
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+def test_every_study_reports_evaluations_its_recipes_make(scale):
+    """The evaluations a study reports at each scale are ones every arm's recipe defines (at
+    paper scale the recipes name them differently: arrows g09 / g14 / g23, CIFAR-100 and
+    UCF101 test / test_shuffled, cayley test), and the paper's numbers sit on reported ones."""
+    from experiments.studies import attention_maps
+
+    for study in definitions.STUDIES.values():
+        view = study.at_scale(scale)
+        assert view.evals, (study.name, scale)
+        for arm in study.arms:
+            made = set(attention_maps.load_config(arm, seed=0, scale=scale).evals)
+            assert set(view.evals) <= made, (study.name, arm.name, scale, sorted(made))
+        assert all(set(cells) <= set(view.evals) for cells in view.paper.values()), study.name
+        if view.eval_curves is not None:
+            names = {name for _, points in view.eval_curves[1] for _, name in points}
+            assert names <= set(view.evals), study.name
+    cifar = {"block_size", "sharing", "init", "data_fraction"}
+    if scale == "paper":
+        for name in cifar:
+            study = definitions.STUDIES[name]
+            assert {a.recipe_for("paper") for a in study.arms} == {"cifar100"}, name
+            assert {a.recipe_for("cpu") for a in study.arms} == {"arrows"}, name
+        dense = definitions.STUDIES["block_size"].arm("liere_dense")
+        assert dense.argument("paper") == "pe=liere,block=64"
+        init1 = definitions.STUDIES["init"].arm("liere_b8_init1")
+        config = attention_maps.load_config(init1, seed=0, scale="paper")
+        assert config.model.pe_hparams.init_scale == 1.0
+    with pytest.raises(ValueError, match="scale='tpu'"):
+        definitions.STUDIES["arrows"].at_scale("tpu")
+
+
+@pytest.mark.parametrize("name", sorted(definitions.STUDIES))
+def test_paper_scale_rows_fill_the_report(name, tmp_path, capsys):
+    """Synthetic paper-scale results (3 seeds of every arm on the paper-scale evaluations)
+    through `run --scale paper --report`: every arm gets a filled row, the paper's numbers
+    and the seed-level comparisons appear (an empty table was what paper scale gave before)."""
+    study = definitions.STUDIES[name]
+    view = study.at_scale("paper")
+    rng = np.random.default_rng(0)
+    rows, examples = [], {}
+    for i, arm in enumerate(study.arms):
+        for seed in range(3):
+            for eval_name in view.evals:
+                correct = rng.random(200) < 0.5 + 0.04 * i
+                examples[f"{arm.name}/{seed}/{eval_name}"] = correct
+                rows.append(
+                    dict(
+                        study=name, arm=arm.name, seed=seed, eval=eval_name,
+                        accuracy=float(correct.mean()), num_examples=200,
+                        best_accuracy=float(correct.mean()), steps=1, train_ex_per_s=1.0,
+                        resolution="", tree="abc", cpu="gpu",
+                    )
+                )  # fmt: skip
+    lib.append_results(str(tmp_path / name), rows, examples)
+    run.main([name, "--scale=paper", "--report", f"--results={tmp_path}"])
+    capsys.readouterr()
+    with open(tmp_path / name / "summary.md") as f:
+        text = f.read()
+    header = next(line for line in text.splitlines() if line.startswith("| arm |"))
+    assert header == "| arm | seeds | " + " | ".join(view.evals) + " | train ex/s |"
+    for arm in study.arms:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {arm.label} |"))
+        cells = row.split("|")[3:-2]
+        assert len(cells) == len(view.evals) and all(c.strip() for c in cells), row
+    for arm, cells in view.paper.items():
+        for eval_name, value in cells.items():
+            assert f"paper {100 * value:.1f}" in text, (arm, eval_name)
+    for a, b in study.comparisons:
+        assert f"| {a} | {b} | {view.evals[0]} | 3+3 |" in text
+    assert os.path.exists(tmp_path / name / "accuracy.png")
