@@ -123,7 +123,9 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
         ]
         for t in tests:
             need = t["seeds_needed"]
-            need_text = "-" if np.isnan(need) or np.isinf(need) else f"{need:.0f}"
+            need_text = (
+                "-" if np.isnan(need) or np.isinf(need) else ">999" if need > 999 else f"{need:.0f}"
+            )
             lines.append(
                 f"| {t['a']} | {t['b']} | {t['eval']} | {t['seeds_a']}+{t['seeds_b']} "
                 f"| {100 * t['diff']:+.2f} | [{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] "
