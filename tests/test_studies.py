@@ -2,6 +2,7 @@
 
 import csv
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -411,12 +412,22 @@ def test_seed_bootstrap_ci_grows_with_the_seed_spread():
         stats.seed_bootstrap_diff(steady, base[:, :400])
 
 
-def test_seeds_for_power_is_the_normal_formula():
+def test_seeds_for_power_is_the_normal_formula_with_t_at_few_seeds():
+    normal = functools.partial(stats.seeds_for_power, small_sample=False)
     # 2 (1.960 + 0.842)^2 = 15.7: a difference of one seed SD needs 16 seeds per arm.
-    assert stats.seeds_for_power(0.05, 0.05) == 16
-    assert stats.seeds_for_power(0.05, 0.025) == 63  # half the difference, 4x the seeds
-    assert stats.seeds_for_power(0.01, 0.30) == 2  # never fewer than 2
+    assert normal(0.05, 0.05) == 16
+    assert normal(0.05, 0.025) == 63  # half the difference, 4x the seeds
+    assert normal(0.01, 0.30) == 2  # never fewer than 2
     assert stats.seeds_for_power(0.05, 0.0) == float("inf")
+    # With t quantiles: a seed more at 16, twice the seeds at a difference of 3 SDs.
+    assert stats.seeds_for_power(0.05, 0.05) == 17
+    assert normal(0.01, 0.03) == 2 and stats.seeds_for_power(0.01, 0.03) == 4
+    # The power those n give, by the noncentral t of the two-sample t-test, is >= 80 %.
+    for diff_over_sd in (0.5, 1.0, 3.0):
+        n = int(stats.seeds_for_power(1.0, diff_over_sd))
+        dof, shift = 2 * n - 2, diff_over_sd / np.sqrt(2 / n)
+        crit = scipy_stats.t.ppf(0.975, dof)
+        assert scipy_stats.nct.sf(crit, dof, shift) >= 0.78, (diff_over_sd, n)
     assert stats.pooled_sd([1.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(np.sqrt((2 + 8) / 3))
 
 

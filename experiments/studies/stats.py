@@ -218,10 +218,15 @@ def permutation_test(
     return dict(diff=float(a.mean() - b.mean()), p=float(p), min_p=float(min_p), exact=exact)
 
 
-def seeds_for_power(sd: float, diff: float, *, alpha: float = ALPHA, power: float = 0.8) -> float:
-    """Seeds per arm for a two-sided test at level `alpha` to detect `diff` with `power`:
-    n = 2 (z_(1 - alpha / 2) + z_power)^2 sd^2 / diff^2 (normal approximation, rounded up, at
-    least 2; a t-test at small n needs a seed or two more). inf for diff = 0.
+def seeds_for_power(
+    sd: float, diff: float, *, alpha: float = ALPHA, power: float = 0.8, small_sample: bool = True
+) -> float:
+    """Seeds per arm for a two-sided two-sample test at level `alpha` to detect `diff` with
+    `power`: n = 2 (z_(1 - alpha / 2) + z_power)^2 sd^2 / diff^2 (the normal approximation), at
+    least 2. With `small_sample` the z quantiles become Student t quantiles with 2 n - 2
+    degrees of freedom and n is the smallest that satisfies the formula: at a few seeds the
+    normal formula promises power it does not have (a difference of 3 SDs: 2 seeds by the
+    normal formula, 4 with t). inf for diff = 0.
 
     Args:
       sd: the per-seed standard deviation of accuracy (e.g. `pooled_sd` of the measured seeds).
@@ -231,8 +236,19 @@ def seeds_for_power(sd: float, diff: float, *, alpha: float = ALPHA, power: floa
         raise ValueError(f"seeds_for_power: sd={sd}, alpha={alpha}, power={power} out of range")
     if diff == 0:
         return math.inf
+    ratio = sd**2 / diff**2
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
-    return float(max(2, math.ceil(2 * z**2 * sd**2 / diff**2)))
+    n = max(2, math.ceil(2 * z**2 * ratio))
+    if not small_sample:
+        return float(n)
+    from scipy import stats as scipy_stats
+
+    while True:  # the t formula's n is at least the normal one: count up from it
+        dof = 2 * n - 2
+        t = scipy_stats.t.ppf(1 - alpha / 2, dof) + scipy_stats.t.ppf(power, dof)
+        if n >= 2 * t**2 * ratio:
+            return float(n)
+        n += 1
 
 
 def pooled_sd(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> float:
