@@ -113,7 +113,8 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
             "primary test), perm. p the exact permutation test over seeds (with 3 seeds per arm "
             "it cannot go below 0.1); seeds for 80 % power: per arm, at alpha 0.05, for the "
             "measured difference and pooled seed SD (n = 2 (t + t)^2 SD^2 / d^2, t quantiles at "
-            "2 n - 2 degrees of freedom). The last column is the example-level paired z-test (seed-mean per example), which compares *these trained models on this test "
+            "2 n - 2 degrees of freedom). The last column is the example-level paired z-test "
+            "(seed-mean per example), which compares *these trained models on this test "
             "set*, not the encodings: it ignores seed variance and rejects even between seeds of "
             "one arm.",
             "",
