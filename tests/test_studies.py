@@ -563,6 +563,10 @@ def test_every_study_reports_evaluations_its_recipes_make(scale):
         init1 = definitions.STUDIES["init"].arm("liere_b8_init1")
         config = attention_maps.load_config(init1, seed=0, scale="paper")
         assert config.model.pe_hparams.init_scale == 1.0
+        import configs.cifar100
+
+        with pytest.raises(ValueError, match="init_scale=1.0 is for pe=liere, not pe=ape"):
+            configs.cifar100.get_config("pe=ape,init_scale=1")
     with pytest.raises(ValueError, match="scale='tpu'"):
         definitions.STUDIES["arrows"].at_scale("tpu")
 
