@@ -12,6 +12,7 @@ Encoder parameters per layer and head. The paper's Table 1 reports top-1 70.3 (L
 
 Arguments: pe=<family or ape/sincos>, block=<LieRE block size (64 = dense, H = 64)>,
 ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
+init_scale=<LieRE generator init U[0, init_scale); 0 = the default 2 pi> (Table 7 compares 1),
 variant=<ViT variant> (default B), smoke (tiny model, a few steps; used by the tests).
 
 Expected runtime: not run here (needs CIFAR-100 prepared with `tfds build`, no downloads on the
@@ -25,7 +26,13 @@ from rope_lie import config_lib as common
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, variant="B", smoke=False
+        arg,
+        pe="liere",
+        block=8,
+        ape_std=common.LIERE_APE_INIT_STD,
+        init_scale=0.0,
+        variant="B",
+        smoke=False,
     )
     c = common.base_config()
     c.dataset = common.dataset_config(
@@ -43,6 +50,10 @@ def get_config(arg=None):
         dropout=0.1,  # as in the paper
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
     )
+    if args.init_scale:
+        if args.pe != "liere":
+            raise ValueError(f"init_scale={args.init_scale} is for pe=liere, not pe={args.pe}")
+        c.model.pe_hparams.init_scale = args.init_scale  # LieRE Table 7: 2 pi (default) vs 1
     c.batch_size = 512  # effective batch size of the paper
     c.num_epochs = 200.0  # epochs of the paper
     c.optim.name = "adam"  # Adam, no weight decay (paper)

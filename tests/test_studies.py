@@ -2,6 +2,8 @@
 
 import csv
 import dataclasses
+import functools
+import itertools
 import json
 import os
 import subprocess
@@ -131,7 +133,7 @@ def test_summary_table_and_plot(smoke_study):
     rows, examples = lib.read_results(results), lib.read_examples(results)
     text = report.markdown(SMOKE, rows, examples)
     assert "| LieRE 4x4 | 1 |" in text and "paper 90.0" in text
-    assert "| liere | ape | size8 | 1 |" in text  # the paired test
+    assert "| liere | ape | size8 | 1+1 |" in text  # the comparison, one seed per arm
     table = report.arm_stats(SMOKE, rows, examples)
     for entry in table:
         assert entry["min"] == entry["mean"] == entry["max"]  # one seed
@@ -353,3 +355,258 @@ def test_arrows_distance_only_ceiling_of_the_training_grid():
     value = stats.arrows_distance_only_ceiling("c8_g8")
     assert value == pytest.approx(0.9033, abs=5e-4)  # the value the resolution README reports
     assert stats.blind_ceiling() < value < 1.0
+
+
+# --------------------------------------------------------------------------- seed-level statistics
+
+
+def test_welch_t_matches_scipy_and_handles_seeds_without_spread():
+    a, b = np.array([0.91, 0.95, 0.88]), np.array([0.80, 0.86, 0.83, 0.79])
+    test = stats.welch_t(a, b)
+    ref = scipy_stats.ttest_ind(a, b, equal_var=False)
+    assert test["t"] == pytest.approx(ref.statistic) and test["p"] == pytest.approx(ref.pvalue)
+    assert test["diff"] == pytest.approx(a.mean() - b.mean())
+    assert stats.welch_t([1.0, 1.0], [1.0, 1.0])["p"] == 1.0  # both saturated: no difference
+    assert np.isnan(stats.welch_t([1.0, 1.0], [0.9, 0.9])["p"])  # undefined, not "p = 0"
+    with pytest.raises(ValueError, match="at least 2 seeds per arm, got 1 and 2"):
+        stats.welch_t([0.9], [0.8, 0.7])
+
+
+def test_permutation_test_is_exact_and_floors_at_one_tenth_with_three_seeds(monkeypatch):
+    a, b = [0.99, 0.98, 0.97], [0.60, 0.70, 0.65]  # completely separated
+    test = stats.permutation_test(a, b)
+    assert test["exact"] and test["p"] == pytest.approx(0.1) and test["min_p"] == pytest.approx(0.1)
+    # Brute force on unequal groups: share of relabellings with |diff| >= observed.
+    a, b = np.array([0.9, 0.7, 0.95]), np.array([0.6, 0.8, 0.75, 0.5])
+    pooled, observed, hits = np.concatenate([a, b]), abs(a.mean() - b.mean()), 0
+    for chosen in itertools.combinations(range(7), 3):
+        mask = np.isin(np.arange(7), chosen)
+        hits += abs(pooled[mask].mean() - pooled[~mask].mean()) >= observed - 1e-12
+    assert stats.permutation_test(a, b)["p"] == pytest.approx(hits / 35)
+    # Monte Carlo (beyond MAX_EXACT_SPLITS relabellings) agrees with the exact count.
+    a, b = np.linspace(0.70, 0.90, 9), np.linspace(0.66, 0.86, 9) ** 1.1
+    exact = stats.permutation_test(a, b)  # C(18, 9) = 48,620 relabellings
+    monkeypatch.setattr(stats, "MAX_EXACT_SPLITS", 1000)
+    monte = stats.permutation_test(a, b, num_random=20_000)
+    assert exact["exact"] and not monte["exact"] and 0.01 < exact["p"] < 0.99
+    assert monte["p"] == pytest.approx(exact["p"], abs=0.01)
+
+
+def test_seed_bootstrap_ci_grows_with_the_seed_spread():
+    rng = np.random.default_rng(0)
+    n = 1000
+    steady = rng.random((3, n)) < 0.8  # three seeds of about the same accuracy
+    spread = np.stack([rng.random(n) < p for p in (0.6, 0.8, 0.95)])  # the same mean, spread
+    base = rng.random((3, n)) < 0.7
+    narrow = stats.seed_bootstrap_diff(steady, base)
+    wide = stats.seed_bootstrap_diff(spread, base)
+    assert narrow["diff"] == pytest.approx(steady.mean() - base.mean())
+    assert narrow["ci_low"] < narrow["diff"] < narrow["ci_high"]
+    assert wide["ci_high"] - wide["ci_low"] > 3 * (narrow["ci_high"] - narrow["ci_low"])
+    # One seed per arm: only examples are resampled, the paired example-level interval.
+    one = stats.seed_bootstrap_diff(steady[:1], base[:1])
+    z = stats.paired_z(steady[:1], base[:1])
+    assert one["ci_low"] == pytest.approx(z["ci_low"], abs=0.006)
+    assert one["ci_high"] == pytest.approx(z["ci_high"], abs=0.006)
+    with pytest.raises(ValueError, match="same non-empty test set.*1000 vs 400"):
+        stats.seed_bootstrap_diff(steady, base[:, :400])
+
+
+def test_seeds_for_power_is_the_normal_formula_with_t_at_few_seeds():
+    normal = functools.partial(stats.seeds_for_power, small_sample=False)
+    # 2 (1.960 + 0.842)^2 = 15.7: a difference of one seed SD needs 16 seeds per arm.
+    assert normal(0.05, 0.05) == 16
+    assert normal(0.05, 0.025) == 63  # half the difference, 4x the seeds
+    assert normal(0.01, 0.30) == 2  # never fewer than 2
+    assert stats.seeds_for_power(0.05, 0.0) == float("inf")
+    # With t quantiles: a seed more at 16, twice the seeds at a difference of 3 SDs.
+    assert stats.seeds_for_power(0.05, 0.05) == 17
+    assert normal(0.01, 0.03) == 2 and stats.seeds_for_power(0.01, 0.03) == 4
+    # The power those n give, by the noncentral t of the two-sample t-test, is >= 80 %.
+    for diff_over_sd in (0.5, 1.0, 3.0):
+        n = int(stats.seeds_for_power(1.0, diff_over_sd))
+        dof, shift = 2 * n - 2, diff_over_sd / np.sqrt(2 / n)
+        crit = scipy_stats.t.ppf(0.975, dof)
+        assert scipy_stats.nct.sf(crit, dof, shift) >= 0.78, (diff_over_sd, n)
+    assert stats.pooled_sd([1.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(np.sqrt((2 + 8) / 3))
+
+
+def _simulated_arm(rng, seeds: int, num: int = 2000, seed_sd: float = 0.6) -> np.ndarray:
+    """Per-example results of `seeds` trained models of one arm: correct with probability
+    sigmoid(seed offset + example ease); the example eases are shared (one test set), the seed
+    offsets N(0, seed_sd) give a seed SD of about 5 points around 83 % (the studies' scale)."""
+    ease_N = rng.normal(2.0, 1.5, num)
+    offset_S = rng.normal(0.0, seed_sd, seeds)
+    prob_SN = 1 / (1 + np.exp(-(offset_S[:, None] + ease_N[None])))
+    return rng.random((seeds, num)) < prob_SN
+
+
+def test_placebo_simulated_seed_groups_of_one_arm():
+    """Two disjoint groups of 3 seeds of one arm (no true difference): the seed-level test
+    rejects at no more than the nominal 5 %, the example-level paired z-test on most pairs."""
+    rng = np.random.default_rng(0)
+    reps, welch, paired = 300, 0, 0
+    for _ in range(reps):
+        correct = _simulated_arm(rng, 6)
+        acc = correct.mean(axis=1)
+        welch += stats.welch_t(acc[:3], acc[3:])["p"] < 0.05
+        paired += stats.paired_z(correct[:3], correct[3:])["p"] < 0.05
+    assert welch / reps <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / reps)  # nominal, 2 SE of slack
+    assert paired / reps > 0.5  # the old test: a false positive on most placebo pairs
+
+
+def test_placebo_committed_seed_groups_of_one_arm():
+    """The same check on the init study's trained models (5 seeds per arm): every split of an
+    arm's seeds into 2 + 3, on every evaluation. Welch over seeds rejects at most at the
+    nominal rate; the old example-level test rejects on a large share of the splits."""
+    directory = os.path.join(lib.STUDIES_DIR, "init")
+    rows, examples = lib.read_results(directory), lib.read_examples(directory)
+    welch = paired = count = 0
+    arms, evals = sorted({r["arm"] for r in rows}), sorted({r["eval"] for r in rows})
+    for arm in arms:
+        for name in evals:
+            seeds = sorted(r["seed"] for r in rows if (r["arm"], r["eval"]) == (arm, name))
+            assert len(seeds) == 5, (arm, name)
+            correct = np.stack([examples[f"{arm}/{s}/{name}"] for s in seeds])
+            for group in itertools.combinations(range(5), 2):
+                rest = [i for i in range(5) if i not in group]
+                a, b = correct[list(group)], correct[rest]
+                count += 1
+                welch += stats.welch_t(a.mean(1), b.mean(1))["p"] < 0.05  # NaN: no rejection
+                paired += stats.paired_z(a, b)["p"] < 0.05
+    assert count == len(arms) * len(evals) * 10 >= 200
+    assert welch / count <= 0.05
+    assert paired / count > 0.3  # measured 0.45: the old test fails the placebo
+
+
+def _tmp_study(directory: str, accuracies: dict[str, list[float]], num: int = 400) -> None:
+    """A study folder with results.csv and examples.npz: per arm, one seed per accuracy."""
+    rng = np.random.default_rng(0)
+    rows, examples = [], {}
+    for arm, accs in accuracies.items():
+        for seed, acc in enumerate(accs):
+            correct = np.zeros(num, bool)
+            correct[rng.permutation(num)[: round(acc * num)]] = True
+            examples[f"{arm}/{seed}/test"] = correct
+            rows.append(
+                dict(
+                    study="tmp", arm=arm, seed=seed, eval="test", accuracy=correct.mean(),
+                    num_examples=num, best_accuracy=correct.mean(), steps=10,
+                    train_ex_per_s=1.0, resolution="", tree="", cpu="",
+                )
+            )  # fmt: skip
+    lib.append_results(directory, rows, examples)
+
+
+def test_compare_prints_seed_level_results_and_p_last(tmp_path, capsys):
+    from experiments.studies import compare
+
+    _tmp_study(str(tmp_path / "tmp"), {"a": [0.90, 0.85, 0.95], "b": [0.80, 0.70, 0.75, 0.85]})
+    compare.main(["tmp", "a", "b", "--eval", "test", f"--results={tmp_path}"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    expected = stats.welch_t([0.90, 0.85, 0.95], [0.80, 0.70, 0.75, 0.85])
+    assert lines[-1] == f"p={expected['p']:.4g}"
+    text = "\n".join(lines)
+    assert "a = a: 3 seeds, accuracy % 90.00 85.00 95.00" in text
+    assert "b = b: 4 seeds" in text and "difference of means a - b: +12.50 points" in text
+    perm = stats.permutation_test([0.90, 0.85, 0.95], [0.80, 0.70, 0.75, 0.85])
+    assert f"exact permutation over seeds p = {perm['p']:.3g}" in text and perm["exact"]
+    assert "these trained models on this test set" in text
+    with pytest.raises(SystemExit, match="no results for arm 'c'.*arms: \\['a', 'b'\\]"):
+        compare.main(["tmp", "a", "c", "--eval", "test", f"--results={tmp_path}"])
+
+
+def test_compare_on_committed_block_size_results(capsys):
+    """8x8 vs 2x2 at g20: Welch over the three seeds' accuracies in results.csv."""
+    from experiments.studies import compare
+
+    compare.main(["block_size", "liere_b8", "liere_b2", "--eval", "g20"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    rows = lib.read_results(os.path.join(lib.STUDIES_DIR, "block_size"))
+    acc = {
+        arm: [r["accuracy"] for r in rows if (r["arm"], r["eval"]) == (arm, "g20")]
+        for arm in ("liere_b8", "liere_b2")
+    }
+    p = scipy_stats.ttest_ind(acc["liere_b8"], acc["liere_b2"], equal_var=False).pvalue
+    assert float(last.removeprefix("p=")) == pytest.approx(p, rel=1e-3)
+    assert p < 0.05  # the one block-size difference the seeds resolve
+
+
+# --------------------------------------------------------------------------- paper scale
+
+
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+def test_every_study_reports_evaluations_its_recipes_make(scale):
+    """The evaluations a study reports at each scale are ones every arm's recipe defines (at
+    paper scale the recipes name them differently: arrows g09 / g14 / g23, CIFAR-100 and
+    UCF101 test / test_shuffled, cayley test), and the paper's numbers sit on reported ones."""
+    from experiments.studies import attention_maps
+
+    for study in definitions.STUDIES.values():
+        view = study.at_scale(scale)
+        assert view.evals, (study.name, scale)
+        for arm in study.arms:
+            made = set(attention_maps.load_config(arm, seed=0, scale=scale).evals)
+            assert set(view.evals) <= made, (study.name, arm.name, scale, sorted(made))
+        assert all(set(cells) <= set(view.evals) for cells in view.paper.values()), study.name
+        if view.eval_curves is not None:
+            names = {name for _, points in view.eval_curves[1] for _, name in points}
+            assert names <= set(view.evals), study.name
+    cifar = {"block_size", "sharing", "init", "data_fraction"}
+    if scale == "paper":
+        for name in cifar:
+            study = definitions.STUDIES[name]
+            assert {a.recipe_for("paper") for a in study.arms} == {"cifar100"}, name
+            assert {a.recipe_for("cpu") for a in study.arms} == {"arrows"}, name
+        dense = definitions.STUDIES["block_size"].arm("liere_dense")
+        assert dense.argument("paper") == "pe=liere,block=64"
+        init1 = definitions.STUDIES["init"].arm("liere_b8_init1")
+        config = attention_maps.load_config(init1, seed=0, scale="paper")
+        assert config.model.pe_hparams.init_scale == 1.0
+        import configs.cifar100
+
+        with pytest.raises(ValueError, match="init_scale=1.0 is for pe=liere, not pe=ape"):
+            configs.cifar100.get_config("pe=ape,init_scale=1")
+    with pytest.raises(ValueError, match="scale='tpu'"):
+        definitions.STUDIES["arrows"].at_scale("tpu")
+
+
+@pytest.mark.parametrize("name", sorted(definitions.STUDIES))
+def test_paper_scale_rows_fill_the_report(name, tmp_path, capsys):
+    """Synthetic paper-scale results (3 seeds of every arm on the paper-scale evaluations)
+    through `run --scale paper --report`: every arm gets a filled row, the paper's numbers
+    and the seed-level comparisons appear (an empty table was what paper scale gave before)."""
+    study = definitions.STUDIES[name]
+    view = study.at_scale("paper")
+    rng = np.random.default_rng(0)
+    rows, examples = [], {}
+    for i, arm in enumerate(study.arms):
+        for seed in range(3):
+            for eval_name in view.evals:
+                correct = rng.random(200) < 0.5 + 0.04 * i
+                examples[f"{arm.name}/{seed}/{eval_name}"] = correct
+                rows.append(
+                    dict(
+                        study=name, arm=arm.name, seed=seed, eval=eval_name,
+                        accuracy=float(correct.mean()), num_examples=200,
+                        best_accuracy=float(correct.mean()), steps=1, train_ex_per_s=1.0,
+                        resolution="", tree="abc", cpu="gpu",
+                    )
+                )  # fmt: skip
+    lib.append_results(str(tmp_path / name), rows, examples)
+    run.main([name, "--scale=paper", "--report", f"--results={tmp_path}"])
+    capsys.readouterr()
+    with open(tmp_path / name / "summary.md") as f:
+        text = f.read()
+    header = next(line for line in text.splitlines() if line.startswith("| arm |"))
+    assert header == "| arm | seeds | " + " | ".join(view.evals) + " | train ex/s |"
+    for arm in study.arms:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {arm.label} |"))
+        cells = row.split("|")[3:-2]
+        assert len(cells) == len(view.evals) and all(c.strip() for c in cells), row
+    for arm, cells in view.paper.items():
+        for eval_name, value in cells.items():
+            assert f"paper {100 * value:.1f}" in text, (arm, eval_name)
+    for a, b in study.comparisons:
+        assert f"| {a} | {b} | {view.evals[0]} | 3+3 |" in text
+    assert os.path.exists(tmp_path / name / "accuracy.png")

@@ -6,9 +6,13 @@ indices; "RoPE-Mixed = LieRE b2 (LieRE paper)" is what the LieRE paper's tables 
 LieRE reference code's fixed tiled rotation, "VisionLLaMA AS2D" the VisionLLaMA paper's.
 
 CPU scale runs ``configs/arrows.py`` at ``res=cpu`` (ViT-mu/8, 500 steps of 128 on 20,000
-layouts of an 8x8 grid of 8 px cells, 6-7 minutes a run on the 2-core AMD EPYC: arrows/README.md);
-``--scale paper`` runs the same arms with ``res=paper`` (ViT-B/12, 800,000 layouts, the paper's
-optimiser).
+layouts of an 8x8 grid of 8 px cells, 6-7 minutes a run on the 2-core AMD EPYC: arrows/README.md).
+``--scale paper`` runs the paper's own experiment for each study: arrows at ``res=paper``
+(ViT-B/12, 800,000 layouts, the paper's optimiser) for ``arrows`` and ``resolution``;
+``configs/cifar100.py`` (ViT-B, the LieRE paper's CIFAR-100 recipe) for ``block_size``,
+``sharing``, ``init`` and ``data_fraction``, whose tables are CIFAR-100's; ``configs/ucf101.py``
+for ``volumes`` and ``configs/cayley.py`` (MNIST) for ``cayley``. Each study's ``paper_scale``
+names the evaluations those recipes make.
 """
 
 from __future__ import annotations
@@ -39,6 +43,25 @@ LIERE_DENSE = _arrows(
 )
 
 ARROWS_EVALS = ("g08", "g12", "g16", "g20", "g08_shuffled")
+# configs/arrows.py at res=paper: the 9x9 training grid (108 px), 14x14 (168 px) and 23x23
+# (276 px), the LieRE paper's Table 3 sizes; no 16 / 20 grid, no rescaled scenes.
+ARROWS_PAPER_EVALS = ("g09", "g14", "g23", "g09_shuffled")
+TO_PAPER_GRID = {"g08": "g09", "g12": "g14", "g20": "g23"}  # the same Table 3 column
+# configs/cifar100.py and configs/ucf101.py
+CIFAR_EVALS = ("test", "test_shuffled")
+
+
+def _paper_grids(paper: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Table 3's numbers keyed by the res=paper evaluations instead of their CPU analogues."""
+    return {arm: {TO_PAPER_GRID[k]: v for k, v in cells.items()} for arm, cells in paper.items()}
+
+
+def _on_cifar100(arm: Arm) -> Arm:
+    """`arm` with configs/cifar100.py at --scale paper (the same argument, LieRE dense = 64x64
+    at ViT-B's H = 64); the CPU run is unchanged."""
+    paper_arg = arm.arg.replace("block=16", "block=64")
+    return dataclasses.replace(arm, paper_recipe="cifar100", paper_arg=paper_arg)
+
 
 STUDIES: dict[str, Study] = {}
 
@@ -48,6 +71,13 @@ def _add(study: Study) -> Study:
     return study
 
 
+ARROWS_TABLE3 = {
+    "ape": {"g08": 0.451, "g12": 0.410, "g20": 0.401},
+    "visionllama_liere": {"g08": 0.464, "g12": 0.486, "g20": 0.486},
+    "liere_b2": {"g08": 1.000, "g12": 0.986, "g20": 0.886},
+    "liere_b8": {"g08": 0.995, "g12": 0.997, "g20": 0.997},
+    "liere_dense": {"g08": 1.000, "g12": 1.000, "g20": 1.000},
+}
 _add(
     Study(
         name="arrows",
@@ -56,14 +86,9 @@ _add(
         evals=ARROWS_EVALS,
         # LieRE Table 3 (ViT-B, 108 / 168 / 276 px = 1x / 1.56x / 2.56x the grid); our g12 is
         # 1.5x and g20 2.5x. The paper has no shuffled-arrows column (Table 5 is CIFAR-100).
-        paper={
-            "ape": {"g08": 0.451, "g12": 0.410, "g20": 0.401},
-            "visionllama_liere": {"g08": 0.464, "g12": 0.486, "g20": 0.486},
-            "liere_b2": {"g08": 1.000, "g12": 0.986, "g20": 0.886},
-            "liere_b8": {"g08": 0.995, "g12": 0.997, "g20": 0.997},
-            "liere_dense": {"g08": 1.000, "g12": 1.000, "g20": 1.000},
-        },
+        paper=ARROWS_TABLE3,
         comparisons=(("liere_b8", "liere_b2"), ("liere_b2", "rope_mixed_heo")),
+        paper_scale=dict(evals=ARROWS_PAPER_EVALS, paper=_paper_grids(ARROWS_TABLE3)),
     )
 )
 
@@ -74,7 +99,7 @@ _add(
     Study(
         name="block_size",
         title="LieRE block size (2 = the paper's RoPE-Mixed, 16 = dense at H = 16)",
-        arms=(LIERE_B2, LIERE_B4, LIERE_B8, LIERE_DENSE),
+        arms=tuple(_on_cifar100(a) for a in (LIERE_B2, LIERE_B4, LIERE_B8, LIERE_DENSE)),
         evals=ARROWS_EVALS,
         # Table 10 is CIFAR-100 / UCF101, not arrows: the paper's shape (peak at 8x8) is what
         # we compare, not its numbers. CIFAR-100 2 / 4 / 8 / 16 / 64: 68.84 / 69.28 / 70.32 /
@@ -83,6 +108,15 @@ _add(
             ("liere_b8", "liere_b2"),
             ("liere_b8", "liere_b4"),
             ("liere_b8", "liere_dense"),
+        ),
+        paper_scale=dict(
+            evals=CIFAR_EVALS,
+            paper={
+                "liere_b2": {"test": 0.6884},
+                "liere_b4": {"test": 0.6928},
+                "liere_b8": {"test": 0.7032},
+                "liere_dense": {"test": 0.6999},  # block 64 at ViT-B
+            },
         ),
     )
 )
@@ -110,7 +144,7 @@ _add(
         name="sharing",
         title="Sharing LieRE's generators across layers, heads or both",
         arms=tuple(
-            arm
+            _on_cifar100(arm)
             for base in (LIERE_B2, LIERE_B8)
             for arm in (base, *(_shared(base, w) for w in SHARING))
         ),
@@ -119,6 +153,19 @@ _add(
         # 69.8, heads 69.5 / 69.7, all 68.3 / 69.5; not arrows numbers (README).
         comparisons=tuple(
             (base.name, f"{base.name}_shared_{w}") for base in (LIERE_B2, LIERE_B8) for w in SHARING
+        ),
+        paper_scale=dict(
+            evals=CIFAR_EVALS,
+            paper={
+                f"{base}{suffix}": {"test": value}
+                for base, values in (
+                    ("liere_b2", (0.688, 0.687, 0.695, 0.683)),
+                    ("liere_b8", (0.703, 0.698, 0.697, 0.695)),
+                )
+                for suffix, value in zip(
+                    ("", "_shared_layers", "_shared_heads", "_shared_all"), values, strict=True
+                )
+            },
         ),
     )
 )
@@ -140,12 +187,15 @@ _add(
     Study(
         name="init",
         title="LieRE generator init: U[0, 2 pi) (reference) vs U[0, 1)",
-        arms=(LIERE_B8, _init_one(LIERE_B8), LIERE_B2, _init_one(LIERE_B2)),
+        arms=tuple(
+            _on_cifar100(a) for a in (LIERE_B8, _init_one(LIERE_B8), LIERE_B2, _init_one(LIERE_B2))
+        ),
         evals=ARROWS_EVALS,
         # Table 7 (CIFAR-100, paired z-test, 1 - 2 pi): LieRE8 -1.18 points (p = 0.070),
         # RoPE-Mixed (= b2) -2.55 points (p = 0.00012).
         comparisons=(("liere_b8_init1", "liere_b8"), ("liere_b2_init1", "liere_b2")),
         default_seeds=5,
+        paper_scale=dict(evals=CIFAR_EVALS),  # Table 7 gives differences, not accuracies
     )
 )
 
@@ -169,7 +219,9 @@ _add(
         name="data_fraction",
         title="Training on fewer layouts (same 500 steps): who still learns positions",
         arms=tuple(
-            arm for base in _DATA_ARMS for arm in (base, *(_fraction(base, f) for f in FRACTIONS))
+            _on_cifar100(arm)
+            for base in _DATA_ARMS
+            for arm in (base, *(_fraction(base, f) for f in FRACTIONS))
         ),
         evals=ARROWS_EVALS,
         comparisons=tuple(
@@ -185,6 +237,16 @@ _add(
                 )
                 for base in _DATA_ARMS
             ),
+        ),
+        # Fig. 4 trains on 20-90 % of CIFAR-100; Table 1 gives the full-data accuracies.
+        paper_scale=dict(
+            evals=CIFAR_EVALS,
+            paper={
+                "ape": {"test": 0.639},
+                "visionllama_liere": {"test": 0.655},
+                "liere_b2": {"test": 0.688},
+                "liere_b8": {"test": 0.703},
+            },
         ),
     )
 )
@@ -236,6 +298,19 @@ _add(
                 ),
             ),
         ),
+        # res=paper evaluates larger grids only (no rescaled scenes): the extrapolation panel.
+        paper_scale=dict(
+            evals=ARROWS_PAPER_EVALS[:3],
+            eval_curves=(
+                "test size / training size (per side)",
+                (
+                    (
+                        "larger grid, same 12 px cells (extrapolation)",
+                        ((1.0, "g09"), (14 / 9, "g14"), (23 / 9, "g23")),
+                    ),
+                ),
+            ),
+        ),
     )
 )
 
@@ -278,6 +353,7 @@ _add(
         # Study Table 1 (MNIST best accuracy 0.9595-0.9681 for all generators; CIFAR-10
         # 0.7299-0.7374): all about equal. Digits is our stand-in (no downloads here).
         comparisons=(("dense", "block2x2"), ("dense", "topk"), ("dense", "rope_mixed")),
+        paper_scale=dict(evals=("test",)),  # configs/cayley.py: the 10,000 MNIST test images
     )
 )
 
@@ -303,6 +379,15 @@ _add(
         # Table 1 / Table 5, UCF101 (not arrows): APE 40.9, VisionLlama 45.0, RoPE-Mixed 46.3,
         # LieRE8 47.0; shuffle drops 0.0 / 17.7 / 39.1 / 40.9 % (README compares the ordering).
         comparisons=(("liere_b8", "liere_b2"), ("liere_b2", "ape")),
+        paper_scale=dict(
+            evals=CIFAR_EVALS,  # configs/ucf101.py: test and test_shuffled clips
+            paper={
+                "ape": {"test": 0.409},
+                "visionllama_liere": {"test": 0.450},
+                "liere_b2": {"test": 0.463},
+                "liere_b8": {"test": 0.470},
+            },
+        ),
     )
 )
 

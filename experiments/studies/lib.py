@@ -102,6 +102,27 @@ class Study:
     # Evaluations that are points of one axis (a test at several sizes): (x-axis label,
     # ((panel title, ((x, eval name), ...)), ...)); one line per arm, drawn as scaling.png.
     eval_curves: tuple[str, tuple[tuple[str, tuple[tuple[float, str], ...]], ...]] | None = None
+    # What differs at --scale paper, where the recipes evaluate under other names (arrows
+    # res=paper: g09 / g14 / g23; CIFAR-100 and UCF101: test / test_shuffled; cayley: test):
+    # field -> value (evals, paper, eval_curves), applied by `at_scale`.
+    paper_scale: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        fields = {f.name for f in dataclasses.fields(self)} - {"name", "arms", "paper_scale"}
+        unknown = sorted(set(self.paper_scale) - fields)
+        if unknown:
+            raise ValueError(
+                f"study {self.name!r}: paper_scale sets {unknown}; expected some of "
+                f"{sorted(fields)}"
+            )
+
+    def at_scale(self, scale: str) -> Study:
+        """The study as reported at `scale` ("cpu": itself; "paper": with `paper_scale`)."""
+        if scale == "cpu":
+            return self
+        if scale != "paper":
+            raise ValueError(f"scale={scale!r}; expected 'cpu' or 'paper'")
+        return dataclasses.replace(self, **self.paper_scale)
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             others=others,
         )
     if not args.dry_run:
-        print(write_report(study, directory))
+        print(write_report(study.at_scale(args.scale), directory))
     return 0
 
 

@@ -1,13 +1,27 @@
-"""Statistics of the studies: bootstrap CIs over test examples and paired comparisons.
+"""Statistics of the studies: comparisons of arms at the level of seeds, and CIs over examples.
+
+The unit of replication is the seed (one trained model): two arms differ when their seeds'
+accuracies do, not when these particular models disagree on many test examples. The primary
+comparison is therefore seed-level: the difference of the arms' seed means with a two-level
+bootstrap CI (`seed_bootstrap_diff`: seeds resampled within each arm, then test examples), a
+Welch t-test over the per-seed accuracies (`welch_t`) and an exact permutation test over seeds
+(`permutation_test`); `seeds_for_power` says how many seeds a difference of the measured size
+would need.
 
 The LieRE paper reports 95 % CIs from B = 1000 bootstrap resamples of the test examples, and a
-paired z-test for its initialisation table; these are the same computations on our per-example
-results (``eval_examples.npz`` of each run: whether each test example was classified right).
+paired z-test for its initialisation table; `bootstrap_ci` and `paired_z` are those
+computations on our per-example results (``eval_examples.npz`` of each run: whether each test
+example was classified right). They describe *these trained models on this test set*: their
+standard errors ignore the variance between seeds, so `paired_z` rejects even between two seeds
+of one arm (the placebo test in tests/test_studies.py) and must not be read as a comparison of
+encodings.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -42,7 +56,9 @@ def bootstrap_ci(
 
 
 def paired_z(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, float]:
-    """Paired z-test of accuracy(a) - accuracy(b) on the same test examples.
+    """Paired z-test of accuracy(a) - accuracy(b) on the same test examples: do *these trained
+    models* differ on *this test set*? Not a comparison of encodings (seed variance is ignored;
+    use `welch_t` / `permutation_test` for that).
 
     The per-example difference d_n = mean_s a_sn - mean_s b_sn (seeds averaged, examples
     paired) has mean D and standard error sd(d) / sqrt(N); z = D / se, two-sided normal p, and
@@ -65,6 +81,213 @@ def paired_z(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, fl
     p = math.erfc(abs(z) / math.sqrt(2.0))
     half = 1.959963984540054 * se
     return dict(diff=diff, z=z, p=p, ci_low=diff - half, ci_high=diff + half, num_examples=len(d))
+
+
+# --------------------------------------------------------------------------- seed level
+
+
+def seed_accuracies(correct_SN: np.ndarray) -> np.ndarray:
+    """float (S,) each seed's accuracy from its per-example results (S, N)."""
+    correct_SN = np.atleast_2d(np.asarray(correct_SN, np.float64))
+    if correct_SN.shape[1] == 0:
+        raise ValueError("seed_accuracies needs at least one example, got shape (S, 0)")
+    return correct_SN.mean(axis=1)
+
+
+def seed_bootstrap_diff(
+    correct_a_SN: np.ndarray,
+    correct_b_SN: np.ndarray,
+    *,
+    num_resamples: int = B,
+    alpha: float = ALPHA,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Difference of the arms' seed-mean accuracies, a - b, with a two-level bootstrap CI.
+
+    Each resample draws the seeds of each arm with replacement (S_a from arm a's S_a, S_b from
+    arm b's), then the test examples with replacement; both arms are scored on the same test
+    set, so one resample of the examples serves every seed of both arms (the pairing of the
+    test set is kept). The interval is the percentile interval of the resampled differences.
+    With 3 seeds an arm's resampled mean takes few values and the bootstrap variance is
+    (S - 1) / S of the plug-in one: the interval is indicative, the seed-level tests decide.
+
+    Args:
+      correct_a_SN, correct_b_SN: bool or 0/1 (S_a, N), (S_b, N): per-example results of the
+        two arms' seeds on the same N test examples.
+      num_resamples: B.
+      alpha: 1 - coverage.
+      seed: of the resampling (fixed: the same results give the same interval).
+
+    Returns:
+      {"diff", "ci_low", "ci_high", "seeds_a", "seeds_b"}.
+    """
+    a_SN = np.atleast_2d(np.asarray(correct_a_SN, np.float64))
+    b_SN = np.atleast_2d(np.asarray(correct_b_SN, np.float64))
+    if a_SN.shape[1] != b_SN.shape[1] or a_SN.shape[1] == 0:
+        raise ValueError(
+            f"seed_bootstrap_diff needs the same non-empty test set on both sides: examples "
+            f"{a_SN.shape[1]} vs {b_SN.shape[1]}"
+        )
+    num = a_SN.shape[1]
+    rng = np.random.default_rng(seed)
+    # Example weights of each resample (counts / N): accuracy of seed s = correct_sN @ w_N.
+    weights_BN = rng.multinomial(num, np.full(num, 1.0 / num), size=num_resamples) / num
+    means = []
+    for x_SN in (a_SN, b_SN):
+        acc_BS = weights_BN @ x_SN.T
+        pick_BS = rng.integers(0, x_SN.shape[0], size=acc_BS.shape)
+        means.append(np.take_along_axis(acc_BS, pick_BS, axis=1).mean(axis=1))
+    diffs_B = means[0] - means[1]
+    low, high = np.quantile(diffs_B, [alpha / 2, 1 - alpha / 2])
+    diff = float(a_SN.mean() - b_SN.mean())
+    return dict(
+        diff=diff, ci_low=float(low), ci_high=float(high), seeds_a=len(a_SN), seeds_b=len(b_SN)
+    )
+
+
+def welch_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
+    """Welch's t-test of mean(a) - mean(b) over per-seed accuracies (unequal variances).
+
+    With both arms' seeds identical within each arm (zero variance, e.g. all at 100 %), t is
+    undefined: p = 1 when the means are equal, NaN otherwise.
+
+    Args:
+      acc_a_S, acc_b_S: float (S_a,), (S_b,) per-seed accuracies, at least 2 seeds each.
+
+    Returns:
+      {"diff", "t", "df", "p"} (two-sided p).
+    """
+    from scipy import stats as scipy_stats
+
+    a, b = np.asarray(acc_a_S, np.float64), np.asarray(acc_b_S, np.float64)
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"welch_t needs at least 2 seeds per arm, got {len(a)} and {len(b)}")
+    diff = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se2 = va + vb
+    if se2 == 0.0:
+        nan = float("nan")
+        return dict(diff=diff, t=0.0 if diff == 0.0 else nan, df=nan, p=1.0 if diff == 0 else nan)
+    t = diff / math.sqrt(se2)
+    df = se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    p = float(2 * scipy_stats.t.sf(abs(t), df))
+    return dict(diff=diff, t=float(t), df=float(df), p=p)
+
+
+MAX_EXACT_SPLITS = 200_000  # beyond this many seed splits, a Monte Carlo permutation test
+
+
+def permutation_test(
+    acc_a_S: np.ndarray, acc_b_S: np.ndarray, *, num_random: int = 100_000, seed: int = 0
+) -> dict[str, float]:
+    """Permutation test of mean(a) - mean(b) over per-seed accuracies, two-sided.
+
+    Under the null the arm labels of the seeds are exchangeable: p is the share of the
+    C(S_a + S_b, S_a) relabellings whose |difference of means| reaches the observed one
+    (exact: every relabelling, up to `MAX_EXACT_SPLITS` of them; beyond, `num_random` random
+    ones, the observed one counted in). With 3 seeds per arm there are 20 relabellings and the
+    observed one and its mirror always count: p >= 0.1.
+
+    Returns:
+      {"diff", "p", "min_p", "exact"}: min_p the smallest p this many seeds can give.
+    """
+    a, b = np.asarray(acc_a_S, np.float64), np.asarray(acc_b_S, np.float64)
+    if len(a) < 1 or len(b) < 1:
+        raise ValueError(f"permutation_test needs seeds in both arms, got {len(a)} and {len(b)}")
+    pooled = np.concatenate([a, b])
+    n, k = len(pooled), len(a)
+    observed = abs(a.mean() - b.mean())
+    total = math.comb(n, k)
+    exact = total <= MAX_EXACT_SPLITS
+    if exact:
+        in_a_PN = np.zeros((total, n), bool)
+        for i, chosen in enumerate(itertools.combinations(range(n), k)):
+            in_a_PN[i, list(chosen)] = True
+    else:
+        rng = np.random.default_rng(seed)
+        order_PN = np.argsort(rng.random((num_random, n)), axis=1)
+        in_a_PN = np.zeros((num_random, n), bool)
+        np.put_along_axis(in_a_PN, order_PN[:, :k], True, axis=1)
+    sum_a = in_a_PN @ pooled
+    diffs = np.abs(sum_a / k - (pooled.sum() - sum_a) / (n - k))
+    hits = int(np.sum(diffs >= observed - 1e-12))
+    if exact:
+        p, min_p = hits / total, (2 if k == n - k else 1) / total
+    else:
+        p, min_p = (hits + 1) / (num_random + 1), 1 / (num_random + 1)
+    return dict(diff=float(a.mean() - b.mean()), p=float(p), min_p=float(min_p), exact=exact)
+
+
+def seeds_for_power(
+    sd: float, diff: float, *, alpha: float = ALPHA, power: float = 0.8, small_sample: bool = True
+) -> float:
+    """Seeds per arm for a two-sided two-sample test at level `alpha` to detect `diff` with
+    `power`: n = 2 (z_(1 - alpha / 2) + z_power)^2 sd^2 / diff^2 (the normal approximation), at
+    least 2. With `small_sample` the z quantiles become Student t quantiles with 2 n - 2
+    degrees of freedom and n is the smallest that satisfies the formula: at a few seeds the
+    normal formula promises power it does not have (a difference of 3 SDs: 2 seeds by the
+    normal formula, 4 with t). inf for diff = 0.
+
+    Args:
+      sd: the per-seed standard deviation of accuracy (e.g. `pooled_sd` of the measured seeds).
+      diff: the difference of means to detect.
+    """
+    if sd < 0 or not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"seeds_for_power: sd={sd}, alpha={alpha}, power={power} out of range")
+    if diff == 0:
+        return math.inf
+    ratio = sd**2 / diff**2
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    n = max(2, math.ceil(2 * z**2 * ratio))
+    if not small_sample:
+        return float(n)
+    from scipy import stats as scipy_stats
+
+    while True:  # the t formula's n is at least the normal one: count up from it
+        dof = 2 * n - 2
+        t = scipy_stats.t.ppf(1 - alpha / 2, dof) + scipy_stats.t.ppf(power, dof)
+        if n >= 2 * t**2 * ratio:
+            return float(n)
+        n += 1
+
+
+def pooled_sd(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> float:
+    """Pooled standard deviation of per-seed accuracies over both arms (ddof 1 within each)."""
+    a, b = np.asarray(acc_a_S, np.float64), np.asarray(acc_b_S, np.float64)
+    dof = len(a) + len(b) - 2
+    if dof < 1:
+        raise ValueError(f"pooled_sd needs 3 seeds or more in all, got {len(a)} + {len(b)}")
+    ss = ((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()
+    return float(math.sqrt(ss / dof))
+
+
+def compare_arms(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, float]:
+    """Every comparison of two arms on one evaluation, seed level first.
+
+    Returns a dict: ``seeds_a``, ``seeds_b``, ``acc_a``, ``acc_b`` (per-seed accuracies),
+    ``diff`` and its two-level bootstrap CI (``ci_low``, ``ci_high``), ``p`` (Welch over
+    seeds: the primary test), ``t``, ``df``, ``p_perm`` / ``p_perm_min`` (exact permutation over
+    seeds), ``sd`` (pooled per-seed SD), ``seeds_needed`` (per arm, 80 % power at alpha 0.05
+    for the measured difference), and the example-level paired test of these trained models
+    (``z_examples``, ``p_examples``, ``ci_examples``).
+    """
+    acc_a, acc_b = seed_accuracies(correct_a_SN), seed_accuracies(correct_b_SN)
+    boot = seed_bootstrap_diff(correct_a_SN, correct_b_SN)
+    enough = len(acc_a) >= 2 and len(acc_b) >= 2
+    nan = float("nan")
+    welch = welch_t(acc_a, acc_b) if enough else dict(t=nan, df=nan, p=nan)
+    perm = permutation_test(acc_a, acc_b)
+    sd = pooled_sd(acc_a, acc_b) if len(acc_a) + len(acc_b) >= 3 else nan
+    need = seeds_for_power(sd, boot["diff"]) if not math.isnan(sd) else nan
+    paired = paired_z(correct_a_SN, correct_b_SN)  # seed means per example: any seed counts
+    return dict(
+        seeds_a=len(acc_a), seeds_b=len(acc_b), acc_a=acc_a, acc_b=acc_b,
+        diff=boot["diff"], ci_low=boot["ci_low"], ci_high=boot["ci_high"],
+        p=welch["p"], t=welch["t"], df=welch["df"],
+        p_perm=perm["p"], p_perm_min=perm["min_p"], sd=sd, seeds_needed=need,
+        z_examples=paired["z"], p_examples=paired["p"],
+        ci_examples=(paired["ci_low"], paired["ci_high"]),
+    )  # fmt: skip
 
 
 # E[max_d count_d] / 8 for the 8 arrows of a layout (7 distractors with random directions plus
