@@ -16,6 +16,7 @@ from rope_lie.encodings import (
     ape,
     cayley_string,
     circulant_string,
+    comrope,
     liere,
     nope,
     positions,
@@ -35,6 +36,7 @@ ROTARY = {
     "liere": liere,
     "cayley_string": cayley_string,
     "circulant_string": circulant_string,
+    "comrope": comrope,
 }
 BIAS = {"alibi": alibi}
 ADDITIVE = {"ape": ape, "sincos": sincos}

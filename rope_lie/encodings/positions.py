@@ -15,6 +15,13 @@ Conventions (``convention=``), per axis of length n:
   resolution (interpolation).
 - ``"autoscale"``: integer * n_anchor / n (VisionLlama's AS2DRoPE): the anchor grid's range at
   every resolution.
+- ``"centred"``: pixel centres 2 (i + 0.5) / n - 1 in (-1, 1) at every resolution (DINOv3's
+  ``normalize_coords="separate"``); ``"centred_max"`` / ``"centred_min"`` divide by the longest /
+  shortest axis of the grid instead of n (DINOv3's ``"max"`` / ``"min"``: 2 (i + 0.5) / max(n)
+  - 1, which is not centred on a non-square grid). Prefix tokens at 0 are at the image centre.
+- ``"unit_centred"``: (i + 0.5) / n - 1/2 in (-1/2, 1/2): ComRoPE's reference positions
+  (i + 0.5) / n with the class token at 1/2, all shifted by -1/2 so that the class token is at
+  our prefix position 0 (a common shift that relative encodings cannot see).
 
 Evaluating at a new resolution is a change of positions only: pass the new ``grid_shape`` and
 the training grid as ``train_grid`` (sequential) or ``anchor_grid`` (autoscale).
@@ -27,7 +34,10 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-CONVENTIONS = ("integer", "sequential", "normalized", "autoscale")
+CONVENTIONS = (
+    "integer", "sequential", "normalized", "autoscale", "centred", "centred_max", "centred_min",
+    "unit_centred",
+)  # fmt: skip
 
 
 def _check_grid(grid: Sequence[int], name: str) -> tuple[int, ...]:
@@ -41,8 +51,13 @@ def _check_grid(grid: Sequence[int], name: str) -> tuple[int, ...]:
 
 
 def _axis_coords(
-    n: int, convention: str, n_ref: int, value_range: tuple[float, float]
+    n: int, convention: str, n_ref: int, value_range: tuple[float, float], grid: tuple[int, ...]
 ) -> np.ndarray:
+    if convention.startswith("centred"):
+        size = {"centred": n, "centred_max": max(grid), "centred_min": min(grid)}[convention]
+        return 2.0 * (np.arange(n) + 0.5) / size - 1.0
+    if convention == "unit_centred":
+        return (np.arange(n) + 0.5) / n - 0.5
     if convention == "integer":
         return np.arange(n, dtype=np.float64)
     if convention == "sequential":
@@ -90,7 +105,9 @@ def grid_positions(
         )
     if convention == "normalized" and not value_range[0] < value_range[1]:
         raise ValueError(f"value_range={value_range} must be (lo, hi) with lo < hi")
-    axes = [_axis_coords(n, convention, r, value_range) for n, r in zip(grid, ref, strict=True)]
+    axes = [
+        _axis_coords(n, convention, r, value_range, grid) for n, r in zip(grid, ref, strict=True)
+    ]
     mesh = np.meshgrid(*axes, indexing="ij")
     pos_TA = np.stack([m.reshape(-1) for m in mesh], axis=-1)
     pos_TA = np.concatenate([np.zeros((num_prefix, len(grid))), pos_TA], axis=0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rope_lie import encodings
-from rope_lie.encodings import cayley_string, positions, state
+from rope_lie.encodings import cayley_string, comrope, positions, state
 
 # (family, hparams, supported position ranks). Several hparam settings per family where they
 # change the code path.
@@ -29,12 +29,16 @@ CASES = [
     ("cayley_string", {"generator": "banded", "bandwidth": 2, "init_std": 0.1}, (2,)),
     ("cayley_string", {"generator": "topk", "k": 6, "init_std": 0.1}, (2,)),
     ("circulant_string", {}, (1, 2, 3)),
+    ("comrope", {"variant": "ld", "block_size": 4}, (1, 2, 3)),
+    ("comrope", {"variant": "ld", "block_size": 2}, (2,)),  # closed form, no fold
+    ("comrope", {"variant": "ap", "block_size": 2}, (1, 2, 3)),
+    ("comrope", {"variant": "ap", "block_size": 6}, (2,)),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in hp.items())}" for name, hp, _ in CASES]
 # Families whose R(p)^T R(p') depends on p' - p only (DESIGN.md section 3). Dense LieRE in 2D/3D
 # is deliberately absent: its generators do not commute.
 RELATIVE = {"nope", "rope", "rope_axial", "rope_mixed", "visionllama", "cayley_string"}
-RELATIVE |= {"circulant_string"}
+RELATIVE |= {"circulant_string", "comrope"}
 
 B, N, H = 2, 3, 12
 
@@ -61,7 +65,7 @@ def _each_rank():
 def test_dicts_hold_every_family():
     assert set(encodings.ROTARY) == {
         "nope", "rope", "rope_axial", "rope_mixed", "visionllama", "liere", "cayley_string",
-        "circulant_string",
+        "circulant_string", "comrope",
     }  # fmt: skip
     assert set(encodings.BIAS) == {"alibi"}
     assert set(encodings.ADDITIVE) == {"ape", "sincos"}
@@ -119,6 +123,11 @@ def test_zero_position_is_identity_or_p(name, hparams, rank):
         p_NHH = cayley_string.orthogonal(params, **kw)
         expected = jnp.einsum("NHG,BTNG->BTNH", p_NHH, x_BTNH)
         assert not np.allclose(expected, x_BTNH, atol=1e-3)  # P != I with init_std > 0
+    elif name == "comrope" and hparams["block_size"] > 2:  # R'(0) = P, the eigenbases
+        _, q_NKbb = comrope.spectra(params, **kw)
+        expected = jnp.einsum("NKji,BTNKj->BTNKi", q_NKbb, x_BTNH.reshape(*x_BTNH.shape[:3], -1,
+                              hparams["block_size"])).reshape(x_BTNH.shape)  # fmt: skip
+        assert not np.allclose(expected, x_BTNH, atol=1e-3)
     else:
         expected = x_BTNH
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
