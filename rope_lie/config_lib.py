@@ -63,7 +63,10 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
 
 ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
 # Each family's reference positions; others: "integer".
-CONVENTIONS = {"liere": "sequential", "visionllama": "autoscale", "comrope": "unit_centred"}
+CONVENTIONS = {
+    "liere": "sequential", "visionllama": "autoscale", "comrope": "unit_centred",
+    "dinov3": "centred",
+}  # fmt: skip
 # `pe=` values that name a variant of a family: (family, its init arguments, positions).
 PE_VARIANTS = {
     # The LieRE paper's "VisionLlama" baseline (its reference code), not VisionLLaMA's AS2DRoPE.
@@ -83,9 +86,9 @@ def pe_fields(
     `pe` is a rotary/bias family (liere, rope_mixed, ...), a named variant (`PE_VARIANTS`,
     e.g. visionllama_liere), or an additive table (ape, sincos, with no rotary family).
     Positions follow each family's reference: LieRE "sequential", VisionLlama "autoscale", the
-    LieRE paper's VisionLlama "sequential", ComRoPE "unit_centred", the rest "integer" (patch
-    indices); `convention` overrides that. `block` is LieRE's and ComRoPE's block size (2 = the
-    LieRE paper's "RoPE-Mixed"), `ape_std` the APE table's init std.
+    LieRE paper's VisionLlama "sequential", ComRoPE "unit_centred", DINOv3 "centred", the rest
+    "integer" (patch indices); `convention` overrides that. `block` is LieRE's and ComRoPE's
+    block size (2 = the LieRE paper's "RoPE-Mixed"), `ape_std` the APE table's init std.
     """
     additive = pe if pe in ADDITIVE_PES else "none"
     family, hparams, default_convention = PE_VARIANTS.get(

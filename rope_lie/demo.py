@@ -37,6 +37,7 @@ CASES = (
     ("circulant_string", "circulant_string", {}),
     ("comrope ld b=8", "comrope", {"variant": "ld", "block_size": 8}),
     ("comrope ap b=8", "comrope", {"variant": "ap", "block_size": 8}),
+    ("dinov3", "dinov3", {}),
 )
 
 

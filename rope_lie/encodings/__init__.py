@@ -17,6 +17,7 @@ from rope_lie.encodings import (
     cayley_string,
     circulant_string,
     comrope,
+    dinov3,
     liere,
     nope,
     positions,
@@ -37,6 +38,7 @@ ROTARY = {
     "cayley_string": cayley_string,
     "circulant_string": circulant_string,
     "comrope": comrope,
+    "dinov3": dinov3,
 }
 BIAS = {"alibi": alibi}
 ADDITIVE = {"ape": ape, "sincos": sincos}

@@ -25,12 +25,16 @@ Conventions (``convention=``), per axis of length n:
 
 Evaluating at a new resolution is a change of positions only: pass the new ``grid_shape`` and
 the training grid as ``train_grid`` (sequential) or ``anchor_grid`` (autoscale).
+
+``augment`` draws DINOv3's train-time coordinate augmentations (shift, jitter, rescale) from an
+explicit key; prefix tokens stay at 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -112,3 +116,72 @@ def grid_positions(
     pos_TA = np.stack([m.reshape(-1) for m in mesh], axis=-1)
     pos_TA = np.concatenate([np.zeros((num_prefix, len(grid))), pos_TA], axis=0)
     return jnp.asarray(pos_TA, jnp.float32)
+
+
+def _check_augment(name: str, value, lowest: float) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= lowest):
+        raise ValueError(f"{name}={value!r} must be None or a number >= {lowest}")
+
+
+def check_augment(shift=None, jitter=None, rescale=None) -> None:
+    """``augment``'s bounds: shift >= 0, jitter and rescale >= 1, or None (step skipped)."""
+    _check_augment("shift", shift, 0.0)
+    _check_augment("jitter", jitter, 1.0)
+    _check_augment("rescale", rescale, 1.0)
+
+
+def augment(
+    key: jax.Array,
+    pos: jax.Array,
+    *,
+    num_prefix: int,
+    shift: float | None = None,
+    jitter: float | None = None,
+    rescale: float | None = None,
+    batch_size: int | None = None,
+) -> jax.Array:
+    """DINOv3's coordinate augmentations (``RopePositionEmbedding.forward`` in training).
+
+    In the reference's order: add a shift u_a ~ U[-shift, shift] per axis; multiply axis a by
+    exp(U[-log jitter, log jitter]); multiply every axis by one exp(U[-log rescale,
+    log rescale]). None (the default) skips a step, so all None returns ``pos`` unchanged. Prefix
+    tokens keep their positions (0: unrotated, as the reference leaves them).
+
+    Args:
+      key: PRNG key; the three draws use its three splits.
+      pos: ``pos_TA`` (e.g. ``grid_positions(grid, "centred", num_prefix=...)``).
+      num_prefix: prefix tokens at the start of ``pos``, not moved.
+      shift: half-width of the uniform shift (the reference's ``shift_coords``).
+      jitter: per-axis log-uniform factor bound, >= 1 (``jitter_coords``).
+      rescale: common log-uniform factor bound, >= 1 (``rescale_coords``).
+      batch_size: None: one draw for the whole batch, as the reference (returns (T, A));
+        B: one draw per example (returns ``pos_BTA``).
+
+    Returns:
+      float32 positions, (T, A) or (B, T, A).
+    """
+    check_augment(shift, jitter, rescale)
+    pos = jnp.asarray(pos, jnp.float32)
+    if pos.ndim != 2:
+        raise ValueError(f"augment: pos must be (T, A), got shape {tuple(pos.shape)}")
+    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
+        raise ValueError(f"augment: num_prefix={num_prefix!r} must be a non-negative integer")
+    lead = () if batch_size is None else (int(batch_size),)
+    num_axes = pos.shape[-1]
+    key_shift, key_jitter, key_rescale = jax.random.split(key, 3)
+    out = jnp.broadcast_to(pos, (*lead, *pos.shape))
+    if shift is not None:
+        u = jax.random.uniform(key_shift, (*lead, 1, num_axes), minval=-shift, maxval=shift)
+        out = out + u
+    if jitter is not None:
+        bound = float(np.log(jitter))
+        out = out * jnp.exp(jax.random.uniform(key_jitter, (*lead, 1, num_axes), minval=-bound,
+                                               maxval=bound))  # fmt: skip
+    if rescale is not None:
+        bound = float(np.log(rescale))
+        out = out * jnp.exp(jax.random.uniform(key_rescale, (*lead, 1, 1), minval=-bound,
+                                               maxval=bound))  # fmt: skip
+    is_prefix = (jnp.arange(pos.shape[0]) < num_prefix)[:, None]
+    return jnp.where(is_prefix, pos, out)

@@ -81,6 +81,7 @@ _PER_HEAD_COUNT = {
     "cayley_string": _cayley_per_head,
     "circulant_string": lambda head_dim, num_axes, hparams: num_axes * head_dim,  # (A, N, H)
     "comrope": lambda head_dim, num_axes, hparams: head_dim * hparams.get("block_size", 8),  # P
+    "dinov3": lambda head_dim, num_axes, hparams: 0,
     "alibi": lambda head_dim, num_axes, hparams: int(bool(hparams.get("learnable"))),  # (N,)
 }
 

@@ -18,7 +18,14 @@ CASES = [
     ("nope", {}, (1, 2, 3)),
     ("rope", {}, (1,)),
     ("rope_axial", {}, (1, 2, 3)),
+    ("rope", {"rotary_fraction": 0.5}, (1,)),  # p-RoPE: the lowest frequencies unrotated
+    ("rope_axial", {"rotary_fraction": 0.5}, (2,)),
+    ("rope_axial", {"layout": "mrope", "base": 10000.0}, (3,)),
+    ("rope_axial", {"layout": "mrope_interleaved", "sections": (2, 2, 2)}, (3,)),
+    ("rope_axial", {"layout": "videorope", "temporal_scale": 2.0}, (3,)),
     ("rope_mixed", {}, (1, 2, 3)),
+    ("rope_mixed", {"rotary_fraction": 0.5}, (2,)),
+    ("visionllama", {"rotary_fraction": 0.5}, (2,)),
     ("visionllama", {}, (1, 2, 3)),
     ("liere", {}, (1, 2, 3)),
     ("liere", {"block_size": 4}, (1, 2, 3)),
@@ -31,14 +38,16 @@ CASES = [
     ("circulant_string", {}, (1, 2, 3)),
     ("comrope", {"variant": "ld", "block_size": 4}, (1, 2, 3)),
     ("comrope", {"variant": "ld", "block_size": 2}, (2,)),  # closed form, no fold
-    ("comrope", {"variant": "ap", "block_size": 2}, (1, 2, 3)),
+    ("comrope", {"variant": "ap", "block_size": 2}, (1, 3)),
     ("comrope", {"variant": "ap", "block_size": 6}, (2,)),
+    ("dinov3", {}, (2, 3)),
+    ("dinov3", {"base": None, "min_period": 0.5, "max_period": 20.0}, (2,)),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in hp.items())}" for name, hp, _ in CASES]
 # Families whose R(p)^T R(p') depends on p' - p only (DESIGN.md section 3). Dense LieRE in 2D/3D
 # is deliberately absent: its generators do not commute.
 RELATIVE = {"nope", "rope", "rope_axial", "rope_mixed", "visionllama", "cayley_string"}
-RELATIVE |= {"circulant_string", "comrope"}
+RELATIVE |= {"circulant_string", "comrope", "dinov3"}
 
 B, N, H = 2, 3, 12
 
@@ -65,7 +74,7 @@ def _each_rank():
 def test_dicts_hold_every_family():
     assert set(encodings.ROTARY) == {
         "nope", "rope", "rope_axial", "rope_mixed", "visionllama", "liere", "cayley_string",
-        "circulant_string", "comrope",
+        "circulant_string", "comrope", "dinov3",
     }  # fmt: skip
     assert set(encodings.BIAS) == {"alibi"}
     assert set(encodings.ADDITIVE) == {"ape", "sincos"}
