@@ -145,6 +145,8 @@ def model_config(
     m.additive = additive  # absolute table added to the tokens ("none", "ape", "sincos")
     m.additive_hparams = additive_hparams  # table init arguments
     m.position_convention = position_convention  # token positions (encodings/positions.py)
+    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training
+    m.position_augment = None
     m.share_pe_heads = False  # encoder parameters per head ...
     m.share_pe_layers = False  # ... and per layer
     m.head_zero_init = True  # zero-initialised classifier
