@@ -1,6 +1,6 @@
 r"""The sparse Cayley-STRING study (Cicekdag et al., 2025) on MNIST or CIFAR-10.
 
-The study's Sec. 3.7 and Table 1 (cited in docs/encoders.md, section 8): a ViT with width 48, 4
+The study's Sec. 3.7 and Table 1 (cited in docs/encoders.md, section 9): a ViT with width 48, 4
 layers, 4 heads of 12 dims, MLP 192 (variant "string", 0.115-0.118 M parameters) on 32x32 images
 (MNIST resized from 28) with 4x4 patches (8x8 tokens), CLS pooling; Cayley-STRING with a dense,
 block-diagonal 2x2, banded or top-k generator. AdamW, weight decay 1e-4; MNIST 10 epochs at learning

@@ -62,11 +62,17 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
 
 
 ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
-CONVENTIONS = {"liere": "sequential", "visionllama": "autoscale"}  # others: "integer"
+# Each family's reference positions; others: "integer".
+CONVENTIONS = {
+    "liere": "sequential", "visionllama": "autoscale", "comrope": "unit_centred",
+    "dinov3": "centred",
+}  # fmt: skip
 # `pe=` values that name a variant of a family: (family, its init arguments, positions).
 PE_VARIANTS = {
     # The LieRE paper's "VisionLlama" baseline (its reference code), not VisionLLaMA's AS2DRoPE.
     "visionllama_liere": ("visionllama", dict(variant="liere"), "sequential"),
+    # ComRoPE's axis-partition variant (pe=comrope is the linearly dependent one).
+    "comrope_ap": ("comrope", dict(variant="ap"), "unit_centred"),
 }
 APE_INIT_STD = 0.02  # ViT/timm's APE init std (quickstart, digits, Cayley recipes)
 LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py); LieRE recipes
@@ -80,9 +86,9 @@ def pe_fields(
     `pe` is a rotary/bias family (liere, rope_mixed, ...), a named variant (`PE_VARIANTS`,
     e.g. visionllama_liere), or an additive table (ape, sincos, with no rotary family).
     Positions follow each family's reference: LieRE "sequential", VisionLlama "autoscale", the
-    LieRE paper's VisionLlama "sequential", the rest "integer" (patch indices); `convention`
-    overrides that. `block` is LieRE's block size (2 = the LieRE paper's "RoPE-Mixed"),
-    `ape_std` the APE table's init std.
+    LieRE paper's VisionLlama "sequential", ComRoPE "unit_centred", DINOv3 "centred", the rest
+    "integer" (patch indices); `convention` overrides that. `block` is LieRE's and ComRoPE's
+    block size (2 = the LieRE paper's "RoPE-Mixed"), `ape_std` the APE table's init std.
     """
     additive = pe if pe in ADDITIVE_PES else "none"
     family, hparams, default_convention = PE_VARIANTS.get(
@@ -90,6 +96,8 @@ def pe_fields(
     )
     if pe == "liere":
         hparams = dict(block_size=block)
+    if family == "comrope":
+        hparams = dict(hparams, block_size=block)
     return dict(
         pe="nope" if additive != "none" else family,  # rotary/bias family on q and k
         pe_hparams=dict(hparams),  # family init arguments
@@ -137,6 +145,8 @@ def model_config(
     m.additive = additive  # absolute table added to the tokens ("none", "ape", "sincos")
     m.additive_hparams = additive_hparams  # table init arguments
     m.position_convention = position_convention  # token positions (encodings/positions.py)
+    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training
+    m.position_augment = None
     m.share_pe_heads = False  # encoder parameters per head ...
     m.share_pe_layers = False  # ... and per layer
     m.head_zero_init = True  # zero-initialised classifier

@@ -35,6 +35,9 @@ CASES = (
     ),
     ("cayley topk k=48", "cayley_string", {"generator": "topk", "k": 48, "init_std": 0.1}),
     ("circulant_string", "circulant_string", {}),
+    ("comrope ld b=8", "comrope", {"variant": "ld", "block_size": 8}),
+    ("comrope ap b=8", "comrope", {"variant": "ap", "block_size": 8}),
+    ("dinov3", "dinov3", {}),
 )
 
 

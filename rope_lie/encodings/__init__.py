@@ -16,6 +16,8 @@ from rope_lie.encodings import (
     ape,
     cayley_string,
     circulant_string,
+    comrope,
+    dinov3,
     liere,
     nope,
     positions,
@@ -35,6 +37,8 @@ ROTARY = {
     "liere": liere,
     "cayley_string": cayley_string,
     "circulant_string": circulant_string,
+    "comrope": comrope,
+    "dinov3": dinov3,
 }
 BIAS = {"alibi": alibi}
 ADDITIVE = {"ape": ape, "sincos": sincos}

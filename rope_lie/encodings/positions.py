@@ -15,19 +15,33 @@ Conventions (``convention=``), per axis of length n:
   resolution (interpolation).
 - ``"autoscale"``: integer * n_anchor / n (VisionLlama's AS2DRoPE): the anchor grid's range at
   every resolution.
+- ``"centred"``: pixel centres 2 (i + 0.5) / n - 1 in (-1, 1) at every resolution (DINOv3's
+  ``normalize_coords="separate"``); ``"centred_max"`` / ``"centred_min"`` divide by the longest /
+  shortest axis of the grid instead of n (DINOv3's ``"max"`` / ``"min"``: 2 (i + 0.5) / max(n)
+  - 1, which is not centred on a non-square grid). Prefix tokens at 0 are at the image centre.
+- ``"unit_centred"``: (i + 0.5) / n - 1/2 in (-1/2, 1/2): ComRoPE's reference positions
+  (i + 0.5) / n with the class token at 1/2, all shifted by -1/2 so that the class token is at
+  our prefix position 0 (a common shift that relative encodings cannot see).
 
 Evaluating at a new resolution is a change of positions only: pass the new ``grid_shape`` and
 the training grid as ``train_grid`` (sequential) or ``anchor_grid`` (autoscale).
+
+``augment`` draws DINOv3's train-time coordinate augmentations (shift, jitter, rescale) from an
+explicit key; prefix tokens stay at 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-CONVENTIONS = ("integer", "sequential", "normalized", "autoscale")
+CONVENTIONS = (
+    "integer", "sequential", "normalized", "autoscale", "centred", "centred_max", "centred_min",
+    "unit_centred",
+)  # fmt: skip
 
 
 def _check_grid(grid: Sequence[int], name: str) -> tuple[int, ...]:
@@ -41,8 +55,13 @@ def _check_grid(grid: Sequence[int], name: str) -> tuple[int, ...]:
 
 
 def _axis_coords(
-    n: int, convention: str, n_ref: int, value_range: tuple[float, float]
+    n: int, convention: str, n_ref: int, value_range: tuple[float, float], grid: tuple[int, ...]
 ) -> np.ndarray:
+    if convention.startswith("centred"):
+        size = {"centred": n, "centred_max": max(grid), "centred_min": min(grid)}[convention]
+        return 2.0 * (np.arange(n) + 0.5) / size - 1.0
+    if convention == "unit_centred":
+        return (np.arange(n) + 0.5) / n - 0.5
     if convention == "integer":
         return np.arange(n, dtype=np.float64)
     if convention == "sequential":
@@ -90,8 +109,79 @@ def grid_positions(
         )
     if convention == "normalized" and not value_range[0] < value_range[1]:
         raise ValueError(f"value_range={value_range} must be (lo, hi) with lo < hi")
-    axes = [_axis_coords(n, convention, r, value_range) for n, r in zip(grid, ref, strict=True)]
+    axes = [
+        _axis_coords(n, convention, r, value_range, grid) for n, r in zip(grid, ref, strict=True)
+    ]
     mesh = np.meshgrid(*axes, indexing="ij")
     pos_TA = np.stack([m.reshape(-1) for m in mesh], axis=-1)
     pos_TA = np.concatenate([np.zeros((num_prefix, len(grid))), pos_TA], axis=0)
     return jnp.asarray(pos_TA, jnp.float32)
+
+
+def _check_augment(name: str, value, lowest: float) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= lowest):
+        raise ValueError(f"{name}={value!r} must be None or a number >= {lowest}")
+
+
+def check_augment(shift=None, jitter=None, rescale=None) -> None:
+    """``augment``'s bounds: shift >= 0, jitter and rescale >= 1, or None (step skipped)."""
+    _check_augment("shift", shift, 0.0)
+    _check_augment("jitter", jitter, 1.0)
+    _check_augment("rescale", rescale, 1.0)
+
+
+def augment(
+    key: jax.Array,
+    pos: jax.Array,
+    *,
+    num_prefix: int,
+    shift: float | None = None,
+    jitter: float | None = None,
+    rescale: float | None = None,
+    batch_size: int | None = None,
+) -> jax.Array:
+    """DINOv3's coordinate augmentations (``RopePositionEmbedding.forward`` in training).
+
+    In the reference's order: add a shift u_a ~ U[-shift, shift] per axis; multiply axis a by
+    exp(U[-log jitter, log jitter]); multiply every axis by one exp(U[-log rescale,
+    log rescale]). None (the default) skips a step, so all None returns ``pos`` unchanged. Prefix
+    tokens keep their positions (0: unrotated, as the reference leaves them).
+
+    Args:
+      key: PRNG key; the three draws use its three splits.
+      pos: ``pos_TA`` (e.g. ``grid_positions(grid, "centred", num_prefix=...)``).
+      num_prefix: prefix tokens at the start of ``pos``, not moved.
+      shift: half-width of the uniform shift (the reference's ``shift_coords``).
+      jitter: per-axis log-uniform factor bound, >= 1 (``jitter_coords``).
+      rescale: common log-uniform factor bound, >= 1 (``rescale_coords``).
+      batch_size: None: one draw for the whole batch, as the reference (returns (T, A));
+        B: one draw per example (returns ``pos_BTA``).
+
+    Returns:
+      float32 positions, (T, A) or (B, T, A).
+    """
+    check_augment(shift, jitter, rescale)
+    pos = jnp.asarray(pos, jnp.float32)
+    if pos.ndim != 2:
+        raise ValueError(f"augment: pos must be (T, A), got shape {tuple(pos.shape)}")
+    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
+        raise ValueError(f"augment: num_prefix={num_prefix!r} must be a non-negative integer")
+    lead = () if batch_size is None else (int(batch_size),)
+    num_axes = pos.shape[-1]
+    key_shift, key_jitter, key_rescale = jax.random.split(key, 3)
+    out = jnp.broadcast_to(pos, (*lead, *pos.shape))
+    if shift is not None:
+        u = jax.random.uniform(key_shift, (*lead, 1, num_axes), minval=-shift, maxval=shift)
+        out = out + u
+    if jitter is not None:
+        bound = float(np.log(jitter))
+        out = out * jnp.exp(jax.random.uniform(key_jitter, (*lead, 1, num_axes), minval=-bound,
+                                               maxval=bound))  # fmt: skip
+    if rescale is not None:
+        bound = float(np.log(rescale))
+        out = out * jnp.exp(jax.random.uniform(key_rescale, (*lead, 1, 1), minval=-bound,
+                                               maxval=bound))  # fmt: skip
+    is_prefix = (jnp.arange(pos.shape[0]) < num_prefix)[:, None]
+    return jnp.where(is_prefix, pos, out)

@@ -23,7 +23,7 @@ import numpy as np
 
 from rope_lie.encodings import fixed_frequency, state
 
-APPLY_HPARAMS: tuple[str, ...] = ("base",)
+APPLY_HPARAMS: tuple[str, ...] = ("base", "rotary_fraction")
 
 _FAMILY = "rope"
 
@@ -51,7 +51,13 @@ def pair_frequencies(head_dim: int, num_axes: int, base: float = 10000.0):
 
 
 def init(
-    key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int, base: float = 10000.0
+    key: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_axes: int,
+    base: float = 10000.0,
+    rotary_fraction: float = 1.0,
 ) -> dict[str, jax.Array]:
     """Validate the configuration; RoPE has no parameters.
 
@@ -61,6 +67,8 @@ def init(
       head_dim: head dimension H, even.
       num_axes: number of position axes A, must be 1.
       base: frequency base (10000 in RoFormer).
+      rotary_fraction: p-RoPE's fraction of pairs rotated, the highest frequencies
+        (``fixed_frequency``); 1 = all.
 
     Returns:
       ``{}``.
@@ -68,12 +76,17 @@ def init(
     del key
     return fixed_frequency.init(
         _FAMILY, _check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-        base=base,
+        base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip
 
 
 def apply(
-    params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array, *, base: float = 10000.0
+    params: dict[str, jax.Array],
+    x_BTNH: jax.Array,
+    pos: jax.Array,
+    *,
+    base: float = 10000.0,
+    rotary_fraction: float = 1.0,
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
@@ -82,13 +95,15 @@ def apply(
       x_BTNH: queries or keys (B, T, N, H), any float dtype, H even.
       pos: positions ``pos_TA`` (T, 1) shared by the batch, or ``pos_BTA`` (B, T, 1).
       base: frequency base, the same as given to ``init``.
+      rotary_fraction: the same as given to ``init``.
 
     Returns:
       (B, T, N, H) array in x's dtype.
     """
     return fixed_frequency.apply(
-        _FAMILY, _check_dims, pair_frequencies, params, x_BTNH, pos, base=base
-    )
+        _FAMILY, _check_dims, pair_frequencies, params, x_BTNH, pos, base=base,
+        rotary_fraction=rotary_fraction,
+    )  # fmt: skip
 
 
 def precompute(
@@ -99,6 +114,7 @@ def precompute(
     head_dim: int,
     num_prefix: int = 0,
     base: float = 10000.0,
+    rotary_fraction: float = 1.0,
 ) -> state.PairAngles:
     """The rotation angles of every token (the encoder state, ``encodings/state.py``).
 
@@ -109,11 +125,12 @@ def precompute(
       head_dim: H.
       num_prefix: prefix tokens (at position 0, not rotated).
       base: frequency base, the same as given to ``init``.
+      rotary_fraction: the same as given to ``init``.
 
     Returns:
       ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32.
     """
     return fixed_frequency.precompute(
         _FAMILY, _check_dims, pair_frequencies, params, pos, num_heads=num_heads, head_dim=head_dim,
-        num_prefix=num_prefix, base=base,
+        num_prefix=num_prefix, base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip

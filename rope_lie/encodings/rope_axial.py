@@ -18,79 +18,218 @@ contiguous groups per axis; R(p) multiplies q and k from the left (never v); pre
 tokens sit at position 0 and get R(0) = I. Angles in float32, output in x's dtype. No
 parameters: ``init`` returns ``{}``; the number of axes is read from ``pos`` in ``apply``.
 Validation and rotation are ``fixed_frequency``'s; this module holds the frequency table.
+
+Axis layouts (``layout``), for video (t, h, w) above all; the first is the default and the
+others share one RoFormer spectrum f_j = base^(-2j/H), j < F, among the axes (``sections``
+(s_0, ..., s_(A-1)) pairs per axis, summing to F):
+
+- ``"axial"``: the above, each axis its own compressed spectrum (``sections`` unused).
+- ``"mrope"``: contiguous sections, pairs [s_0 + ... + s_(a-1), ... + s_a) to axis a: Qwen2-VL's
+  M-RoPE (``mrope_section``, (16, 24, 24) of 64 pairs; default (F - 2 m, m, m), m = floor(3F/8),
+  for A = 3, equal sections otherwise): time gets the highest frequencies.
+- ``"mrope_interleaved"``: Qwen3-VL's interleaved M-RoPE (``apply_interleaved_mrope``), A = 3:
+  pair j goes to h if j = 1 (mod 3) and j < 3 s_1, to w if j = 2 (mod 3) and j < 3 s_2, else
+  to t (default (F - 2 m, m, m), m = floor(5F/16): (24, 20, 20) of 64).
+- ``"videorope"``: VideoRoPE's low-frequency temporal allocation (Wei et al., arXiv:2502.05173,
+  github.com/Wiselnn570/VideoRoPE ``videorope-vllm/rotary_embedding.py``,
+  ``MRotaryEmbedding.m_modify_forward``), A = 3: the first s_1 + s_2 pairs (highest
+  frequencies) alternate h, w, h, w, ... and the last s_0 go to t (lowest frequencies); default
+  as ``"mrope"``.
+
+``temporal_scale`` (delta, default 1) multiplies the axis-0 position (VideoRoPE's adjustable
+temporal spacing, ``t_index * scale_factor``; as a frequency factor here). VideoRoPE's diagonal
+layout (spatial positions shifted by the frame index, for text after the video) is not
+implemented. The references rotate half-split pairs (j, j + H/2); ours are interleaved, the
+same rotation up to a fixed channel permutation of q and k. ``rotary_fraction`` < 1 leaves the
+lowest frequencies of every axis unrotated (p-RoPE, ``fixed_frequency``).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import numpy as np
 
 from rope_lie.encodings import _checks, fixed_frequency, state
 
-APPLY_HPARAMS: tuple[str, ...] = ("base",)
+APPLY_HPARAMS: tuple[str, ...] = (
+    "base", "rotary_fraction", "layout", "sections", "temporal_scale",
+)  # fmt: skip
+LAYOUTS = ("axial", "mrope", "mrope_interleaved", "videorope")
 
 _FAMILY = "rope_axial"
 
 
-def _check_dims(head_dim: int, num_axes: int) -> None:
-    _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
+def _default_sections(layout: str, num_pairs: int, num_axes: int) -> tuple[int, ...]:
+    if num_axes == 3 and layout in ("mrope", "videorope"):
+        m = 3 * num_pairs // 8
+        return (num_pairs - 2 * m, m, m)
+    if layout == "mrope_interleaved":
+        m = 5 * num_pairs // 16
+        return (num_pairs - 2 * m, m, m)
+    return tuple(len(g) for g in np.array_split(np.arange(num_pairs), num_axes))
 
 
-def pair_frequencies(head_dim: int, num_axes: int, base: float = 100.0):
+def _checked_layout(layout, sections, temporal_scale, head_dim: int, num_axes: int):
+    """(layout, sections or None, temporal_scale), validated against (H, A)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"{_FAMILY}: layout={layout!r}; expected one of {LAYOUTS}")
+    if isinstance(temporal_scale, bool) or not (
+        isinstance(temporal_scale, (int, float)) and np.isfinite(temporal_scale)
+        and temporal_scale > 0
+    ):  # fmt: skip
+        raise ValueError(f"{_FAMILY}: temporal_scale={temporal_scale!r} must be a positive number")
+    if layout == "axial":
+        if sections is not None:
+            raise ValueError(f"{_FAMILY}: sections={sections!r} need a layout other than 'axial'")
+        _checks.check_divisible(head_dim, 2 * num_axes, "2*num_axes", _FAMILY)
+        return layout, None, float(temporal_scale)
+    _checks.check_divisible(head_dim, 2, "2", _FAMILY)
+    if layout != "mrope" and num_axes != 3:
+        raise ValueError(
+            f"{_FAMILY}: layout={layout!r} is for (t, h, w): num_axes=3, got {num_axes}"
+        )
+    num_pairs = head_dim // 2
+    if sections is None:
+        sections = _default_sections(layout, num_pairs, num_axes)
+    sections = tuple(sections)
+    if (
+        len(sections) != num_axes
+        or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0
+               for s in sections)
+        or sum(sections) != num_pairs
+    ):  # fmt: skip
+        raise ValueError(
+            f"{_FAMILY}: sections={sections} must be {num_axes} non-negative ints summing to "
+            f"head_dim/2={num_pairs}"
+        )
+    return layout, tuple(int(s) for s in sections), float(temporal_scale)
+
+
+def _layout_axes(layout: str, sections: tuple[int, ...], num_pairs: int) -> np.ndarray:
+    """The axis of every pair of the shared spectrum (module docstring)."""
+    if layout == "mrope":
+        return np.repeat(np.arange(len(sections)), sections)
+    j = np.arange(num_pairs)
+    if layout == "mrope_interleaved":
+        axis_F = np.zeros(num_pairs, np.int64)
+        axis_F[(j % 3 == 1) & (j < 3 * sections[1])] = 1
+        axis_F[(j % 3 == 2) & (j < 3 * sections[2])] = 2
+        return axis_F
+    spatial = sections[1] + sections[2]  # videorope
+    return np.where(j < spatial, 1 + j % 2, 0)
+
+
+def pair_frequencies(
+    head_dim: int,
+    num_axes: int,
+    base: float = 100.0,
+    layout: str = "axial",
+    sections=None,
+    temporal_scale: float = 1.0,
+):
     """The axis and frequency of every pair.
 
     Args:
-      head_dim: H, divisible by 2 * num_axes.
+      head_dim: H (``"axial"``: divisible by 2 * num_axes).
       num_axes: A.
       base: frequency base.
+      layout: one of ``LAYOUTS`` (module docstring).
+      sections: pairs per axis for the shared-spectrum layouts (None: the layout's default).
+      temporal_scale: factor on the axis-0 frequencies.
 
     Returns:
       (axis_F, freq_F): int (F,) axis of pair j and float64 (F,) its frequency, F = H/2.
     """
-    per_axis = head_dim // (2 * num_axes)
-    axis_F = np.repeat(np.arange(num_axes), per_axis)
-    freq_F = base ** (-2.0 * num_axes * np.tile(np.arange(per_axis), num_axes) / head_dim)
+    layout, sections, temporal_scale = _checked_layout(
+        layout, sections, temporal_scale, head_dim, num_axes
+    )
+    if layout == "axial":
+        per_axis = head_dim // (2 * num_axes)
+        axis_F = np.repeat(np.arange(num_axes), per_axis)
+        freq_F = base ** (-2.0 * num_axes * np.tile(np.arange(per_axis), num_axes) / head_dim)
+    else:
+        axis_F = _layout_axes(layout, sections, head_dim // 2)
+        freq_F = base ** (-2.0 * np.arange(head_dim // 2) / head_dim)
+    if temporal_scale != 1.0:
+        freq_F = np.where(axis_F == 0, temporal_scale * freq_F, freq_F)
     return axis_F, freq_F
 
 
+def _table(layout, sections, temporal_scale):
+    """(table, dims check) of a layout, for ``fixed_frequency``."""
+    table = functools.partial(
+        pair_frequencies, layout=layout, sections=sections, temporal_scale=temporal_scale
+    )
+
+    def check(head_dim: int, num_axes: int) -> None:
+        _checked_layout(layout, sections, temporal_scale, head_dim, num_axes)
+
+    return table, check
+
+
 def init(
-    key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int, base: float = 100.0
+    key: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_axes: int,
+    base: float = 100.0,
+    rotary_fraction: float = 1.0,
+    layout: str = "axial",
+    sections=None,
+    temporal_scale: float = 1.0,
 ) -> dict[str, jax.Array]:
     """Validate the configuration; RoPE-Axial has no parameters.
 
     Args:
       key: unused (kept for the common ``init`` signature).
       num_heads: number of heads N.
-      head_dim: head dimension H, divisible by 2 * num_axes.
+      head_dim: head dimension H, divisible by 2 * num_axes (other layouts: even).
       num_axes: number of position axes A.
-      base: frequency base (100 in the rope-vit reference).
+      base: frequency base (100 in the rope-vit reference; 10000 in M-RoPE and VideoRoPE).
+      rotary_fraction: p-RoPE's fraction of pairs rotated per axis (``fixed_frequency``).
+      layout: one of ``LAYOUTS`` (module docstring).
+      sections: pairs per axis for the shared-spectrum layouts; None: the layout's default.
+      temporal_scale: VideoRoPE's delta on the axis-0 positions.
 
     Returns:
       ``{}``.
     """
     del key
+    _, check = _table(layout, sections, temporal_scale)
     return fixed_frequency.init(
-        _FAMILY, _check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-        base=base,
+        _FAMILY, check, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
+        base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip
 
 
 def apply(
-    params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array, *, base: float = 100.0
+    params: dict[str, jax.Array],
+    x_BTNH: jax.Array,
+    pos: jax.Array,
+    *,
+    base: float = 100.0,
+    rotary_fraction: float = 1.0,
+    layout: str = "axial",
+    sections=None,
+    temporal_scale: float = 1.0,
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
     Args:
       params: ``{}`` (from ``init``).
-      x_BTNH: queries or keys (B, T, N, H), any float dtype, H divisible by 2A.
+      x_BTNH: queries or keys (B, T, N, H), any float dtype.
       pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example.
-      base: frequency base, the same as given to ``init``.
+      base, rotary_fraction, layout, sections, temporal_scale: as given to ``init``.
 
     Returns:
       (B, T, N, H) array in x's dtype.
     """
+    table, check = _table(layout, sections, temporal_scale)
     return fixed_frequency.apply(
-        _FAMILY, _check_dims, pair_frequencies, params, x_BTNH, pos, base=base
+        _FAMILY, check, table, params, x_BTNH, pos, base=base, rotary_fraction=rotary_fraction
     )
 
 
@@ -102,6 +241,10 @@ def precompute(
     head_dim: int,
     num_prefix: int = 0,
     base: float = 100.0,
+    rotary_fraction: float = 1.0,
+    layout: str = "axial",
+    sections=None,
+    temporal_scale: float = 1.0,
 ) -> state.PairAngles:
     """The rotation angles of every token (the encoder state, ``encodings/state.py``).
 
@@ -111,12 +254,13 @@ def precompute(
       num_heads: N (the angles are the same for every head).
       head_dim: H.
       num_prefix: prefix tokens (at position 0, not rotated).
-      base: frequency base, the same as given to ``init``.
+      base, rotary_fraction, layout, sections, temporal_scale: as given to ``init``.
 
     Returns:
       ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32.
     """
+    table, check = _table(layout, sections, temporal_scale)
     return fixed_frequency.precompute(
-        _FAMILY, _check_dims, pair_frequencies, params, pos, num_heads=num_heads, head_dim=head_dim,
-        num_prefix=num_prefix, base=base,
+        _FAMILY, check, table, params, pos, num_heads=num_heads, head_dim=head_dim,
+        num_prefix=num_prefix, base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip

@@ -22,6 +22,12 @@ magnitudes base^(-2A*i/H), i counted within the group (base^(-4i/H) for A = 2). 
 basis is the reference's (phi, phi + pi/2) pair; otherwise it is Haar-random on O(A) (a random
 sign for A = 1).
 
+Partial rotation (p-RoPE, Barbero et al., arXiv:2410.06205): ``rotary_fraction`` = p < 1 leaves
+the pairs of the lowest initial magnitudes unrotated: in every group of pairs (above), the last
+len(group) - round(p len(group)) pairs get angle 0 (their frequencies stay stored and get zero
+gradients). The set is fixed by the init's magnitude order, since the learned frequencies move.
+p = 1 (the default) rotates every pair, unchanged.
+
 Conventions: interleaved pairs (2j, 2j+1), (a, b) -> (a cos t - b sin t, a sin t + b cos t);
 R(p) multiplies q and k from the left (never v); prefix (class) tokens sit at position 0 and get
 R(0) = I. Angles in float32 (the position-frequency contraction at full float32 precision),
@@ -37,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, state
+from rope_lie.encodings import _checks, fixed_frequency, state
 
-APPLY_HPARAMS: tuple[str, ...] = ()
+APPLY_HPARAMS: tuple[str, ...] = ("rotary_fraction",)
 
 _FAMILY = "rope_mixed"
 
@@ -86,8 +92,31 @@ def _freqs_from_basis(basis_NAR: jax.Array, head_dim: int, base: float) -> jax.A
     return jnp.transpose(freqs_NAF, (1, 0, 2))
 
 
+def rotated_pairs(num_pairs: int, num_axes: int, rotary_fraction: float) -> np.ndarray:
+    """p-RoPE's mask: True for the pairs rotated (the first round(p n) of every group).
+
+    Args:
+      num_pairs: F = H/2.
+      num_axes: A (the number of groups).
+      rotary_fraction: p in [0, 1].
+
+    Returns:
+      bool (F,).
+    """
+    mask_F = np.zeros(num_pairs, bool)
+    for group in np.array_split(np.arange(num_pairs), num_axes):
+        mask_F[group[: fixed_frequency.kept_count(rotary_fraction, len(group))]] = True
+    return mask_F
+
+
 def init(
-    key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int, base: float = 10.0
+    key: jax.Array,
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_axes: int,
+    base: float = 10.0,
+    rotary_fraction: float = 1.0,
 ) -> dict[str, jax.Array]:
     """Random initial frequencies (see the module docstring).
 
@@ -97,11 +126,14 @@ def init(
       head_dim: head dimension H, even.
       num_axes: number of position axes A.
       base: magnitude base (10 in the rope-vit reference).
+      rotary_fraction: p-RoPE's fraction of pairs rotated (module docstring); checked here,
+        used by ``apply``/``precompute``.
 
     Returns:
       ``{"freqs_ANF": float32 (A, N, H/2)}``.
     """
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
+    fixed_frequency.check_fraction(rotary_fraction, _FAMILY)
     if head_dim % 2:
         raise ValueError(f"head_dim={head_dim} must be even: rope_mixed rotates channel pairs")
     base = _checks.check_base(base, _FAMILY)
@@ -147,6 +179,7 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
+    rotary_fraction: float = 1.0,
 ) -> state.PairAngles:
     """The rotation angles theta_j(p) = sum_a p_a f[a, n, j]: everything the rotation needs that
     does not depend on x (the encoder state, ``encodings/state.py``), computed once per step for
@@ -158,6 +191,7 @@ def precompute(
       num_heads: N of the parameters (1 when heads share them).
       head_dim: H = 2F.
       num_prefix: prefix tokens (at position 0: R = I).
+      rotary_fraction: p-RoPE's fraction of pairs rotated, as given to ``init``.
 
     Returns:
       ``PairAngles`` of shape (T, N, F) (``(B, T, N, F)`` for per-example positions), float32.
@@ -171,16 +205,27 @@ def precompute(
         )
     pos = _checks.check_positions(pos, _FAMILY, freqs_ANF.shape[0])
     angle = _angles(pos.astype(jnp.float32), freqs_ANF.astype(jnp.float32))
+    fraction = fixed_frequency.check_fraction(rotary_fraction, _FAMILY)
+    if fraction != 1.0:
+        mask_F = rotated_pairs(freqs_ANF.shape[-1], freqs_ANF.shape[0], fraction)
+        angle = jnp.where(jnp.asarray(mask_F), angle, 0.0)
     return state.PairAngles(angle)
 
 
-def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
+def apply(
+    params: dict[str, jax.Array],
+    x_BTNH: jax.Array,
+    pos: jax.Array,
+    *,
+    rotary_fraction: float = 1.0,
+) -> jax.Array:
     """Rotate queries or keys by R(p), theta_j = sum_a p_a f[a, n, j].
 
     Args:
       params: ``{"freqs_ANF": (A, N, F)}`` from ``init`` or ``params_from_freqs``.
       x_BTNH: queries or keys (B, T, N, H), any float dtype, H = 2F.
       pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example.
+      rotary_fraction: p-RoPE's fraction of pairs rotated, as given to ``init``.
 
     Returns:
       (B, T, N, H) array in x's dtype.
@@ -190,7 +235,10 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
-    return precompute(params, pos, num_heads=num_heads, head_dim=2 * num_pairs).rotate(x_BTNH)
+    pe = precompute(
+        params, pos, num_heads=num_heads, head_dim=2 * num_pairs, rotary_fraction=rotary_fraction
+    )
+    return pe.rotate(x_BTNH)
 
 
 @jax.jit

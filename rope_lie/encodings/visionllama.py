@@ -43,7 +43,7 @@ import numpy as np
 
 from rope_lie.encodings import _checks, fixed_frequency, state
 
-APPLY_HPARAMS: tuple[str, ...] = ("base", "variant")
+APPLY_HPARAMS: tuple[str, ...] = ("base", "variant", "rotary_fraction")
 VARIANTS = ("visionllama", "liere")
 
 _FAMILY = "visionllama"
@@ -119,6 +119,7 @@ def init(
     num_axes: int,
     base: float = 10000.0,
     variant: str = "visionllama",
+    rotary_fraction: float = 1.0,
 ) -> dict[str, jax.Array]:
     """Validate the configuration; neither variant has parameters.
 
@@ -131,6 +132,8 @@ def init(
       base: frequency base (10000 in VisionLlama; unused by ``variant="liere"``).
       variant: ``"visionllama"`` (VisionLLaMA's AS2DRoPE) or ``"liere"`` (the LieRE paper's
         baseline, see the module docstring).
+      rotary_fraction: p-RoPE's fraction of pairs rotated per axis, the highest frequencies
+        (``fixed_frequency``); 1 = all.
 
     Returns:
       ``{}``.
@@ -139,7 +142,7 @@ def init(
     check_dims = _dims_check(_check_variant(variant))
     return fixed_frequency.init(
         _FAMILY, check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-        base=base,
+        base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip
 
 
@@ -150,6 +153,7 @@ def apply(
     *,
     base: float = 10000.0,
     variant: str = "visionllama",
+    rotary_fraction: float = 1.0,
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
@@ -160,6 +164,7 @@ def apply(
         auto-scaled if wanted, see the module docstring).
       base: frequency base, the same as given to ``init``.
       variant: the same as given to ``init``.
+      rotary_fraction: the same as given to ``init``.
 
     Returns:
       (B, T, N, H) array in x's dtype.
@@ -167,8 +172,9 @@ def apply(
     variant = _check_variant(variant)
     table = liere_pair_frequencies if variant == "liere" else pair_frequencies
     return fixed_frequency.apply(
-        _FAMILY, _dims_check(variant), table, params, x_BTNH, pos, base=base
-    )
+        _FAMILY, _dims_check(variant), table, params, x_BTNH, pos, base=base,
+        rotary_fraction=rotary_fraction,
+    )  # fmt: skip
 
 
 def precompute(
@@ -180,6 +186,7 @@ def precompute(
     num_prefix: int = 0,
     base: float = 10000.0,
     variant: str = "visionllama",
+    rotary_fraction: float = 1.0,
 ) -> state.PairAngles:
     """The rotation angles of every token (the encoder state, ``encodings/state.py``).
 
@@ -191,6 +198,7 @@ def precompute(
       num_prefix: prefix tokens (at position 0, not rotated).
       base: frequency base, the same as given to ``init``.
       variant: the same as given to ``init``.
+      rotary_fraction: the same as given to ``init``.
 
     Returns:
       ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32 (pairs with
@@ -200,5 +208,5 @@ def precompute(
     table = liere_pair_frequencies if variant == "liere" else pair_frequencies
     return fixed_frequency.precompute(
         _FAMILY, _dims_check(variant), table, params, pos, num_heads=num_heads,
-        head_dim=head_dim, num_prefix=num_prefix, base=base,
+        head_dim=head_dim, num_prefix=num_prefix, base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip

@@ -60,6 +60,15 @@ def _cayley_per_head(head_dim: int, num_axes: int, hparams: Mapping[str, Any]) -
     return num_axes * (head_dim // 2) + s_count  # + RoPE-Mixed freqs_ANF
 
 
+# Stored parameters per layer shared by the heads (ComRoPE-LD's scale_AK, as its reference).
+_PER_LAYER_COUNT = {
+    "comrope": lambda head_dim, num_axes, hparams: (
+        num_axes * (head_dim // hparams.get("block_size", 8))
+        if hparams.get("variant", "ld") == "ld"
+        else 0
+    ),
+}
+
 # Stored parameters per head and per layer, written from each family's documented parameter
 # shapes (not read off the code): ``pe_param_count`` multiplies by heads and layers.
 _PER_HEAD_COUNT = {
@@ -71,6 +80,8 @@ _PER_HEAD_COUNT = {
     "liere": _liere_per_head,
     "cayley_string": _cayley_per_head,
     "circulant_string": lambda head_dim, num_axes, hparams: num_axes * head_dim,  # (A, N, H)
+    "comrope": lambda head_dim, num_axes, hparams: head_dim * hparams.get("block_size", 8),  # P
+    "dinov3": lambda head_dim, num_axes, hparams: 0,
     "alibi": lambda head_dim, num_axes, hparams: int(bool(hparams.get("learnable"))),  # (N,)
 }
 
@@ -92,7 +103,8 @@ def pe_param_count(
     only the strict upper triangles (A*N*K*b*(b-1)/2) are used; Cayley-STRING stores RoPE-Mixed
     frequencies (A*N*H/2) plus N*H*H (dense, top-k: H(H-1)/2 used), N*H/2 (block 2x2) or
     N*bandwidth*H (banded); Circulant-STRING stores A*N*H of which floor((H-1)/2) per axis and
-    head are effective.
+    head are effective; ComRoPE stores N*K*b*b raw P (b(b-1)/2 used per block) plus, for LD, A*K
+    scales shared by the heads.
 
     Args:
       pe: rotary or bias family.
@@ -111,7 +123,9 @@ def pe_param_count(
         raise ValueError(
             f"no parameter-count formula for pe={pe!r}; known: {sorted(_PER_HEAD_COUNT)}"
         )
-    per_head = _PER_HEAD_COUNT[pe](head_dim, num_axes, dict(hparams or {}))
+    hparams = dict(hparams or {})
+    per_head = _PER_HEAD_COUNT[pe](head_dim, num_axes, hparams)
+    per_layer = _PER_LAYER_COUNT.get(pe, lambda *_: 0)(head_dim, num_axes, hparams)
     heads = 1 if share_pe_heads else num_heads
     layers = 1 if share_pe_layers else depth
-    return per_head * heads * layers
+    return (per_head * heads + per_layer) * layers

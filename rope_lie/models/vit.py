@@ -110,6 +110,19 @@ def _check_options(pe: str, pool: str, additive: str, convention: str, dropout: 
         raise ValueError(f"dropout={dropout} must be in [0, 1)")
 
 
+def _check_augment(augment: Mapping[str, float] | None) -> tuple[tuple[str, float], ...]:
+    """``position_augment`` as sorted (name, value) pairs; () when off."""
+    if augment is None:
+        return ()
+    unknown = set(augment) - {"shift", "jitter", "rescale"}
+    if unknown:
+        raise ValueError(
+            f"position_augment has unknown keys {sorted(unknown)}; expected shift, jitter, rescale"
+        )
+    positions.check_augment(**augment)
+    return tuple(sorted((k, v) for k, v in augment.items() if v is not None))
+
+
 def _activation_dtype(dtype: Any) -> jnp.dtype:
     name = jnp.dtype(dtype).name
     _check_choice(name, "dtype", _DTYPES)
@@ -165,6 +178,7 @@ class ViT(nnx.Module):
         additive: str = "none",
         additive_hparams: Mapping[str, Any] | None = None,
         position_convention: str = "integer",
+        position_augment: Mapping[str, float] | None = None,
         share_pe_heads: bool = False,
         share_pe_layers: bool = False,
         head_zero_init: bool = True,
@@ -193,6 +207,11 @@ class ViT(nnx.Module):
           additive: ``"none"``, ``"ape"`` or ``"sincos"``, added to the tokens.
           additive_hparams: the additive family's ``init`` keyword arguments.
           position_convention: one of ``positions.CONVENTIONS``.
+          position_augment: None, or ``positions.augment``'s ``shift``/``jitter``/``rescale``
+            (DINOv3's coordinate augmentations), drawn in training (``train=True``, positions
+            not from ``pe_cache``) from the model's own ``augment`` RNG stream, created after
+            every parameter (the parameters are those of the model without it); the train
+            step reseeds it every step as it does dropout's.
           share_pe_heads: one set of encoder parameters for all heads (default: per head).
           share_pe_layers: one set of encoder parameters for all layers (default: per layer).
           head_zero_init: zero-initialise the classifier head.
@@ -246,6 +265,10 @@ class ViT(nnx.Module):
         self.norm = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
         head_init = jax.nn.initializers.zeros if head_zero_init else attention.xavier_uniform(0, 1)
         self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
+        self.position_augment = _check_augment(position_augment)
+        self.augment_rngs = nnx.data(None)
+        if self.position_augment:
+            self.augment_rngs = nnx.Rngs(augment=rngs.params())
 
     def input_grid(self, images: jax.Array) -> tuple[int, ...]:
         """The token grid of an input batch, checking its rank and channels."""
@@ -349,7 +372,16 @@ class ViT(nnx.Module):
           float32 logits (B, V).
         """
         grid = self.input_grid(images)
-        states = self.precompute_pe(grid) if pe_cache is None else list(pe_cache)
+        if pe_cache is not None:
+            states = list(pe_cache)
+        elif train and self.position_augment:
+            pos_TA = positions.augment(
+                self.augment_rngs.augment(), self.positions(grid), num_prefix=self.num_prefix,
+                **dict(self.position_augment),
+            )  # fmt: skip
+            states = self.pe_states(pos_TA)
+        else:
+            states = self.precompute_pe(grid)
         if len(states) != len(self.blocks):
             raise ValueError(
                 f"pe_cache has {len(states)} block states, the model has {len(self.blocks)} "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rope_lie import encodings
-from rope_lie.encodings import cayley_string, positions, state
+from rope_lie.encodings import cayley_string, comrope, positions, state
 
 # (family, hparams, supported position ranks). Several hparam settings per family where they
 # change the code path.
@@ -18,7 +18,14 @@ CASES = [
     ("nope", {}, (1, 2, 3)),
     ("rope", {}, (1,)),
     ("rope_axial", {}, (1, 2, 3)),
+    ("rope", {"rotary_fraction": 0.5}, (1,)),  # p-RoPE: the lowest frequencies unrotated
+    ("rope_axial", {"rotary_fraction": 0.5}, (2,)),
+    ("rope_axial", {"layout": "mrope", "base": 10000.0}, (3,)),
+    ("rope_axial", {"layout": "mrope_interleaved", "sections": (2, 2, 2)}, (3,)),
+    ("rope_axial", {"layout": "videorope", "temporal_scale": 2.0}, (3,)),
     ("rope_mixed", {}, (1, 2, 3)),
+    ("rope_mixed", {"rotary_fraction": 0.5}, (2,)),
+    ("visionllama", {"rotary_fraction": 0.5}, (2,)),
     ("visionllama", {}, (1, 2, 3)),
     ("liere", {}, (1, 2, 3)),
     ("liere", {"block_size": 4}, (1, 2, 3)),
@@ -29,12 +36,18 @@ CASES = [
     ("cayley_string", {"generator": "banded", "bandwidth": 2, "init_std": 0.1}, (2,)),
     ("cayley_string", {"generator": "topk", "k": 6, "init_std": 0.1}, (2,)),
     ("circulant_string", {}, (1, 2, 3)),
+    ("comrope", {"variant": "ld", "block_size": 4}, (1, 2, 3)),
+    ("comrope", {"variant": "ld", "block_size": 2}, (2,)),  # closed form, no fold
+    ("comrope", {"variant": "ap", "block_size": 2}, (1, 3)),
+    ("comrope", {"variant": "ap", "block_size": 6}, (2,)),
+    ("dinov3", {}, (2, 3)),
+    ("dinov3", {"base": None, "min_period": 0.5, "max_period": 20.0}, (2,)),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in hp.items())}" for name, hp, _ in CASES]
 # Families whose R(p)^T R(p') depends on p' - p only (their generators commute). Dense LieRE in
 # 2D/3D is deliberately absent: its generators do not commute.
 RELATIVE = {"nope", "rope", "rope_axial", "rope_mixed", "visionllama", "cayley_string"}
-RELATIVE |= {"circulant_string"}
+RELATIVE |= {"circulant_string", "comrope", "dinov3"}
 
 B, N, H = 2, 3, 12
 
@@ -61,7 +74,7 @@ def _each_rank():
 def test_dicts_hold_every_family():
     assert set(encodings.ROTARY) == {
         "nope", "rope", "rope_axial", "rope_mixed", "visionllama", "liere", "cayley_string",
-        "circulant_string",
+        "circulant_string", "comrope", "dinov3",
     }  # fmt: skip
     assert set(encodings.BIAS) == {"alibi"}
     assert set(encodings.ADDITIVE) == {"ape", "sincos"}
@@ -119,6 +132,11 @@ def test_zero_position_is_identity_or_p(name, hparams, rank):
         p_NHH = cayley_string.orthogonal(params, **kw)
         expected = jnp.einsum("NHG,BTNG->BTNH", p_NHH, x_BTNH)
         assert not np.allclose(expected, x_BTNH, atol=1e-3)  # P != I with init_std > 0
+    elif name == "comrope" and hparams["block_size"] > 2:  # R'(0) = P, the eigenbases
+        _, q_NKbb = comrope.spectra(params, **kw)
+        expected = jnp.einsum("NKji,BTNKj->BTNKi", q_NKbb, x_BTNH.reshape(*x_BTNH.shape[:3], -1,
+                              hparams["block_size"])).reshape(x_BTNH.shape)  # fmt: skip
+        assert not np.allclose(expected, x_BTNH, atol=1e-3)
     else:
         expected = x_BTNH
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

@@ -155,4 +155,4 @@ def test_unknown_hparam_is_a_type_error():
 
 
 def test_apply_hparams():
-    assert rope.APPLY_HPARAMS == ("base",)
+    assert rope.APPLY_HPARAMS == ("base", "rotary_fraction")

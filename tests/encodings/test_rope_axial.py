@@ -179,4 +179,6 @@ def test_unknown_hparam_is_a_type_error():
 
 
 def test_apply_hparams():
-    assert rope_axial.APPLY_HPARAMS == ("base",)
+    assert rope_axial.APPLY_HPARAMS == (
+        "base", "rotary_fraction", "layout", "sections", "temporal_scale",
+    )  # fmt: skip

@@ -288,7 +288,7 @@ def test_unknown_hparam_is_a_type_error():
 
 
 def test_apply_hparams():
-    assert rope_mixed.APPLY_HPARAMS == ()
+    assert rope_mixed.APPLY_HPARAMS == ("rotary_fraction",)
 
 
 @pytest.mark.parametrize("per_example", [False, True])

@@ -160,7 +160,7 @@ def test_unknown_hparam_is_a_type_error():
 
 
 def test_apply_hparams():
-    assert visionllama.APPLY_HPARAMS == ("base", "variant")
+    assert visionllama.APPLY_HPARAMS == ("base", "variant", "rotary_fraction")
 
 
 def liere_angles_ref(pos_XA, head_dim):

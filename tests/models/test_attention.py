@@ -26,6 +26,7 @@ ROTATING = {
     "liere": {"block_size": 4},
     "circulant_string": {},
     "cayley_string": {"init_std": 0.5},  # S != 0, so P is not the identity
+    "comrope": {"block_size": 4},  # folds its eigenbases P into the projections
 }
 
 

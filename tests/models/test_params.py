@@ -98,6 +98,8 @@ def test_cayley_generators_param_count_matches_formula(hparams, share_heads, sha
         ("liere", {"block_size": 4}, False, True, 2 * 2 * 4 * 16),  # A * N * K * b * b
         ("liere", None, True, False, 2 * 16 * 16 * 2),  # dense: A * H * H * L
         ("circulant_string", None, False, False, 2 * 2 * 16 * 2),  # A * N * H * L
+        ("comrope", {"block_size": 4}, False, False, (2 * 16 * 4 + 2 * 4) * 2),  # (NHb + AK) L
+        ("comrope", {"variant": "ap", "block_size": 4}, True, True, 16 * 4),  # H b
         ("alibi", {"learnable": True}, False, False, 2 * 2),  # N * L
         ("alibi", None, False, False, 0),
         ("visionllama", None, False, False, 0),

@@ -24,6 +24,7 @@ HPARAMS = {
     "liere": {"block_size": 4},
     "alibi": {"learnable": True},
     "cayley_string": {"init_std": 0.1},
+    "comrope": {"block_size": 4},
 }
 
 
@@ -77,7 +78,7 @@ def test_rope_is_1d_and_says_so_in_2d():
         ViT(**TINY, pe="rope", rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("pe", ["liere", "rope_mixed", "cayley_string", "alibi"])
+@pytest.mark.parametrize("pe", ["liere", "rope_mixed", "cayley_string", "alibi", "comrope"])
 def test_forward_3d_tubelets(pe):
     model = ViT(**TINY_3D, pe=pe, pe_hparams=HPARAMS.get(pe), additive="ape", rngs=nnx.Rngs(0))
     assert model.train_grid == (2, 2, 2)
