@@ -22,7 +22,8 @@ Arguments: pe=<family, a variant such as visionllama_liere, or ape/sincos>, bloc
 size; 2 = the LieRE paper's RoPE-Mixed>, ape_std=<APE init std; default 1.0, the LieRE
 reference's N(0, 1)>, generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries>
 (pe=cayley_string), epochs=<passes over the training set>, scale_aug (random-resized crops
-of 35-100 % of the area in training, for the resolution study), smoke (a few steps; used by the
+of 35-100 % of the area in training, for the resolution study), rescale=<DINOv3's coordinate
+rescaling bound in training, e.g. 2; 0 = off>, smoke (a few steps; used by the
 tests).
 
 Runtime and metric: see experiments/studies/fashion/README.md (the `fashion` study runs this
@@ -39,7 +40,7 @@ UPSAMPLED = (36, 44, 56)  # px: the 28 px image resized
 def get_config(arg=None):
     args = common.parse_arg(
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
-        k=24, epochs=EPOCHS, scale_aug=False, smoke=False,
+        k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False,
     )  # fmt: skip
     c = common.base_config()
     c.dataset = common.dataset_config(
@@ -62,6 +63,10 @@ def get_config(arg=None):
     )
     if args.pe == "cayley_string":
         c.model.pe_hparams = common.cayley_hparams(args.generator, args.bw, args.k)
+    if args.rescale:
+        # DINOv3's coordinate rescaling in training (positions.augment): every axis times one
+        # log-uniform factor in [1 / rescale, rescale] per batch
+        c.model.position_augment = dict(rescale=float(args.rescale))
     c.batch_size = 128  # examples per step
     c.num_epochs = float(args.epochs)  # total steps = epochs * 60,000 // 128
     c.optim.lr = 1e-3  # peak learning rate (AdamW), cosine decay to 0

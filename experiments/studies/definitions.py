@@ -414,6 +414,13 @@ F_CAYLEY_B2 = _fashion(
     "pe=cayley_string,generator=block2x2",
 )
 F_ALIBI = _fashion("alibi", "2D ALiBi (integer)", "pe=alibi")
+F_COMROPE = _fashion("comrope_ld", "ComRoPE-LD (8x8 blocks)", "pe=comrope")
+F_DINOV3 = _fashion("dinov3", "DINOv3 RoPE (centred positions)", "pe=dinov3")
+F_DINOV3_AUG = _fashion(
+    "dinov3_rescale2",
+    "DINOv3 RoPE, coordinates rescaled in training (x[1/2, 2])",
+    "pe=dinov3,rescale=2",
+)
 FASHION_MAIN = (F_APE, F_MIXED_HEO, F_LIERE_B2, F_LIERE_B8)  # 5 seeds; the other arms 3
 FASHION_EVALS = ("test", "test_shuffled")
 FASHION_RESOLUTION_EVALS = (
@@ -432,6 +439,8 @@ _add(
             F_LIERE_DENSE,
             F_CAYLEY_B2,
             F_ALIBI,
+            F_COMROPE,
+            F_DINOV3,
         ),
         evals=FASHION_EVALS,
         # Table 1 (CIFAR-100, not Fashion-MNIST): APE 63.9, VisionLlama 65.5, RoPE-Mixed (= b2)
@@ -477,7 +486,12 @@ _add(
     Study(
         name="fashion_resolution",
         title="Fashion-MNIST at other resolutions: more pixels, and a larger canvas",
-        arms=(*_F_RES_BASE, *(_scale_aug(a) for a in _F_RES_BASE)),
+        arms=(
+            *_F_RES_BASE,
+            *(_scale_aug(a) for a in _F_RES_BASE),
+            F_DINOV3,
+            F_DINOV3_AUG,
+        ),
         evals=FASHION_RESOLUTION_EVALS,
         # Seed 004's ImageNet-100 table (224 / 384 px, more pixels): APE 55.48 / 55.88, NoPE
         # 53.86 / 54.16, RoPE-Mixed 55.26 / 58.92, 2D ALiBi 60.74 / 65.76.
