@@ -136,3 +136,83 @@ def test_key_mask_gives_padded_keys_exactly_zero_weight_with_or_without_a_bias()
         own_bias = None if bias is None else bias[..., [0, 1, 3]]
         alone = attention.attention_probs(q[:1], k[:1, [0, 1, 3]], own_bias)
         np.testing.assert_allclose(np.asarray(probs)[0][..., [0, 1, 3]], alone[0], rtol=1e-6)
+
+
+def _packed(grids=GRIDS_2D, max_tokens=MAX_TOKENS):
+    return tokens.Tokens(
+        *map(jnp.asarray, tokens.pack(_images(grids, PATCH_2D), PATCH_2D, max_tokens))
+    )
+
+
+def test_patch_dropout_keeps_a_random_subset_of_each_examples_own_tokens():
+    batch = _packed()
+    counts = np.asarray(batch.mask_BT.sum(1)).astype(int)  # 12, 10, 16
+    kept = tokens.patch_dropout(jax.random.key(0), batch, 11)
+    assert kept.patches_BTP.shape == (3, 11, batch.patches_BTP.shape[-1])
+    np.testing.assert_array_equal(kept.mask_BT.sum(1), np.minimum(counts, 11))
+    for b, grid in enumerate(GRIDS_2D):
+        real = np.asarray(kept.mask_BT[b]) > 0
+        index = np.asarray(kept.index_BTA[b])[real]
+        flat = index[:, 0] * grid[1] + index[:, 1]  # row-major slot in the full sequence
+        assert len(set(flat.tolist())) == len(flat) and (flat < counts[b]).all()
+        assert (np.diff(flat) > 0).all()  # kept in their order
+        # Each kept slot holds its own patch.
+        np.testing.assert_array_equal(kept.patches_BTP[b][real], batch.patches_BTP[b][flat])
+    other = tokens.patch_dropout(jax.random.key(1), batch, 11)
+    assert not np.array_equal(other.index_BTA, kept.index_BTA)  # the subset depends on the key
+
+
+def test_patch_dropout_errors_and_keep_count():
+    with pytest.raises(ValueError, match="num_keep=21"):
+        tokens.patch_dropout(jax.random.key(0), _packed(), 21)
+    with pytest.raises(ValueError, match="patch_dropout=1.0"):
+        tokens.keep_count(20, 1.0)
+    assert tokens.keep_count(20, 0.0) == 20 and tokens.keep_count(20, 0.25) == 15
+    with pytest.raises(ValueError, match="needs a patch_key"):
+        _model("nope", patch_dropout=0.5).classify_tokens(_packed(), train=True)
+
+
+@pytest.mark.parametrize("pe", sorted(encodings.ROTARY) + sorted(encodings.BIAS))
+def test_patch_dropout_keeps_the_rotations_of_the_kept_tokens_positions(pe):
+    """The encoder state of the kept tokens is the full grid's state at those tokens."""
+    rank = 1 if pe == "rope" else 2
+    grid = (7,) if rank == 1 else (4, 5)
+    model = _model(pe, rank=rank)
+    full = tokens.from_patches(jnp.zeros((2, int(np.prod(grid)), 12)), grid)
+    kept = tokens.patch_dropout(jax.random.key(3), full, 5)
+    slot_BK = np.ravel_multi_index(tuple(np.moveaxis(np.asarray(kept.index_BTA), -1, 0)), grid)
+    slot_BK = np.concatenate([np.zeros((2, 1), int), 1 + slot_BK], axis=1)  # class token first
+    full_state = model.precompute_pe(grid)[0]
+    kept_state = model.pe_states(model.token_positions(kept))[0]
+    x_BTNH = jnp.asarray(np.random.default_rng(0).normal(size=(2, 1 + full.mask_BT.shape[1], 2, 8)))
+    x_kept = jnp.take_along_axis(x_BTNH, jnp.asarray(slot_BK)[..., None, None], axis=1)
+    rotated_full = jnp.take_along_axis(
+        full_state.rotate(x_BTNH), jnp.asarray(slot_BK)[..., None, None], axis=1
+    )
+    np.testing.assert_allclose(kept_state.rotate(x_kept), rotated_full, rtol=1e-5, atol=1e-5)
+    if full_state.bias_BNTS is not None:  # ALiBi: the bias between kept tokens
+        for b in range(2):
+            expected = full_state.bias_BNTS[0][:, slot_BK[b]][:, :, slot_BK[b]]
+            np.testing.assert_allclose(kept_state.bias_BNTS[b], expected, rtol=1e-6, atol=1e-6)
+    if full_state.fold_NHH is not None:
+        np.testing.assert_array_equal(kept_state.fold_NHH, full_state.fold_NHH)
+
+
+def test_training_patch_dropout_is_the_model_on_the_kept_tokens_and_off_is_identity():
+    batch, key = _packed(), jax.random.key(5)
+    model = _model("rope_mixed", additive="ape", patch_dropout=0.4)
+    kept = tokens.patch_dropout(key, batch, tokens.keep_count(MAX_TOKENS, 0.4))
+    np.testing.assert_allclose(
+        model.classify_tokens(batch, train=True, patch_key=key),
+        model.classify_tokens(kept),
+        rtol=1e-6, atol=1e-6,
+    )  # fmt: skip
+    assert not np.allclose(model.classify_tokens(kept), model.classify_tokens(batch), atol=1e-4)
+    # Off in evaluation, and at rate 0 in training: every token, whatever the key.
+    np.testing.assert_array_equal(
+        model.classify_tokens(batch), model.classify_tokens(batch, train=False, patch_key=key)
+    )
+    off = _model("rope_mixed", additive="ape")
+    np.testing.assert_array_equal(
+        off.classify_tokens(batch, train=True, patch_key=key), off.classify_tokens(batch)
+    )
