@@ -342,8 +342,14 @@ class ViT(nnx.Module):
                 )
             keep = tokens.keep_count(batch.mask_BT.shape[1], self.patch_dropout)
             batch = tokens.patch_dropout(patch_key, batch, keep)
-        states = self.pe_states(self.token_positions(batch))
         mask_BT = batch.mask_BT > 0
+        # Padded slots and all-padding examples (an evaluation's zero-filled batch tail, grid 0)
+        # get coordinate 0 of a grid of at least 1: finite positions and tables everywhere.
+        batch = batch._replace(
+            index_BTA=jnp.where(mask_BT[..., None], batch.index_BTA, 0),
+            grid_BA=jnp.maximum(batch.grid_BA, 1),
+        )
+        states = self.pe_states(self.token_positions(batch))
         mask_BS = jnp.concatenate([jnp.ones((mask_BT.shape[0], self.num_prefix), bool), mask_BT], 1)
         x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):

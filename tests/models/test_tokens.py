@@ -216,3 +216,14 @@ def test_training_patch_dropout_is_the_model_on_the_kept_tokens_and_off_is_ident
     np.testing.assert_array_equal(
         off.classify_tokens(batch, train=True, patch_key=key), off.classify_tokens(batch)
     )
+
+
+@pytest.mark.parametrize("pe", ["visionllama", "ape"])
+def test_an_all_padding_example_gives_finite_logits_and_leaves_the_others_alone(pe):
+    """An evaluation batch's zero-filled tail: grid 0, no real token (autoscale divides by n)."""
+    model = _model(pe)
+    batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
+    tail = tokens.Tokens(*(np.concatenate([a, np.zeros_like(a[:1])]) for a in batch))
+    logits = _logits_packed(model, tail)
+    assert np.isfinite(logits).all()
+    np.testing.assert_allclose(logits[:3], _logits_packed(model, batch), rtol=1e-6, atol=1e-6)
