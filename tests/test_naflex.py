@@ -102,3 +102,15 @@ def test_mixing_and_bad_configs_are_rejected(data_dir):
         )
     with pytest.raises(ValueError, match="budget=49 > max_tokens=36"):
         naflex.example_fn(8, 36, budget=49)
+
+
+def test_check_config_names_the_bad_field():
+    from rope_lie import config_lib
+
+    naflex.check_config(config_lib.naflex_config(3, 6), (8, 8), 2)
+    with pytest.raises(ValueError, match="min_side=7, max_side=6"):
+        naflex.check_config(config_lib.naflex_config(7, 6), (8, 8), 2)
+    with pytest.raises(ValueError, match="max_tokens=20 < max_side"):
+        naflex.check_config(config_lib.naflex_config(3, 6, max_tokens=20), (8, 8), 2)
+    with pytest.raises(ValueError, match="square patches"):
+        naflex.check_config(config_lib.naflex_config(3, 6), (2, 8, 8), 3)

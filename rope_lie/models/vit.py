@@ -302,6 +302,10 @@ class ViT(nnx.Module):
             params, batch.index_BTA, batch.grid_BA, width=width, num_prefix=num_prefix
         )
 
+    def image_tokens(self, images: jax.Array) -> tokens.Tokens:
+        """A batch of equally sized images as an unpadded ``tokens.Tokens`` batch."""
+        return tokens.from_patches(patchify(images, self.patch), self.input_grid(images))
+
     def token_positions(self, batch: tokens.Tokens) -> jax.Array:
         """pos_BTA of a token batch under ``position_convention``, prefix tokens at 0 first."""
         pos_BTA = positions.index_positions(

@@ -227,3 +227,12 @@ def test_an_all_padding_example_gives_finite_logits_and_leaves_the_others_alone(
     logits = _logits_packed(model, tail)
     assert np.isfinite(logits).all()
     np.testing.assert_allclose(logits[:3], _logits_packed(model, batch), rtol=1e-6, atol=1e-6)
+
+
+def test_image_tokens_path_equals_the_image_path():
+    """Patch dropout on fixed-size batches goes through ``image_tokens``: no change without it."""
+    model = _model("cayley_string", additive="sincos")
+    images = jnp.asarray(np.stack(_images([(4, 3), (4, 3)], PATCH_2D)))
+    np.testing.assert_allclose(
+        model.classify_tokens(model.image_tokens(images)), model(images), rtol=1e-5, atol=1e-5
+    )
