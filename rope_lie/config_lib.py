@@ -141,6 +141,7 @@ def model_config(
     m.share_pe_layers = False  # ... and per layer
     m.head_zero_init = True  # zero-initialised classifier
     m.dtype = dtype  # activation dtype; parameters stay float32
+    m.patch_dropout = 0.0  # fraction of the tokens dropped in training (0 = off; vit.ViT)
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
     m.dims = {}  # width / depth / num_heads / mlp_dim overriding the variant's
     m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off
