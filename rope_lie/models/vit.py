@@ -18,6 +18,11 @@ The token grid is derived from the input shape at every call, so the model runs 
 resolution divisible by the patch size: positions are recomputed with ``position_convention``
 (the training grid is ``train_grid``/``anchor_grid``) and APE tables are resized.
 
+``classify_tokens`` takes a padded batch of already patchified images of mixed sizes
+(``tokens.Tokens``, NaFlex-style): positions per example from each token's grid coordinates,
+a key-padding mask in every attention, mean pooling over real tokens, and patch dropout in
+training; each example gets the logits it gets alone at its own size.
+
 Encoder parameters are per layer and per head by default (as in the LieRE paper);
 ``share_pe_heads`` and ``share_pe_layers`` share them. All position-encoding parameters
 (rotary, ALiBi, APE tables) are ``PositionParam`` so the optimizer can exclude them from weight
