@@ -236,3 +236,12 @@ def test_image_tokens_path_equals_the_image_path():
     np.testing.assert_allclose(
         model.classify_tokens(model.image_tokens(images)), model(images), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("pe", ["alibi", "rope_mixed"])
+def test_padded_batch_of_four_through_the_cpu_attention_chunks(pe):
+    """An even batch of 4 is attended in two concurrent chunks on CPU (``cpu_chunks``): the
+    mask (and ALiBi's per-example bias) is chunked with its examples."""
+    if jax.default_backend() == "cpu":
+        assert attention.cpu_chunks(4, 2, 21, 21)[1] == 2
+    _check_padded_equals_alone(_model(pe), GRIDS_2D[:2] * 2, PATCH_2D, MAX_TOKENS)
