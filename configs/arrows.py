@@ -23,7 +23,11 @@ Arguments: pe=<family, a variant such as visionllama_liere (the LieRE paper's Vi
 or ape/sincos>, block=<LieRE block size; 2 = the LieRE paper's RoPE-Mixed>, res=cpu|paper,
 ape_std=<APE init std; default 1.0, the LieRE reference's N(0, 1)>,
 init_scale=<LieRE generator init U[0, s); 0 = the family default 2 pi (LieRE Table 7 uses 1)>,
-steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the tests).
+steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the tests),
+naflex (mixed-size batches: every training image resized under a random budget of side**2
+tokens, side uniform in [min_side, max_side], default 6-10, padded to max_side**2 tokens;
+rope_lie/data/naflex.py; adds NaFlex evaluations of the training grid's test scenes at sides
+min_side, 8, max_side and 12, `naflex_sNN`, beside the fixed-size ones).
 
 Runtime on 2 CPU cores (AMD EPYC, no accelerator, jax 0.10.2): res=cpu, 6-7 min a run, 500
 steps at ~330 examples/s when nothing else runs, plus the evaluations; longer on a shared
@@ -63,7 +67,7 @@ SCALES = {
 def get_config(arg=None):
     args = common.parse_arg(
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, init_scale=0.0, res="cpu",
-        steps=0, smoke=False,
+        steps=0, smoke=False, naflex=False, min_side=6, max_side=10,
     )  # fmt: skip
     if args.res not in SCALES:
         raise ValueError(f"res={args.res!r}; expected one of {sorted(SCALES)}")
@@ -108,6 +112,9 @@ def get_config(arg=None):
         **{f"px{c * s['grid']:03d}": common.eval_entry(name=f"spatial_arrows/c{c}_g{s['grid']}")
            for c in s["rescaled"]},
     )  # fmt: skip
+    if args.naflex:  # the fixed-size evaluations above stay
+        sides = sorted({args.min_side, s["grid"], args.max_side, 12})
+        common.add_naflex(c, args.min_side, args.max_side, eval_sides=sides)
     if args.smoke:
         common.make_smoke(c, variant=s["variant"].replace("B", "mu"))
         c.model.dropout = 0.0

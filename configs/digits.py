@@ -11,7 +11,9 @@ range) and with shuffled patches.
 Arguments: pe=<family, variant or ape/sincos (common.pe_fields)>, block=<LieRE block size>,
 generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries> (pe=cayley_string),
 variant=<ViT variant, default mu; string = the sparse Cayley-STRING study's H = 12 ViT>,
-smoke (a few steps; used by the tests).
+smoke (a few steps; used by the tests), naflex (mixed-size batches: every training digit resized
+under a random budget of side**2 tokens, side uniform in [min_side, max_side], default 3-6;
+NaFlex evaluations at sides 3, 4 and 6 beside the fixed-size ones; rope_lie/data/naflex.py).
 
 Runtime on 2 CPU cores (Intel Xeon, shared with other jobs, no accelerator): 126 s in all
 (673 steps, pe=liere block 4). Smoke: under 30 s.
@@ -25,8 +27,9 @@ from rope_lie import config_lib as common
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=4, generator="dense", bw=2, k=24, variant="mu", smoke=False
-    )
+        arg, pe="liere", block=4, generator="dense", bw=2, k=24, variant="mu", smoke=False,
+        naflex=False, min_side=3, max_side=6,
+    )  # fmt: skip
     c = common.base_config()
     c.dataset = common.dataset_config(
         "sklearn_digits/size8",  # 8x8 pixels, 10 classes (rope_lie/data/sklearn_digits.py)
@@ -62,6 +65,9 @@ def get_config(arg=None):
         size16=common.eval_entry(name="sklearn_digits/size16"),  # 2x upsampled, 8x8 tokens
         size8_shuffled=common.eval_entry(shuffle_patches=True),  # positions destroyed
     )
+    if args.naflex:  # the fixed-size evaluations above stay
+        sides = sorted({args.min_side, 4, args.max_side})
+        common.add_naflex(c, args.min_side, args.max_side, eval_sides=sides)
     if args.smoke:
         c.total_steps = 6  # a few steps: checks the whole path, not the accuracy
         c.batch_size = 16

@@ -23,8 +23,11 @@ size; 2 = the LieRE paper's RoPE-Mixed>, ape_std=<APE init std; default 1.0, the
 reference's N(0, 1)>, generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries>
 (pe=cayley_string), epochs=<passes over the training set>, scale_aug (random-resized crops
 of 35-100 % of the area in training, for the resolution study), rescale=<DINOv3's coordinate
-rescaling bound in training, e.g. 2; 0 = off>, smoke (a few steps; used by the
-tests).
+rescaling bound in training, e.g. 2; 0 = off>, smoke (a few steps; used by the tests), naflex
+(mixed-size batches: every training image, after its crop and flip, resized under a random
+budget of side**2 tokens, side uniform in [min_side, max_side], default 5-9, i.e.
+20-36 px; NaFlex evaluations of the test images at sides 7, 9, 11 and 14, the px evaluations'
+token grids, beside the fixed-size ones; rope_lie/data/naflex.py).
 
 Runtime and metric: see experiments/studies/fashion/README.md (the `fashion` study runs this
 recipe for every arm; its summary.md has the current seed means).
@@ -40,7 +43,8 @@ UPSAMPLED = (36, 44, 56)  # px: the 28 px image resized
 def get_config(arg=None):
     args = common.parse_arg(
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
-        k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False,
+        k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False, naflex=False, min_side=5,
+        max_side=9,
     )  # fmt: skip
     c = common.base_config()
     c.dataset = common.dataset_config(
@@ -85,6 +89,9 @@ def get_config(arg=None):
             for s in CANVASES
         },
     )
+    if args.naflex:  # the fixed-size evaluations above stay
+        sides = sorted({args.min_side, 7, args.max_side, *(s // 4 for s in UPSAMPLED)})
+        common.add_naflex(c, args.min_side, args.max_side, eval_sides=sides)
     if args.smoke:
         common.make_smoke(c, variant="mu/4")
         c.dataset.eval_split = "test[:16]"  # a slice: faster evaluation

@@ -151,6 +151,7 @@ def model_config(
     m.share_pe_layers = False  # ... and per layer
     m.head_zero_init = True  # zero-initialised classifier
     m.dtype = dtype  # activation dtype; parameters stay float32
+    m.patch_dropout = 0.0  # fraction of the tokens dropped in training (0 = off; vit.ViT)
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
     m.dims = {}  # width / depth / num_heads / mlp_dim overriding the variant's
     m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off
@@ -250,3 +251,33 @@ def make_smoke(c: mc.ConfigDict, variant: str = "pico") -> None:
     c.eval_every_epochs = 0.0
     c.checkpoint.every_steps = 2
     c.progress = False
+
+
+def naflex_config(min_side: int, max_side: int, max_tokens: int = 0) -> mc.ConfigDict:
+    """`config.naflex`: train on mixed-size token batches (rope_lie/data/naflex.py).
+
+    Present only in runs that turn it on (a recipe's `naflex` argument); without it every batch
+    is one fixed image size.
+    """
+    n = mc.ConfigDict()
+    n.min_side = min_side  # each training image gets a budget of side**2 tokens, side uniform
+    n.max_side = max_side  # ... in [min_side, max_side] (a square image: side x side patches)
+    n.max_tokens = max_tokens or max_side**2  # padded length of every training batch
+    return n
+
+
+def naflex_eval_entry(side: int, name: str | None = None, split: str | None = None):
+    """An eval entry of images resized under side**2 tokens and padded (needs `config.naflex`)."""
+    e = eval_entry(name=name, split=split)
+    e.naflex_side = side  # budget side**2 tokens (a square image: side x side patches)
+    return e
+
+
+def add_naflex(c: mc.ConfigDict, min_side: int, max_side: int, eval_sides=()) -> None:
+    """Turn NaFlex training on in a recipe, with NaFlex evaluations at `eval_sides`.
+
+    The recipe's fixed-size evaluations stay (they run the same model on whole images).
+    """
+    c.naflex = naflex_config(min_side, max_side)
+    for side in eval_sides:
+        c.evals[f"naflex_s{side:02d}"] = naflex_eval_entry(side)

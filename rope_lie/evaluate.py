@@ -24,6 +24,14 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from rope_lie import sharding
+from rope_lie.models import tokens
+
+TOKEN_KEYS = ("patches", "index", "grid", "token_mask")  # a NaFlex batch (data/naflex.py)
+
+
+def batch_tokens(batch: Mapping[str, Any]) -> tokens.Tokens:
+    """The ``tokens.Tokens`` of a NaFlex batch's arrays."""
+    return tokens.Tokens(*(batch[k] for k in TOKEN_KEYS))
 
 
 def cross_entropy(logits_BV: jax.Array, labels: jax.Array) -> jax.Array:
@@ -84,14 +92,16 @@ def make_eval_step(
 
     Args:
       apply_fn: (params, images, cache) -> logits_BV in eval mode (no dropout); cache is
-        ``precompute_fn``'s output for the images' spatial shape, or None without one.
+        ``precompute_fn``'s output for the images' spatial shape, or None without one. A
+        NaFlex batch (no "image") passes ``batch_tokens(batch)`` as the images, and no cache.
       precompute_fn: (params, spatial_shape) -> cache, e.g. ``ViT.precompute_pe`` of the
         grid; None to compute everything per batch.
     """
 
     @jax.jit
     def eval_step(params, batch, cache):
-        logits_BV = apply_fn(params, batch["image"], cache)
+        inputs = batch["image"] if "image" in batch else batch_tokens(batch)
+        logits_BV = apply_fn(params, inputs, cache)
         mask_B = batch.get("mask", jnp.ones(logits_BV.shape[:1], bool)).astype(jnp.float32)
         loss_B = cross_entropy(logits_BV, batch["label"])
         correct_B = (jnp.argmax(logits_BV, axis=-1) == batch["label"]).astype(jnp.float32)
@@ -138,7 +148,14 @@ def evaluate(
     rng = np.random.default_rng(seed)
     caches = {}  # spatial shape -> encoder states, computed once for these params
     for batch in batches:
-        batch = {k: batch[k] for k in ("image", "label", "mask") if k in batch}
+        batch = {k: batch[k] for k in ("image", "label", "mask", *TOKEN_KEYS) if k in batch}
+        if "image" not in batch:  # NaFlex tokens: positions per example, no shared cache
+            if shuffle_patch is not None:
+                raise ValueError("shuffle_patches needs fixed-size images, not NaFlex tokens")
+            resolution = f"tokens{batch['patches'].shape[1]}"
+            sums = eval_step.step(params, sharding.shard_batch(batch, mesh), None)
+            correct.append(_add_sums(totals, sums))
+            continue
         spatial = tuple(int(d) for d in batch["image"].shape[1:-1])
         resolution = "x".join(str(d) for d in spatial)
         if eval_step.precompute is not None and spatial not in caches:
@@ -146,13 +163,7 @@ def evaluate(
         if shuffle_patch is not None:
             batch["image"] = shuffle_patches(batch["image"], shuffle_patch, rng)
         sums = eval_step.step(params, sharding.shard_batch(batch, mesh), caches.get(spatial))
-        per_example = [sums.pop("correct_B"), sums.pop("mask_B")]
-        if jax.process_count() > 1:  # every process gets the whole batch's entries
-            per_example = multihost_utils.process_allgather(per_example, tiled=True)
-        sums, (correct_B, mask_B) = jax.device_get((sums, per_example))
-        correct.append(np.asarray(correct_B)[np.asarray(mask_B)])
-        for key in totals:
-            totals[key] += float(sums[key])
+        correct.append(_add_sums(totals, sums))
     count = totals["count"]
     if count == 0:
         raise ValueError("Evaluation saw no examples (empty split or every example masked).")
@@ -165,14 +176,26 @@ def evaluate(
     }
 
 
+def _add_sums(totals: dict[str, float], sums: dict[str, Any]) -> np.ndarray:
+    """Adds one batch's sums to ``totals``; returns its unmasked examples' correctness."""
+    per_example = [sums.pop("correct_B"), sums.pop("mask_B")]
+    if jax.process_count() > 1:  # every process gets the whole batch's entries
+        per_example = multihost_utils.process_allgather(per_example, tiled=True)
+    sums, (correct_B, mask_B) = jax.device_get((sums, per_example))
+    for key in totals:
+        totals[key] += float(sums[key])
+    return np.asarray(correct_B)[np.asarray(mask_B)]
+
+
 def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, np.ndarray]]:
     """This process's batches of one `config.evals` entry: its dataset name, size and split.
 
     Batches hold `config.eval_batch_size` rounded up to a multiple of the mesh's devices
     (`sharding.padded_batch_size`), so any eval batch size works on any mesh.
     """
-    from rope_lie.data import pipeline  # TensorFlow is imported only when data is read
+    from rope_lie.data import pipeline, run_inputs  # TensorFlow is imported when data is read
 
+    side = entry.get("naflex_side")
     return pipeline.make_eval_iterator(
         config.dataset,
         batch_size=sharding.padded_batch_size(config.eval_batch_size, mesh),
@@ -181,6 +204,7 @@ def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, n
         image_size=entry.image_size,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        finish=None if side is None else run_inputs.naflex_finish(config, side),
     )
 
 

@@ -43,9 +43,12 @@ from tqdm import tqdm
 from rope_lie import checkpoint as ckpt
 from rope_lie import evaluate, finetune, job, metrics, optim, sharding
 from rope_lie.job import say
-from rope_lie.models import ViT
+from rope_lie.models import ViT, tokens
 
-TRAIN_KEYS = ("image", "label", "soft_label")
+TRAIN_KEYS = ("image", "label", "soft_label", *evaluate.TOKEN_KEYS)
+# fold_in data of the patch-dropout key, derived from a step's dropout key (the model's RNG
+# streams take fold_in(key, i) with i their small leaf index: no collision).
+PATCH_DROPOUT_STREAM = 2**30
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,7 +142,15 @@ def make_train_step(setup: Setup):
 
     def loss_fn(params, batch, other, key):
         model = merge_model(setup, params, fresh_rng_state(other, key))
-        logits_BV = model(batch["image"], train=True)
+        if "image" in batch and model.patch_dropout == 0:
+            logits_BV = model(batch["image"], train=True)
+        else:  # NaFlex tokens, or patch dropout on the image's tokens
+            batch_tokens = (
+                evaluate.batch_tokens(batch) if "image" not in batch
+                else model.image_tokens(batch["image"])
+            )  # fmt: skip
+            patch_key = jax.random.fold_in(key, PATCH_DROPOUT_STREAM)
+            logits_BV = model.classify_tokens(batch_tokens, train=True, patch_key=patch_key)
         labels = batch["soft_label"] if "soft_label" in batch else batch["label"]
         loss = jnp.mean(evaluate.cross_entropy(logits_BV, labels))
         accuracy = jnp.mean(jnp.argmax(logits_BV, -1) == batch["label"])
@@ -179,7 +190,10 @@ def make_eval_fn(setup: Setup, other: nnx.State) -> evaluate.EvalStep:
     """Eval step whose encoder states are precomputed once per resolution (``pe_cache``)."""
 
     def apply_fn(params, images, cache):
-        return merge_model(setup, params, other)(images, train=False, pe_cache=cache)
+        model = merge_model(setup, params, other)
+        if isinstance(images, tokens.Tokens):  # a NaFlex batch
+            return model.classify_tokens(images)
+        return model(images, train=False, pe_cache=cache)
 
     def precompute_fn(params, spatial_shape):
         model = merge_model(setup, params, other)

@@ -46,6 +46,9 @@ RECIPES = [
     ("fashion_mnist", "pe=liere,block=8"),
     ("cayley", "dataset=fashion_mnist,generator=banded,bw=2"),
     ("fashion_mnist", "pe=cayley_string,generator=block2x2,scale_aug"),
+    ("arrows", "pe=rope_mixed,naflex"),
+    ("digits", "naflex,min_side=2,max_side=5"),
+    ("fashion_mnist", "pe=alibi,naflex"),
 ]
 # End-to-end smoke runs, one per distinct path through data and model. arrows:smoke is the
 # quickstart's path (LieRE mu/8 on spatial_arrows/c8_g8, larger grids, shuffled patches) and

@@ -56,7 +56,7 @@ Batches are dicts of numpy arrays, B = batch_size // process_count per process:
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import ml_collections
 import numpy as np
@@ -239,6 +239,7 @@ def make_train_iterator(
     start_step: int = 0,
     process_index: int = 0,
     process_count: int = 1,
+    finish: Callable[[dict, tf.Tensor], dict] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Infinite, exactly resumable training batches for this process.
 
@@ -250,11 +251,15 @@ def make_train_iterator(
         started at 0, identical to it.
       process_index: this process, in [0, process_count).
       process_count: number of processes sharing the batch.
+      finish: None, or (example, key) -> example applied to each preprocessed example with a
+        key of its own (``naflex.example_fn``: resize under a token budget and patchify).
 
     Returns:
       Iterator of {"image", "label"[, "soft_label"]} numpy batches (module docstring).
     """
     catalog.check_config(ds_cfg)
+    if finish is not None and (ds_cfg.augment.mixup_alpha > 0 or ds_cfg.augment.cutmix_alpha > 0):
+        raise ValueError("mixup and cutmix mix images of one size; they are off with `finish`")
     if start_step < 0:
         raise ValueError(f"start_step={start_step} must be >= 0")
     local_batch = local_batch_size(batch_size, process_count)
@@ -278,7 +283,10 @@ def make_train_iterator(
         key = tf.random.experimental.stateless_fold_in(
             tf.random.experimental.stateless_fold_in(example_key, epoch), index
         )
-        return _train_example(builder, ds_cfg, shape, key, example)
+        example_out = _train_example(builder, ds_cfg, shape, key, example)
+        if finish is None:
+            return example_out
+        return finish(example_out, tf.random.experimental.stateless_fold_in(key, 4))
 
     ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = ds.batch(local_batch, drop_remainder=True)
@@ -304,6 +312,7 @@ def make_eval_iterator(
     image_size: int | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    finish: Callable[[dict, tf.Tensor | None], dict] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Every example of the split exactly once, padded to whole batches with ``mask`` 0.
 
@@ -316,6 +325,8 @@ def make_eval_iterator(
       image_size: overrides ds_cfg.image_size (resolution sweeps).
       process_index: this process, in [0, process_count).
       process_count: number of processes; all yield the same number of batches.
+      finish: None, or (example, None) -> example applied to each preprocessed example
+        (``naflex.example_fn`` with a fixed budget).
 
     Returns:
       Iterator of {"image", "label", "mask"} numpy batches.
@@ -336,8 +347,13 @@ def make_eval_iterator(
     num_batches = math.ceil(max(counts) / local_batch)
     process_slice = process_split(split, process_index, process_count)
     ds, _ = read_split(builder, recipe, process_slice)
+
+    def preprocess(example):
+        example_out = _eval_example(builder, ds_cfg, shape, example)
+        return example_out if finish is None else finish(example_out, None)
+
     ds = ds.map(
-        lambda example: _eval_example(builder, ds_cfg, shape, example),
+        preprocess,
         num_parallel_calls=AUTOTUNE,
         deterministic=True,
     )

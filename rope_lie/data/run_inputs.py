@@ -16,7 +16,28 @@ import jax
 import ml_collections as mc
 import numpy as np
 
-from rope_lie.data import catalog, pipeline
+from rope_lie.data import catalog, naflex, pipeline
+from rope_lie.models import variants
+
+
+def model_patch(config: mc.ConfigDict) -> tuple[int, ...]:
+    """The patch size of ``config.model`` (its variant's, or ``patch_size``)."""
+    model = config.model
+    rank = len(model.image_shape)
+    return variants.model_dims(model.variant, model.get("dims"), model.get("patch_size"), rank)[1]
+
+
+def naflex_finish(config: mc.ConfigDict, side: int | None = None):
+    """``naflex.example_fn`` of a run with ``config.naflex``: training budgets (``side`` None)
+    or one evaluation budget of side**2 tokens, padded to at least that."""
+    cfg, patch = config.naflex, model_patch(config)
+    naflex.check_config(cfg, patch, len(config.model.image_shape))
+    if side is None:
+        return naflex.example_fn(
+            patch[0], cfg.max_tokens, min_side=cfg.min_side, max_side=cfg.max_side
+        )
+    budget = naflex.side_budget(side)
+    return naflex.example_fn(patch[0], budget, budget=budget)
 
 
 def data_train_batches(config: mc.ConfigDict, start_step: int):
@@ -43,6 +64,7 @@ def data_train_batches(config: mc.ConfigDict, start_step: int):
             start_step=start_step,
             process_index=shard,
             process_count=shards,
+            finish=naflex_finish(config) if config.get("naflex") else None,
         )
         for shard in range(index * per_process, (index + 1) * per_process)
     ]

@@ -169,3 +169,84 @@ def table(
     if prefix_PD is not None:
         emb_TD = jnp.concatenate([prefix_PD.astype(jnp.float32), emb_TD], axis=0)
     return emb_TD
+
+
+def _axis_weights(n_in: int, n_out: jax.Array, coord: jax.Array, method: str) -> jax.Array:
+    """Weights over the ``n_in`` stored rows of output row ``coord`` of a resize to ``n_out``.
+
+    The row of ``jax.image.resize``'s weight matrix (``scale_and_translate`` with scale
+    n_out / n_in): output ``coord`` is output 0 translated by ``-coord``, so the weights of one
+    row are computed alone, with a traced size and coordinate. At n_out = n_in the row is the
+    identity's, as ``jax.image.resize`` leaves an axis of unchanged size alone.
+    """
+    eye = jnp.eye(n_in, dtype=jnp.float32)
+    scale = jnp.asarray(n_out, jnp.float32) / n_in
+    row = jax.image.scale_and_translate(
+        eye, (1, n_in), (0,), scale[None], -jnp.asarray(coord, jnp.float32)[None], method,
+        antialias=True,
+    )[0]  # fmt: skip
+    return jnp.where(n_out == n_in, eye[jnp.clip(coord, 0, n_in - 1)], row)
+
+
+def gather(
+    params: dict[str, jax.Array],
+    index_BTA: jax.Array,
+    grid_BA: jax.Array,
+    *,
+    width: int | None = None,
+    num_prefix: int | None = None,
+    method: str | None = None,
+) -> jax.Array:
+    """The embedding of given tokens, each example's table resized to that example's grid.
+
+    Token t of example b gets row ``index[b, t]`` of ``table(params, grid_shape=grid[b])``
+    (to float32 rounding; the grids may differ between examples and are traced: the resize is
+    evaluated at the tokens' coordinates only, one separable weight vector per axis).
+
+    Args:
+      params: from ``init``.
+      index_BTA: integer grid coordinates of the tokens, each in [0, grid[b]).
+      grid_BA: tokens per axis of each example's grid, of the stored table's rank.
+      width: optional; checked against the stored width D.
+      num_prefix: optional; checked against the stored number of prefix rows P.
+      method: as ``table``.
+
+    Returns:
+      float32 ``emb_BTD`` (B, P + T, D): each example's prefix rows, then its tokens'.
+    """
+    grid_GD, prefix_PD = _check_params(params)
+    stored, dim = tuple(grid_GD.shape[:-1]), grid_GD.shape[-1]
+    if index_BTA.ndim != 3 or index_BTA.shape[-1] != len(stored):
+        raise ValueError(
+            f"{_FAMILY}: index_BTA has shape {tuple(index_BTA.shape)}; expected (B, T, "
+            f"{len(stored)}) for the stored grid {stored}"
+        )
+    if tuple(grid_BA.shape) != (index_BTA.shape[0], len(stored)):
+        raise ValueError(
+            f"{_FAMILY}: grid_BA has shape {tuple(grid_BA.shape)}; expected "
+            f"({index_BTA.shape[0]}, {len(stored)})"
+        )
+    stored_prefix = 0 if prefix_PD is None else prefix_PD.shape[0]
+    if width is not None and width != dim:
+        raise ValueError(f"{_FAMILY}: width={width!r} but the stored table has width D={dim}")
+    if num_prefix is not None and num_prefix != stored_prefix:
+        raise ValueError(
+            f"{_FAMILY}: num_prefix={num_prefix!r} but the table stores {stored_prefix} prefix rows"
+        )
+    method = DEFAULT_METHODS[len(stored)] if method is None else method
+    if method not in _METHODS:
+        raise ValueError(f"{_FAMILY}: method={method!r} must be one of {_METHODS}")
+    emb_BTD = grid_GD.astype(jnp.float32)
+    for axis, n_in in enumerate(stored):  # contract one stored axis after the other
+        weights = jax.vmap(jax.vmap(_axis_weights, (None, None, 0, None)), (None, 0, 0, None))
+        w_BTI = weights(n_in, grid_BA[:, axis], index_BTA[..., axis], method)
+        if axis == 0:
+            emb_BTD = jnp.einsum("BTI,I...->BT...", w_BTI, emb_BTD)
+        else:
+            emb_BTD = jnp.einsum("BTI,BTI...->BT...", w_BTI, emb_BTD)
+    if prefix_PD is not None:
+        prefix_BPD = jnp.broadcast_to(
+            prefix_PD.astype(jnp.float32), (emb_BTD.shape[0], *prefix_PD.shape)
+        )
+        emb_BTD = jnp.concatenate([prefix_BPD, emb_BTD], axis=1)
+    return emb_BTD

@@ -185,3 +185,62 @@ def augment(
                                                maxval=bound))  # fmt: skip
     is_prefix = (jnp.arange(pos.shape[0]) < num_prefix)[:, None]
     return jnp.where(is_prefix, pos, out)
+
+
+def grid_indices(grid_shape: Sequence[int]) -> np.ndarray:
+    """Integer grid coordinates of every token of a grid, row-major: int32 (prod(grid), A)."""
+    grid = _check_grid(grid_shape, "grid_shape")
+    mesh = np.meshgrid(*[np.arange(n) for n in grid], indexing="ij")
+    return np.stack([m.reshape(-1) for m in mesh], axis=-1).astype(np.int32)
+
+
+def index_positions(
+    index_XTA: jnp.ndarray,
+    grid_XA: jnp.ndarray,
+    convention: str = "integer",
+    *,
+    train_grid: Sequence[int] | None = None,
+    anchor_grid: Sequence[int] | None = None,
+    value_range: tuple[float, float] = (-1.0, 1.0),
+) -> jnp.ndarray:
+    """Positions of tokens given by their grid coordinates, each in its own example's grid.
+
+    The traceable form of ``grid_positions`` for batches whose examples have different grids
+    (and for a subset of a grid's tokens, as patch dropout keeps): token t of example b at
+    integer coordinates ``index[b, t]`` of the grid ``grid[b]`` gets the position that
+    ``grid_positions(grid[b], convention, ...)`` gives it. No prefix rows.
+
+    Args:
+      index_XTA: integer coordinates (..., T, A), each in [0, grid).
+      grid_XA: tokens per axis of each example's grid (..., A), broadcast against the tokens.
+      convention: one of ``CONVENTIONS``.
+      train_grid: the training grid for ``"sequential"`` (required for it).
+      anchor_grid: the anchor grid for ``"autoscale"`` (required for it).
+      value_range: (lo, hi) for ``"normalized"``.
+
+    Returns:
+      float32 (..., T, A).
+    """
+    if convention not in CONVENTIONS:
+        raise ValueError(
+            f"unknown position convention {convention!r}; expected one of {CONVENTIONS}"
+        )
+    index = jnp.asarray(index_XTA, jnp.float32)
+    n = jnp.asarray(grid_XA, jnp.float32)[..., None, :]
+    if convention == "integer":
+        return index
+    if convention == "normalized":
+        lo, hi = value_range
+        if not lo < hi:
+            raise ValueError(f"value_range={value_range} must be (lo, hi) with lo < hi")
+        # linspace(lo, hi, n)[i]; a single token sits at lo.
+        return lo + (hi - lo) * index / jnp.maximum(n - 1, 1)
+    ref = train_grid if convention == "sequential" else anchor_grid
+    if ref is None:
+        raise ValueError(f"convention={convention!r} needs its reference grid (train/anchor)")
+    ref = jnp.asarray(_check_grid(ref, "train_grid/anchor_grid"), jnp.float32)
+    if ref.shape[0] != index.shape[-1]:
+        raise ValueError(f"reference grid has rank {ref.shape[0]}, positions {index.shape[-1]}")
+    if convention == "sequential":  # linspace(0, n / n_ref, n)[i]
+        return index * (n / ref) / jnp.maximum(n - 1, 1)
+    return index * (ref / n)  # autoscale

@@ -107,3 +107,45 @@ def table(
     # MAE's channel order: the last (fastest) axis first.
     emb_TD = np.concatenate([np.zeros((num_prefix, width)), np.concatenate(blocks[::-1], 1)], 0)
     return jnp.asarray(emb_TD, jnp.float32)
+
+
+def gather(
+    params: dict[str, jax.Array],
+    index_BTA: jax.Array,
+    grid_BA: jax.Array | None = None,
+    *,
+    width: int,
+    num_prefix: int = 0,
+) -> jax.Array:
+    """The embedding of given tokens at their integer grid coordinates (traceable ``table``).
+
+    Token t of example b gets row ``index[b, t]`` of ``table`` (positions are the integer
+    indices at every grid, so the grid itself is not needed), computed in float32 in JAX.
+
+    Args:
+      params: ``{}``.
+      index_BTA: integer grid coordinates (B, T, A), A in 1-3.
+      grid_BA: unused (the additive contract's argument).
+      width: model width D, divisible by 2 A.
+      num_prefix: prefix (class) tokens, whose rows are zero.
+
+    Returns:
+      float32 ``emb_BTD`` (B, num_prefix + T, D).
+    """
+    del grid_BA
+    if params:
+        raise ValueError(
+            f"{_FAMILY} has no parameters and expects params={{}}, got keys {sorted(params)}"
+        )
+    num_axes = index_BTA.shape[-1]
+    _check_args((1,) * num_axes, width, num_prefix)
+    dim = width // num_axes
+    omega_F = jnp.asarray(10000.0 ** (-np.arange(dim // 2) / (dim / 2.0)), jnp.float32)
+    angle_BTAF = index_BTA.astype(jnp.float32)[..., None] * omega_F
+    blocks = [
+        jnp.concatenate([jnp.sin(angle_BTAF[..., a, :]), jnp.cos(angle_BTAF[..., a, :])], -1)
+        for a in reversed(range(num_axes))  # MAE's channel order: the last axis first
+    ]
+    emb_BTD = jnp.concatenate(blocks, axis=-1)
+    prefix_BPD = jnp.zeros((emb_BTD.shape[0], num_prefix, width), jnp.float32)
+    return jnp.concatenate([prefix_BPD, emb_BTD], axis=1)

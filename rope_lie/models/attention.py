@@ -199,6 +199,29 @@ def attention_probs(
     return jax.nn.softmax(logits_BNTS, axis=-1)
 
 
+# Logit added at a padded key: exp(-1e9 + logit - max) underflows to exactly 0 in float32, and
+# the sum with any ALiBi bias stays finite (no -inf, so no NaN where a row is all padding).
+MASKED_KEY_LOGIT = -1e9
+
+
+def with_key_mask(bias: jax.Array | None, key_mask_BS: jax.Array | None) -> jax.Array | None:
+    """``bias`` plus ``MASKED_KEY_LOGIT`` at the padded keys (``key_mask_BS`` 0), float32.
+
+    Args:
+      bias: None or a logit bias broadcastable to (B, N, T, S).
+      key_mask_BS: None (no padding: ``bias`` is returned as it is) or (B, S), 1 (or True)
+        for a real key.
+
+    Returns:
+      None, ``bias``, or a (B, N', T', S) float32 bias.
+    """
+    if key_mask_BS is None:
+        return bias
+    mask_bias_B11S = jnp.where(key_mask_BS > 0, 0.0, MASKED_KEY_LOGIT)[:, None, None, :]
+    mask_bias_B11S = mask_bias_B11S.astype(jnp.float32)
+    return mask_bias_B11S if bias is None else bias.astype(jnp.float32) + mask_bias_B11S
+
+
 def xavier_uniform(in_axis, out_axis) -> jax.nn.initializers.Initializer:
     """Glorot-uniform init over the given fan-in/fan-out axes (the ViT reference's init)."""
     return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis, out_axis)
@@ -303,6 +326,7 @@ class Attention(nnx.Module):
         pe_params: Mapping[str, Any] | None = None,
         pe_state: State | None = None,
         train: bool = False,
+        key_mask_BS: jax.Array | None = None,
     ) -> jax.Array:
         """Attend.
 
@@ -317,11 +341,14 @@ class Attention(nnx.Module):
           train: a training call: attend the whole batch at once. Otherwise on one CPU device
             the attention runs in the chunks ``cpu_chunks`` chooses (the same result to float32
             rounding).
+          key_mask_BS: None, or (B, S) with 0 at padded keys (``with_key_mask``): no token
+            attends to them.
 
         Returns:
           (B, T, D) array in the activation dtype.
         """
         q_BTNH, k_BTNH, v_BTNH, bias = self.qkv(x_BTD, pos, pe_params=pe_params, pe_state=pe_state)
+        bias = with_key_mask(bias, key_mask_BS)
         (batch, tokens, heads, _), keys = q_BTNH.shape, k_BTNH.shape[1]
         loop, parallel = (1, 1) if train else cpu_chunks(batch, heads, tokens, keys)
         o_BTNH = attend(q_BTNH, k_BTNH, v_BTNH, bias, loop_chunks=loop, batch_chunks=parallel)

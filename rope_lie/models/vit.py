@@ -18,6 +18,11 @@ The token grid is derived from the input shape at every call, so the model runs 
 resolution divisible by the patch size: positions are recomputed with ``position_convention``
 (the training grid is ``train_grid``/``anchor_grid``) and APE tables are resized.
 
+``classify_tokens`` takes a padded batch of already patchified images of mixed sizes
+(``tokens.Tokens``, NaFlex-style): positions per example from each token's grid coordinates,
+a key-padding mask in every attention, mean pooling over real tokens, and patch dropout in
+training; each example gets the logits it gets alone at its own size.
+
 Encoder parameters are per layer and per head by default (as in the LieRE paper);
 ``share_pe_heads`` and ``share_pe_layers`` share them. All position-encoding parameters
 (rotary, ALiBi, APE tables) are ``PositionParam`` so the optimizer can exclude them from weight
@@ -38,7 +43,7 @@ from flax import nnx
 from rope_lie import encodings
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
-from rope_lie.models import attention, blocks, position_hook
+from rope_lie.models import attention, blocks, position_hook, tokens
 from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_variant: public)
     DIM_KEYS,
@@ -187,6 +192,7 @@ class ViT(nnx.Module):
         norm_eps: float = 1e-6,
         qkv_bias: bool = True,
         additive_prefix: bool = True,
+        patch_dropout: float = 0.0,
         dtype: Any = "float32",
         rngs: nnx.Rngs,
     ):
@@ -230,6 +236,8 @@ class ViT(nnx.Module):
         _check_options(pe, pool, additive, position_convention, dropout)
         self.channels, self.pool, self.pe, self.additive = channels, pool, pe, additive
         self.position_convention = position_convention
+        tokens.keep_count(1, patch_dropout)  # raises unless 0 <= patch_dropout < 1
+        self.patch_dropout = float(patch_dropout)
         self.dtype = dt = _activation_dtype(dtype)
         self.num_prefix = num_prefix = 1 if pool == "cls" else 0
         width, num_heads = dims["width"], dims["num_heads"]
@@ -296,6 +304,96 @@ class ViT(nnx.Module):
         if self.additive != "none" and self.additive_prefix:
             x_BTD = self._add_table(x_BTD, grid, num_prefix=self.num_prefix)
         return x_BTD
+
+    def embed_token_batch(self, batch: tokens.Tokens) -> jax.Array:
+        """``embed_tokens`` for a padded mixed-size batch: (B, num_prefix + T, D).
+
+        Padded patches are zeroed first (so that no value in them reaches a real token, not
+        even a NaN); every example's additive table is its own grid's (``ADDITIVE[...].gather``).
+        """
+        real_BT1 = (batch.mask_BT > 0)[..., None]
+        patches_BTP = jnp.where(real_BT1, batch.patches_BTP, 0).astype(self.dtype)
+        x_BTD = self.embed(patches_BTP)
+        if self.additive != "none" and not self.additive_prefix:
+            x_BTD = x_BTD + self._gather_table(batch, x_BTD.shape[-1], 0).astype(x_BTD.dtype)
+        if self.cls_1D is not None:
+            cls_BPD = jnp.broadcast_to(self.cls_1D[...], (x_BTD.shape[0], *self.cls_1D.shape))
+            x_BTD = jnp.concatenate([cls_BPD.astype(x_BTD.dtype), x_BTD], axis=1)
+        if self.additive != "none" and self.additive_prefix:
+            emb_BTD = self._gather_table(batch, x_BTD.shape[-1], self.num_prefix)
+            x_BTD = x_BTD + emb_BTD.astype(x_BTD.dtype)
+        return x_BTD
+
+    def _gather_table(self, batch: tokens.Tokens, width: int, num_prefix: int) -> jax.Array:
+        params = {k: v[...] for k, v in self.additive_params.items()}
+        return encodings.ADDITIVE[self.additive].gather(
+            params, batch.index_BTA, batch.grid_BA, width=width, num_prefix=num_prefix
+        )
+
+    def image_tokens(self, images: jax.Array) -> tokens.Tokens:
+        """A batch of equally sized images as an unpadded ``tokens.Tokens`` batch."""
+        return tokens.from_patches(patchify(images, self.patch), self.input_grid(images))
+
+    def token_positions(self, batch: tokens.Tokens) -> jax.Array:
+        """pos_BTA of a token batch under ``position_convention``, prefix tokens at 0 first."""
+        pos_BTA = positions.index_positions(
+            batch.index_BTA, batch.grid_BA, self.position_convention,
+            train_grid=self.train_grid, anchor_grid=self.train_grid,
+        )  # fmt: skip
+        prefix_BPA = jnp.zeros((pos_BTA.shape[0], self.num_prefix, pos_BTA.shape[-1]))
+        return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
+
+    def classify_tokens(
+        self,
+        batch: tokens.Tokens,
+        *,
+        train: bool = False,
+        patch_key: jax.Array | None = None,
+    ) -> jax.Array:
+        """Classify a padded batch of token sequences of mixed grid sizes (``tokens.Tokens``).
+
+        Every example is classified as if it were alone at its own grid (``__call__`` on its
+        image): each token's position is its own example's (``token_positions``, per-example
+        encoder states), its additive table is its example's grid's, padded keys get no
+        attention (``attention.with_key_mask``) and padded tokens no pooling weight.
+
+        Args:
+          batch: ``tokens.Tokens`` of length T (prefix tokens are prepended here).
+          train: apply dropout (the ``dropout`` RNG stream) and, with ``patch_key``, patch
+            dropout.
+          patch_key: PRNG key of patch dropout; used when ``train`` and ``patch_dropout`` > 0
+            (a random ``keep_count`` of the slots of each example, ``tokens.patch_dropout``).
+
+        Returns:
+          float32 logits (B, V).
+        """
+        if train and self.patch_dropout > 0:
+            if patch_key is None:
+                raise ValueError(
+                    f"patch_dropout={self.patch_dropout} needs a patch_key in training"
+                )
+            keep = tokens.keep_count(batch.mask_BT.shape[1], self.patch_dropout)
+            batch = tokens.patch_dropout(patch_key, batch, keep)
+        mask_BT = batch.mask_BT > 0
+        # Padded slots and all-padding examples (an evaluation's zero-filled batch tail, grid 0)
+        # get coordinate 0 of a grid of at least 1: finite positions and tables everywhere.
+        batch = batch._replace(
+            index_BTA=jnp.where(mask_BT[..., None], batch.index_BTA, 0),
+            grid_BA=jnp.maximum(batch.grid_BA, 1),
+        )
+        states = self.pe_states(self.token_positions(batch))
+        mask_BS = jnp.concatenate([jnp.ones((mask_BT.shape[0], self.num_prefix), bool), mask_BT], 1)
+        x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
+        for block, state in zip(self.blocks, states, strict=True):
+            x_BTD = block(x_BTD, state, train=train, key_mask_BS=mask_BS)
+        x_BTD = self.norm(x_BTD)
+        if self.pool == "cls":
+            pooled_BD = x_BTD[:, 0]
+        else:  # mean over the real tokens only
+            weight_BT1 = mask_BS[..., None].astype(x_BTD.dtype)
+            count_B1 = jnp.maximum(jnp.sum(weight_BT1, axis=1), 1)
+            pooled_BD = jnp.sum(x_BTD * weight_BT1, axis=1) / count_B1
+        return self.head(pooled_BD).astype(jnp.float32)
 
     def _add_table(self, x_BTD: jax.Array, grid: tuple[int, ...], num_prefix: int) -> jax.Array:
         params = {k: v[...] for k, v in self.additive_params.items()}

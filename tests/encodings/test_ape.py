@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rope_lie.encodings import ape
+from rope_lie.encodings import ape, positions
 
 _KEY = jax.random.key(0)
 
@@ -165,3 +165,36 @@ def test_init_errors():
         ape.init(_KEY, grid_shape=(4, 4), width=4, init_std=-1.0)
     with pytest.raises(TypeError):
         ape.init(_KEY, grid_shape=(4, 4), width=4, base=10.0)
+
+
+@pytest.mark.parametrize(
+    "stored, grids",
+    [((4, 4), [(3, 4), (5, 2), (4, 4), (8, 6)]), ((5,), [(2,), (5,), (9,)]),
+     ((2, 3, 2), [(1, 3, 4), (2, 3, 2), (3, 1, 1)])],
+)  # fmt: skip
+def test_gather_is_each_examples_resized_table_at_its_tokens(stored, grids):
+    """Per-example grids, traced: row index[b, t] of table(grid[b]), prefix rows first."""
+    params = ape.init(_KEY, grid_shape=stored, width=6, num_prefix=1, init_std=1.0)
+    length = max(np.prod(g) for g in grids)
+    index, grid_BA = [], []
+    for g in grids:
+        index_TA = positions.grid_indices(g)[::-1]  # any token order
+        index.append(np.pad(index_TA, ((0, length - len(index_TA)), (0, 0))))
+        grid_BA.append(g)
+    emb_BTD = jax.jit(ape.gather)(params, jnp.asarray(index), jnp.asarray(grid_BA))
+    chex.assert_shape(emb_BTD, (len(grids), 1 + length, 6))
+    for b, g in enumerate(grids):
+        table_TD = np.asarray(ape.table(params, grid_shape=g))
+        np.testing.assert_allclose(emb_BTD[b, 0], table_TD[0], rtol=0, atol=0)
+        expected = table_TD[1:][::-1]  # the reversed token order
+        np.testing.assert_allclose(emb_BTD[b, 1 : 1 + len(expected)], expected, atol=2e-6)
+
+
+def test_gather_errors():
+    params = ape.init(_KEY, grid_shape=(4, 4), width=6)
+    with pytest.raises(ValueError, match="index_BTA has shape"):
+        ape.gather(params, jnp.zeros((2, 3, 3), jnp.int32), jnp.ones((2, 2), jnp.int32))
+    with pytest.raises(ValueError, match="grid_BA has shape"):
+        ape.gather(params, jnp.zeros((2, 3, 2), jnp.int32), jnp.ones((3, 2), jnp.int32))
+    with pytest.raises(ValueError, match="width=5"):
+        ape.gather(params, jnp.zeros((2, 3, 2), jnp.int32), jnp.ones((2, 2), jnp.int32), width=5)

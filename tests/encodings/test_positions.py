@@ -52,3 +52,29 @@ def test_3d_shape_and_axis_order():
 def test_errors_name_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
         positions.grid_positions(**kwargs)
+
+
+@pytest.mark.parametrize("convention", positions.CONVENTIONS)
+@pytest.mark.parametrize("grid", [(1, 5), (3, 4), (6, 2), (2, 3, 4)])
+def test_index_positions_are_grid_positions_per_example(convention, grid):
+    """Traceable positions from (index, grid) equal grid_positions of each example's grid."""
+    ref = (4,) * len(grid)
+    index_TA = positions.grid_indices(grid)
+    got = positions.index_positions(
+        index_TA[None], np.asarray([grid]), convention, train_grid=ref, anchor_grid=ref
+    )
+    expected = positions.grid_positions(grid, convention, train_grid=ref, anchor_grid=ref)
+    np.testing.assert_allclose(got[0], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_grid_indices_row_major():
+    np.testing.assert_array_equal(
+        positions.grid_indices((2, 3))[:4], [[0, 0], [0, 1], [0, 2], [1, 0]]
+    )
+
+
+def test_index_positions_errors():
+    with pytest.raises(ValueError, match="needs its reference grid"):
+        positions.index_positions(np.zeros((1, 2, 2)), np.ones((1, 2)), "sequential")
+    with pytest.raises(ValueError, match="unknown position convention 'x'"):
+        positions.index_positions(np.zeros((1, 2, 2)), np.ones((1, 2)), "x")

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rope_lie.encodings import sincos
+from rope_lie.encodings import positions, sincos
 
 _KEY = jax.random.key(0)
 
@@ -114,3 +114,14 @@ def test_argument_errors():
         sincos.table({"grid_GD": jnp.zeros((4, 8))}, grid_shape=(4,), width=8)
     with pytest.raises(TypeError):
         sincos.init(_KEY, grid_shape=(4,), width=8, base=100.0)
+
+
+@pytest.mark.parametrize("grid", [(5,), (3, 7), (2, 3, 4)])
+def test_gather_is_the_table_at_the_tokens(grid):
+    index_TA = positions.grid_indices(grid)
+    emb_BTD = jax.jit(sincos.gather, static_argnames=("width", "num_prefix"))(
+        {}, jnp.asarray(index_TA[None, ::-1]), width=12, num_prefix=1
+    )
+    table_TD = np.asarray(sincos.table({}, grid_shape=grid, width=12, num_prefix=1))
+    np.testing.assert_allclose(emb_BTD[0, 0], table_TD[0], atol=0)
+    np.testing.assert_allclose(emb_BTD[0, 1:], table_TD[1:][::-1], atol=2e-6)

@@ -1,0 +1,119 @@
+"""Throughput of padded mixed-size token batches against fixed-size batches (NaFlex).
+
+One ViT train step (forward, backward, no optimiser) per case, on batches of B images:
+
+- ``fixed8``: 8x8-patch images through ``ViT.__call__`` (the fixed-size path, 64 tokens);
+- ``fixed10``: 10x10-patch images through ``ViT.__call__`` (100 tokens, the padded length);
+- ``tokens8``: the 8x8 batch through ``ViT.classify_tokens`` unpadded (the token path's own cost:
+  per-example positions and states, the mask bias);
+- ``mixed``: images of sides uniform in [6, 10] patches (NaFlex's training mix) padded to 100
+  tokens through ``ViT.classify_tokens``.
+
+Reported: real (unpadded) tokens per second, the padding fraction, and each case's time over
+``fixed8``'s, all timed round-robin in the same run (``common.timeit_interleaved``).
+
+    python -m experiments.benchmarks.naflex_throughput [--pe rope_mixed] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.benchmarks import common
+from rope_lie import config_lib
+from rope_lie.models import tokens
+from rope_lie.models.vit import ViT
+
+PATCH = 8
+
+
+def _loss(model, inputs, labels, token_path):
+    logits = model.classify_tokens(inputs, train=True) if token_path else model(inputs, train=True)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+
+def _step(model, token_path):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @jax.jit
+    def step(params, inputs, labels):
+        def loss(p):
+            return _loss(nnx.merge(graphdef, p, rest), inputs, labels, token_path)
+
+        return jax.value_and_grad(loss)(params)
+
+    return lambda inputs, labels: step(params, inputs, labels)
+
+
+def run(pe: str, batch: int, repeats: int, variant: str, min_side: int, max_side: int) -> dict:
+    rng = np.random.default_rng(0)
+    model = ViT(
+        variant=f"{variant}/{PATCH}", image_shape=(64, 64), channels=1, num_classes=4,
+        **config_lib.pe_fields(pe), rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    labels = jnp.asarray(rng.integers(0, 4, batch))
+    image = lambda side: rng.normal(size=(side * PATCH, side * PATCH, 1)).astype(np.float32)
+    fixed8 = jnp.asarray(np.stack([image(8) for _ in range(batch)]))
+    fixed10 = jnp.asarray(np.stack([image(10) for _ in range(batch)]))
+    sides = rng.integers(min_side, max_side + 1, batch)
+    mixed = tokens.pack([image(s) for s in sides], (PATCH, PATCH), max_side**2)
+    mixed = tokens.Tokens(*map(jnp.asarray, mixed))
+    tokens8 = model.image_tokens(fixed8)
+    image_step, token_step = _step(model, False), _step(model, True)
+    cases = {
+        "fixed8": (lambda: image_step(fixed8, labels), batch * 64, batch * 64),
+        "fixed10": (lambda: image_step(fixed10, labels), batch * 100, batch * 100),
+        "tokens8": (lambda: token_step(tokens8, labels), batch * 64, batch * 64),
+        "mixed": (lambda: token_step(mixed, labels), int(mixed.mask_BT.sum()), batch * max_side**2),
+    }  # fmt: skip
+    times = common.timeit_interleaved({k: v[0] for k, v in cases.items()}, repeats=repeats)
+    rows = {}
+    for name, (_, real, slots) in cases.items():
+        t = times[name]
+        rows[name] = {
+            "time": t,
+            "real_tokens": real,
+            "slots": slots,
+            "padding_fraction": 1 - real / slots,
+            "real_tokens_per_s": real / t["median_s"],
+            "time_over_fixed8": common.ratio(t, times["fixed8"]),
+        }
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pe", default="rope_mixed", help="a recipe pe= value")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--variant", default="mu")
+    parser.add_argument("--min-side", type=int, default=6)
+    parser.add_argument("--max-side", type=int, default=10)
+    parser.add_argument("--out", default=os.path.join(common.ROOT, "experiments", "benchmarks",
+                                                      "naflex_throughput.json"))  # fmt: skip
+    args = parser.parse_args()
+    results = {"machine": common.machine(), "args": vars(args), "cases": {}}
+    for pe in args.pe.split("+"):
+        rows = run(pe, args.batch, args.repeats, args.variant, args.min_side, args.max_side)
+        results["cases"][pe] = rows
+        common.print_table(
+            f"{pe}: one train step (forward + backward), batch {args.batch}, ViT-{args.variant}/8",
+            ["case", "min / median ms", "real tokens/s", "padding", "time / fixed8"],
+            [[name, common.fmt_time(r["time"]), f"{r['real_tokens_per_s']:,.0f}",
+              f"{100 * r['padding_fraction']:.1f} %", f"{r['time_over_fixed8']['median_s']:.2f}"]
+             for name, r in rows.items()],
+        )  # fmt: skip
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""NaFlex-style inputs: each image resized under a token budget, patchified and padded.
+
+As SigLIP 2's NaFlex (big_vision) and timm's NaFlex ViT: an image of H x W pixels is resized,
+keeping its aspect ratio as closely as whole patches allow, to the largest grid of
+``gh x gw`` patches with ``gh * gw <= budget`` tokens, then cut into patches in token order
+and padded to ``max_tokens`` slots. A batch then mixes grid sizes and aspect ratios, and the
+model (``ViT.classify_tokens``) treats each example as if it were alone at its own grid.
+
+In training every example gets its own budget from its stateless key: ``side**2`` tokens with
+``side`` uniform in [min_side, max_side] (a square image is then side x side patches). In
+evaluation the budget is fixed, so an evaluation "at a size" is one budget.
+
+The batches are dicts of numpy arrays (B per process):
+  patches     float32 (B, max_tokens, prod(patch) * C), the patches in ``vit.patchify``'s layout
+  index       int32 (B, max_tokens, 2): each token's (row, col) in its image's patch grid
+  grid        int32 (B, 2): each image's patch grid (gh, gw)
+  token_mask  float32 (B, max_tokens): 1 for a real token, 0 for padding
+  label, soft_label, mask: as ``pipeline``'s batches.
+Positions follow from ``index`` and ``grid`` under the model's convention
+(``positions.index_positions``), computed by the model.
+
+``config.naflex`` fields (``config_lib.naflex_config``):
+  min_side, max_side  training budget side**2, side uniform in [min_side, max_side]
+  max_tokens          padded length of every training batch (>= max_side**2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+TOKEN_KEYS = ("patches", "index", "grid", "token_mask")
+
+
+def budget_grid(height: tf.Tensor, width: tf.Tensor, patch: int, budget: tf.Tensor) -> tf.Tensor:
+    """The patch grid (gh, gw) of an image resized under a token budget, int32 (2,).
+
+    The largest scale s with floor(H s / p) * floor(W s / p) <= budget, s = sqrt(budget p^2 /
+    (H W)); each side at least 1 patch (a side clamped to 1 leaves the other at most budget).
+    """
+    h, w = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
+    b = tf.cast(budget, tf.float64)
+    scale = tf.sqrt(b * patch * patch / (h * w))
+    # The small epsilon keeps exact products (a 64 x 64 image at budget 64: 8 x 8) from
+    # rounding down.
+    gh = tf.maximum(tf.floor(h * scale / patch + 1e-9), 1.0)
+    gw = tf.maximum(tf.floor(w * scale / patch + 1e-9), 1.0)
+    gh = tf.minimum(gh, tf.maximum(tf.floor(b / gw), 1.0))
+    gw = tf.minimum(gw, tf.maximum(tf.floor(b / gh), 1.0))
+    return tf.cast(tf.stack([gh, gw]), tf.int32)
+
+
+def tokens_of(image: tf.Tensor, patch: int, grid: tf.Tensor, max_tokens: int) -> dict:
+    """A float image (H, W, C) resized to ``grid * patch`` pixels, patchified and padded.
+
+    Returns:
+      {"patches", "index", "grid", "token_mask"} of one example (module docstring).
+    """
+    channels = image.shape[-1]
+    gh, gw = grid[0], grid[1]
+    resized = tf.image.resize(image, [gh * patch, gw * patch], antialias=True)
+    x = tf.reshape(resized, [gh, patch, gw, patch, channels])
+    x = tf.transpose(x, [0, 2, 1, 3, 4])  # (gh, gw, p, p, C): vit.patchify's order
+    count = gh * gw
+    patches = tf.reshape(x, [count, patch * patch * channels])
+    rows, cols = tf.meshgrid(tf.range(gh), tf.range(gw), indexing="ij")
+    index = tf.stack([tf.reshape(rows, [-1]), tf.reshape(cols, [-1])], axis=-1)
+    pad = max_tokens - count
+    tf.debugging.assert_non_negative(pad, message="more tokens than max_tokens")
+    return {
+        "patches": tf.ensure_shape(
+            tf.pad(patches, [[0, pad], [0, 0]]), [max_tokens, patch * patch * channels]
+        ),
+        "index": tf.ensure_shape(tf.pad(index, [[0, pad], [0, 0]]), [max_tokens, 2]),
+        "grid": tf.ensure_shape(grid, [2]),
+        "token_mask": tf.ensure_shape(
+            tf.pad(tf.ones([count], tf.float32), [[0, pad]]), [max_tokens]
+        ),
+    }
+
+
+def random_budget(key: tf.Tensor, min_side: int, max_side: int) -> tf.Tensor:
+    """side**2 with side uniform in [min_side, max_side] from a stateless key, int32."""
+    side = tf.random.stateless_uniform([], key, min_side, max_side + 1, dtype=tf.int32)
+    return side * side
+
+
+def check_config(naflex, patch: Sequence[int], image_rank: int) -> None:
+    """Errors that name the bad field: square 2D patches, 1 <= min_side <= max_side, room."""
+    if image_rank != 2 or len(set(patch)) != 1:
+        raise ValueError(
+            f"naflex needs 2D images with square patches; got patch={tuple(patch)} for "
+            f"{image_rank}D inputs"
+        )
+    if not 1 <= naflex.min_side <= naflex.max_side:
+        raise ValueError(
+            f"naflex: min_side={naflex.min_side}, max_side={naflex.max_side}; expected "
+            "1 <= min_side <= max_side"
+        )
+    if naflex.max_tokens < naflex.max_side**2:
+        raise ValueError(
+            f"naflex: max_tokens={naflex.max_tokens} < max_side**2 = {naflex.max_side**2}"
+        )
+
+
+def example_fn(patch: int, max_tokens: int, *, min_side: int = 0, max_side: int = 0,
+               budget: int = 0):  # fmt: skip
+    """(example dict with a normalised "image", key) -> the example with tokens, no "image".
+
+    A fixed ``budget`` (evaluation), or a random one per example (training: ``min_side`` and
+    ``max_side``) from the key.
+    """
+    if budget and budget > max_tokens:
+        raise ValueError(f"budget={budget} > max_tokens={max_tokens}")
+
+    def fn(example: dict, key: tf.Tensor | None) -> dict:
+        image = example.pop("image")
+        own = tf.constant(budget, tf.int32) if budget else random_budget(key, min_side, max_side)
+        shape = tf.shape(image)
+        grid = budget_grid(shape[0], shape[1], patch, own)
+        return {**example, **tokens_of(image, patch, grid, max_tokens)}
+
+    return fn
+
+
+def side_budget(side: int) -> int:
+    """Tokens of a side x side budget (the evaluation entries' ``naflex_side``)."""
+    return int(side) ** 2
+
+
+def padding_fraction(token_mask) -> float:
+    """Fraction of padded slots in a batch's token mask."""
+    total = math.prod(token_mask.shape)
+    return float(1.0 - token_mask.sum() / total)

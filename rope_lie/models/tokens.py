@@ -1,0 +1,138 @@
+"""Token batches of mixed sizes: patches padded to a common length, with a mask (NaFlex-style).
+
+A ``Tokens`` batch holds, per example, the patches of an image of its own grid (any size and
+aspect ratio), flattened in token order and padded to a common length T:
+
+  patches_BTP  float (B, T, P): patch t of example b (P = prod(patch) * C, ``vit.patchify``'s
+               layout); padded slots hold anything (the model zeroes them)
+  index_BTA    int32 (B, T, A): the token's integer coordinates in its example's grid
+  grid_BA      int32 (B, A): tokens per axis of each example's grid
+  mask_BT      bool or 0/1 (B, T): 1 for a real token, 0 for padding
+
+The model computes every token's position from ``(index, grid)`` under its position
+convention (``positions.index_positions``), so a token keeps its position whatever slot it
+sits in: tokens may come in any order, and patch dropout (``patch_dropout``) keeps a subset.
+Prefix (class) tokens are not in the batch; the model prepends them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rope_lie.encodings import positions
+
+
+class Tokens(NamedTuple):
+    """A padded batch of token sequences (module docstring); a pytree of arrays."""
+
+    patches_BTP: jax.Array
+    index_BTA: jax.Array
+    grid_BA: jax.Array
+    mask_BT: jax.Array
+
+
+def patchify_np(image_XC: np.ndarray, patch: Sequence[int]) -> np.ndarray:
+    """One image's non-overlapping patches in token order, (T, P) (``vit.patchify`` for B = 1)."""
+    *spatial, channels = image_XC.shape
+    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
+    if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
+        raise ValueError(f"image spatial shape {tuple(spatial)} is not divisible by {patch}")
+    split = [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
+    rank = len(grid)
+    order = [*range(0, 2 * rank, 2), *range(1, 2 * rank, 2), 2 * rank]
+    x = image_XC.reshape(split).transpose(order)
+    return x.reshape(math.prod(grid), math.prod(patch) * channels)
+
+
+def pack(images: Sequence[np.ndarray], patch: Sequence[int], max_tokens: int) -> Tokens:
+    """Images of different sizes as one padded ``Tokens`` batch (numpy).
+
+    Args:
+      images: arrays (*spatial, C), each spatial shape divisible by ``patch``.
+      patch: patch size per spatial axis.
+      max_tokens: the common length T; every image must have at most T patches.
+
+    Returns:
+      ``Tokens`` of numpy arrays; the mask is float32 0/1.
+    """
+    patch = tuple(patch)
+    rows = []
+    for image in images:
+        image = np.asarray(image)
+        grid = tuple(s // p for s, p in zip(image.shape[:-1], patch, strict=True))
+        rows.append((patchify_np(image, patch), positions.grid_indices(grid), grid))
+    if any(len(r[0]) > max_tokens for r in rows):
+        raise ValueError(
+            f"max_tokens={max_tokens} < the {max(len(r[0]) for r in rows)} patches of an image"
+        )
+    return Tokens(
+        *[np.stack(a) for a in zip(*[pad_one(*r, max_tokens) for r in rows], strict=True)]
+    )
+
+
+def pad_one(
+    patches_TP: np.ndarray, index_TA: np.ndarray, grid: Sequence[int], max_tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One example's (patches, index, grid, mask) padded with zeros to ``max_tokens`` tokens."""
+    count = patches_TP.shape[0]
+    if count > max_tokens:
+        raise ValueError(f"{count} tokens exceed max_tokens={max_tokens}")
+    pad = max_tokens - count
+    return (
+        np.pad(patches_TP, ((0, pad), (0, 0))).astype(np.float32),
+        np.pad(index_TA, ((0, pad), (0, 0))).astype(np.int32),
+        np.asarray(grid, np.int32),
+        np.pad(np.ones(count, np.float32), (0, pad)),
+    )
+
+
+def from_patches(patches_BTP: jax.Array, grid: Sequence[int]) -> Tokens:
+    """An unpadded ``Tokens`` batch of equally sized images' patches (``vit.patchify``)."""
+    batch = patches_BTP.shape[0]
+    index_TA = jnp.asarray(positions.grid_indices(grid))
+    return Tokens(
+        patches_BTP,
+        jnp.broadcast_to(index_TA, (batch, *index_TA.shape)),
+        jnp.broadcast_to(jnp.asarray(grid, jnp.int32), (batch, len(grid))),
+        jnp.ones(patches_BTP.shape[:2], jnp.float32),
+    )
+
+
+def patch_dropout(key: jax.Array, tokens: Tokens, num_keep: int) -> Tokens:
+    """Keep ``num_keep`` slots per example: a uniformly random subset of its real tokens.
+
+    Each kept token keeps its own patch, grid coordinates (so its position) and grid. An
+    example with fewer real tokens than ``num_keep`` keeps all of them and fills the rest with
+    padding (mask 0). Kept tokens stay in their original order.
+
+    Args:
+      key: PRNG key (one random subset per example).
+      tokens: a ``Tokens`` batch of length T.
+      num_keep: slots kept, in [1, T].
+
+    Returns:
+      ``Tokens`` of length ``num_keep``.
+    """
+    length = tokens.mask_BT.shape[1]
+    if not 1 <= num_keep <= length:
+        raise ValueError(f"num_keep={num_keep} must be in [1, {length}] (the token count)")
+    real_BT = tokens.mask_BT > 0
+    # Real tokens in random order first, then padding: keep the first num_keep.
+    score_BT = jax.random.uniform(key, real_BT.shape) + jnp.where(real_BT, 0.0, 2.0)
+    keep_BK = jnp.sort(jnp.argsort(score_BT, axis=1)[:, :num_keep], axis=1)
+    take = lambda x: jnp.take_along_axis(x, keep_BK.reshape(*keep_BK.shape, *[1] * (x.ndim - 2)), 1)
+    return Tokens(take(tokens.patches_BTP), take(tokens.index_BTA), tokens.grid_BA,
+                  take(tokens.mask_BT))  # fmt: skip
+
+
+def keep_count(length: int, rate: float) -> int:
+    """Slots kept by patch dropout at ``rate`` (the fraction dropped) of ``length`` tokens."""
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"patch_dropout={rate} must be in [0, 1)")
+    return max(1, int(round(length * (1.0 - rate))))

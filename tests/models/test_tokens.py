@@ -1,0 +1,247 @@
+"""Tests for rope_lie.models.tokens and ``ViT.classify_tokens``: padded mixed-size batches.
+
+The core property, for every family the recipes accept (every ``pe=`` value of
+``config_lib``, with the position convention of its reference): the logits of a padded batch
+of images of different grids equal those of each image alone at its own size (``ViT.__call__``)
+to float32 rounding, and the values in padded slots change nothing.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rope_lie import config_lib, encodings
+from rope_lie.encodings import positions
+from rope_lie.models import attention, tokens
+from rope_lie.models.vit import ViT
+
+# Three grids of different sizes and aspect ratios, padded to 20 tokens (16 is the largest).
+GRIDS_2D = ((3, 4), (5, 2), (4, 4))
+PATCH_2D = (2, 2)
+MAX_TOKENS = 20
+# Tiny, with two layers: padding that leaked into a real token would spread in the second.
+DIMS = dict(width=16, depth=2, num_heads=2, mlp_dim=32)
+HPARAMS = {  # valid at head_dim 8, exercising the non-default structure
+    "liere": {"block_size": 4},
+    "alibi": {"learnable": True},
+    "cayley_string": {"init_std": 0.1},
+}
+
+
+def _pe_values():
+    """Every ``pe=`` value the recipes accept: families, named variants, additive tables."""
+    families = sorted(encodings.ROTARY) + sorted(encodings.BIAS)
+    return families + sorted(config_lib.PE_VARIANTS) + list(config_lib.ADDITIVE_PES)
+
+
+def _model(pe, rank=2, **overrides):
+    fields = config_lib.pe_fields(pe, block=4, ape_std=0.5)
+    if fields["pe"] in HPARAMS and pe not in config_lib.PE_VARIANTS:
+        fields["pe_hparams"] = dict(HPARAMS[fields["pe"]])
+    shape = {1: (8,), 2: (8, 8), 3: (4, 4, 4)}[rank]
+    config = dict(
+        variant=None, dims=DIMS, patch_size=2, image_shape=shape, channels=3, num_classes=5,
+        head_zero_init=False, **fields,
+    )  # fmt: skip
+    config.update(overrides)
+    return ViT(**config, rngs=nnx.Rngs(0))
+
+
+def _images(grids, patch, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        rng.normal(size=(*(g * p for g, p in zip(grid, patch, strict=True)), 3)).astype(np.float32)
+        for grid in grids
+    ]
+
+
+def _logits_alone(model, images):
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    return np.concatenate([np.asarray(forward(state, jnp.asarray(im)[None])) for im in images])
+
+
+def _logits_packed(model, batch, **kwargs):
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, b: nnx.merge(graphdef, s).classify_tokens(b, **kwargs))
+    return np.asarray(forward(state, tokens.Tokens(*map(jnp.asarray, batch))))
+
+
+def _check_padded_equals_alone(model, grids, patch, max_tokens):
+    images = _images(grids, patch)
+    batch = tokens.pack(images, patch, max_tokens)
+    assert (batch.mask_BT.sum(1) < max_tokens).all()  # every example has padding
+    packed = _logits_packed(model, batch)
+    np.testing.assert_allclose(packed, _logits_alone(model, images), rtol=1e-5, atol=2e-5)
+    # Other values (large, different per slot) in the padded slots change nothing.
+    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTP.shape)
+    padded = batch.mask_BT[..., None] == 0
+    changed = batch._replace(patches_BTP=np.where(padded, noise, batch.patches_BTP))
+    np.testing.assert_allclose(_logits_packed(model, changed), packed, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("pe", [p for p in _pe_values() if p != "rope"])
+def test_padded_mixed_batch_equals_each_example_alone(pe):
+    _check_padded_equals_alone(_model(pe), GRIDS_2D, PATCH_2D, MAX_TOKENS)
+
+
+def test_padded_mixed_batch_equals_alone_1d_rope():
+    """RoPE encodes 1D positions: sequences of 3, 5 and 2 patches padded to 7."""
+    _check_padded_equals_alone(_model("rope", rank=1), ((3,), (5,), (2,)), (2,), 7)
+
+
+@pytest.mark.parametrize("convention", positions.CONVENTIONS)
+def test_padded_equals_alone_every_convention_mean_pool(convention):
+    """Mean pooling over real tokens only; APE outside the class token (timm's no_embed_class)."""
+    model = _model(
+        "rope_mixed", pool="mean", additive="ape", additive_prefix=False,
+        position_convention=convention,
+    )  # fmt: skip
+    _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
+
+
+def test_padded_mixed_batch_equals_alone_3d():
+    """Trilinear APE resized per example, and LieRE's 3D rotations."""
+    model = _model("liere", rank=3, additive="ape")
+    _check_padded_equals_alone(model, ((2, 1, 3), (1, 3, 2), (2, 2, 2)), (2, 2, 2), 10)
+
+
+def test_changing_a_real_token_changes_its_example_only():
+    """The equality tests could pass if the batch path ignored the tokens: it does not."""
+    model = _model("rope_mixed")
+    batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
+    changed = batch.patches_BTP.copy()
+    changed[1, 0] += 1.0
+    before = _logits_packed(model, batch)
+    after = _logits_packed(model, batch._replace(patches_BTP=changed))
+    assert np.abs(after[1] - before[1]).max() > 1e-4
+    np.testing.assert_allclose(after[[0, 2]], before[[0, 2]], rtol=1e-6, atol=1e-6)
+
+
+def test_key_mask_gives_padded_keys_exactly_zero_weight_with_or_without_a_bias():
+    rng = np.random.default_rng(0)
+    q, k = (jnp.asarray(rng.normal(size=(2, 4, 2, 8)), jnp.float32) for _ in range(2))
+    mask_BS = jnp.asarray([[1, 1, 0, 1], [1, 0, 0, 0]])
+    alibi_1NTS = jnp.asarray(-rng.uniform(size=(1, 2, 4, 4)), jnp.float32)
+    assert attention.with_key_mask(alibi_1NTS, None) is alibi_1NTS
+    for bias in (None, alibi_1NTS):
+        probs = attention.attention_probs(q, k, attention.with_key_mask(bias, mask_BS))
+        np.testing.assert_array_equal(np.asarray(probs)[0, :, :, 2], 0.0)
+        np.testing.assert_array_equal(np.asarray(probs)[1, :, :, 1:], 0.0)
+        # The real keys' weights are the softmax over the real keys alone.
+        own_bias = None if bias is None else bias[..., [0, 1, 3]]
+        alone = attention.attention_probs(q[:1], k[:1, [0, 1, 3]], own_bias)
+        np.testing.assert_allclose(np.asarray(probs)[0][..., [0, 1, 3]], alone[0], rtol=1e-6)
+
+
+def _packed(grids=GRIDS_2D, max_tokens=MAX_TOKENS):
+    return tokens.Tokens(
+        *map(jnp.asarray, tokens.pack(_images(grids, PATCH_2D), PATCH_2D, max_tokens))
+    )
+
+
+def test_patch_dropout_keeps_a_random_subset_of_each_examples_own_tokens():
+    batch = _packed()
+    counts = np.asarray(batch.mask_BT.sum(1)).astype(int)  # 12, 10, 16
+    kept = tokens.patch_dropout(jax.random.key(0), batch, 11)
+    assert kept.patches_BTP.shape == (3, 11, batch.patches_BTP.shape[-1])
+    np.testing.assert_array_equal(kept.mask_BT.sum(1), np.minimum(counts, 11))
+    for b, grid in enumerate(GRIDS_2D):
+        real = np.asarray(kept.mask_BT[b]) > 0
+        index = np.asarray(kept.index_BTA[b])[real]
+        flat = index[:, 0] * grid[1] + index[:, 1]  # row-major slot in the full sequence
+        assert len(set(flat.tolist())) == len(flat) and (flat < counts[b]).all()
+        assert (np.diff(flat) > 0).all()  # kept in their order
+        # Each kept slot holds its own patch.
+        np.testing.assert_array_equal(kept.patches_BTP[b][real], batch.patches_BTP[b][flat])
+    other = tokens.patch_dropout(jax.random.key(1), batch, 11)
+    assert not np.array_equal(other.index_BTA, kept.index_BTA)  # the subset depends on the key
+
+
+def test_patch_dropout_errors_and_keep_count():
+    with pytest.raises(ValueError, match="num_keep=21"):
+        tokens.patch_dropout(jax.random.key(0), _packed(), 21)
+    with pytest.raises(ValueError, match="patch_dropout=1.0"):
+        tokens.keep_count(20, 1.0)
+    assert tokens.keep_count(20, 0.0) == 20 and tokens.keep_count(20, 0.25) == 15
+    with pytest.raises(ValueError, match="needs a patch_key"):
+        _model("nope", patch_dropout=0.5).classify_tokens(_packed(), train=True)
+
+
+@pytest.mark.parametrize("pe", sorted(encodings.ROTARY) + sorted(encodings.BIAS))
+def test_patch_dropout_keeps_the_rotations_of_the_kept_tokens_positions(pe):
+    """The encoder state of the kept tokens is the full grid's state at those tokens."""
+    rank = 1 if pe == "rope" else 2
+    grid = (7,) if rank == 1 else (4, 5)
+    model = _model(pe, rank=rank)
+    full = tokens.from_patches(jnp.zeros((2, int(np.prod(grid)), 12)), grid)
+    kept = tokens.patch_dropout(jax.random.key(3), full, 5)
+    slot_BK = np.ravel_multi_index(tuple(np.moveaxis(np.asarray(kept.index_BTA), -1, 0)), grid)
+    slot_BK = np.concatenate([np.zeros((2, 1), int), 1 + slot_BK], axis=1)  # class token first
+    full_state = model.precompute_pe(grid)[0]
+    kept_state = model.pe_states(model.token_positions(kept))[0]
+    x_BTNH = jnp.asarray(np.random.default_rng(0).normal(size=(2, 1 + full.mask_BT.shape[1], 2, 8)))
+    x_kept = jnp.take_along_axis(x_BTNH, jnp.asarray(slot_BK)[..., None, None], axis=1)
+    rotated_full = jnp.take_along_axis(
+        full_state.rotate(x_BTNH), jnp.asarray(slot_BK)[..., None, None], axis=1
+    )
+    np.testing.assert_allclose(kept_state.rotate(x_kept), rotated_full, rtol=1e-5, atol=1e-5)
+    if full_state.bias_BNTS is not None:  # ALiBi: the bias between kept tokens
+        for b in range(2):
+            expected = full_state.bias_BNTS[0][:, slot_BK[b]][:, :, slot_BK[b]]
+            np.testing.assert_allclose(kept_state.bias_BNTS[b], expected, rtol=1e-6, atol=1e-6)
+    if full_state.fold_NHH is not None:
+        np.testing.assert_array_equal(kept_state.fold_NHH, full_state.fold_NHH)
+
+
+def test_training_patch_dropout_is_the_model_on_the_kept_tokens_and_off_is_identity():
+    batch, key = _packed(), jax.random.key(5)
+    model = _model("rope_mixed", additive="ape", patch_dropout=0.4)
+    kept = tokens.patch_dropout(key, batch, tokens.keep_count(MAX_TOKENS, 0.4))
+    np.testing.assert_allclose(
+        model.classify_tokens(batch, train=True, patch_key=key),
+        model.classify_tokens(kept),
+        rtol=1e-6, atol=1e-6,
+    )  # fmt: skip
+    assert not np.allclose(model.classify_tokens(kept), model.classify_tokens(batch), atol=1e-4)
+    # Off in evaluation, and at rate 0 in training: every token, whatever the key.
+    np.testing.assert_array_equal(
+        model.classify_tokens(batch), model.classify_tokens(batch, train=False, patch_key=key)
+    )
+    off = _model("rope_mixed", additive="ape")
+    np.testing.assert_array_equal(
+        off.classify_tokens(batch, train=True, patch_key=key), off.classify_tokens(batch)
+    )
+
+
+@pytest.mark.parametrize("pe", ["visionllama", "ape"])
+def test_an_all_padding_example_gives_finite_logits_and_leaves_the_others_alone(pe):
+    """An evaluation batch's zero-filled tail: grid 0, no real token (autoscale divides by n)."""
+    model = _model(pe)
+    batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
+    tail = tokens.Tokens(*(np.concatenate([a, np.zeros_like(a[:1])]) for a in batch))
+    logits = _logits_packed(model, tail)
+    assert np.isfinite(logits).all()
+    np.testing.assert_allclose(logits[:3], _logits_packed(model, batch), rtol=1e-6, atol=1e-6)
+
+
+def test_image_tokens_path_equals_the_image_path():
+    """Patch dropout on fixed-size batches goes through ``image_tokens``: no change without it."""
+    model = _model("cayley_string", additive="sincos")
+    images = jnp.asarray(np.stack(_images([(4, 3), (4, 3)], PATCH_2D)))
+    np.testing.assert_allclose(
+        model.classify_tokens(model.image_tokens(images)), model(images), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("pe", ["alibi", "rope_mixed"])
+def test_padded_batch_of_four_through_the_cpu_attention_chunks(pe):
+    """An even batch of 4 is attended in two concurrent chunks on CPU (``cpu_chunks``): the
+    mask (and ALiBi's per-example bias) is chunked with its examples."""
+    if jax.default_backend() == "cpu":
+        assert attention.cpu_chunks(4, 2, 21, 21)[1] == 2
+    _check_padded_equals_alone(_model(pe), GRIDS_2D[:2] * 2, PATCH_2D, MAX_TOKENS)
