@@ -235,6 +235,12 @@ def index_positions(
             raise ValueError(f"value_range={value_range} must be (lo, hi) with lo < hi")
         # linspace(lo, hi, n)[i]; a single token sits at lo.
         return lo + (hi - lo) * index / jnp.maximum(n - 1, 1)
+    if convention.startswith("centred"):
+        reduce = {"centred": None, "centred_max": jnp.max, "centred_min": jnp.min}[convention]
+        size = n if reduce is None else reduce(n, axis=-1, keepdims=True)
+        return 2.0 * (index + 0.5) / size - 1.0
+    if convention == "unit_centred":
+        return (index + 0.5) / n - 0.5
     ref = train_grid if convention == "sequential" else anchor_grid
     if ref is None:
         raise ValueError(f"convention={convention!r} needs its reference grid (train/anchor)")
