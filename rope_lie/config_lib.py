@@ -61,6 +61,7 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
     return ds
 
 
+DIM_KEYS = ("width", "depth", "num_heads", "mlp_dim")  # model.dims (models/variants.py)
 ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
 CONVENTIONS = {"liere": "sequential", "visionllama": "autoscale"}  # others: "integer"
 # `pe=` values that name a variant of a family: (family, its init arguments, positions).
@@ -70,6 +71,16 @@ PE_VARIANTS = {
 }
 APE_INIT_STD = 0.02  # ViT/timm's APE init std (quickstart, digits, Cayley recipes)
 LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py); LieRE recipes
+
+
+def pe_choices() -> list[str]:
+    """Every value a recipe's ``pe=`` accepts: the rotary and bias families
+    (``rope_lie.encodings``), their named variants (``PE_VARIANTS``) and the additive tables."""
+    from rope_lie import encodings
+
+    return (
+        sorted(encodings.ROTARY) + sorted(encodings.BIAS) + sorted(PE_VARIANTS) + list(ADDITIVE_PES)
+    )
 
 
 def pe_fields(
@@ -84,6 +95,8 @@ def pe_fields(
     overrides that. `block` is LieRE's block size (2 = the LieRE paper's "RoPE-Mixed"),
     `ape_std` the APE table's init std.
     """
+    if pe not in pe_choices():
+        raise ValueError(f"unknown pe={pe!r}; expected one of {', '.join(pe_choices())}")
     additive = pe if pe in ADDITIVE_PES else "none"
     family, hparams, default_convention = PE_VARIANTS.get(
         pe, (pe, {}, CONVENTIONS.get(pe, "integer"))
@@ -141,8 +154,12 @@ def model_config(
     m.share_pe_layers = False  # ... and per layer
     m.head_zero_init = True  # zero-initialised classifier
     m.dtype = dtype  # activation dtype; parameters stay float32
+    # width / depth / num_heads / mlp_dim overriding the variant's (None = the variant's), e.g.
+    # --config.model.dims.width=96
+    m.dims = {
+        k: mc.config_dict.placeholder(int) for k in ("width", "depth", "num_heads", "mlp_dim")
+    }
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
-    m.dims = {}  # width / depth / num_heads / mlp_dim overriding the variant's
     m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off
     m.gelu_approximate = True  # tanh GELU; False = exact (erf)
     m.norm_eps = 1e-6  # LayerNorm epsilon
