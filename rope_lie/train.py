@@ -305,7 +305,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         start, state, meta = restored
         other, best = init_other(init_key), meta.get("best", {})
         if start >= total:
-            say(f"{workdir} is already at step {start}; evaluating its final state")
+            say(f"{workdir}: already at step {start}; evaluating its final state")
         else:
             say(f"Resuming from step {start} of {total} in {workdir}")
     say(job.describe_run(config, abstract_state, mesh, total, num_train))

@@ -197,7 +197,13 @@ def test_precompute_then_rotate_equals_apply(name, hparams, rank):
         pe = module.precompute(params, pos, num_heads=N, head_dim=H, num_prefix=1, **kw)
         assert isinstance(pe, state.State.__args__) and pe.bias_BNTS is None
         want = module.apply(params, x_BTNH, pos, **kw)
-        np.testing.assert_allclose(pe.rotate(_folded(pe, x_BTNH)), want, rtol=1e-5, atol=1e-5)
+        # The family's state is the whole encoding (Cayley-STRING's P included) ...
+        assert pe.fold_NHH is None
+        np.testing.assert_allclose(pe.rotate(x_BTNH), want, rtol=1e-5, atol=1e-5)
+        # ... and the model's (P left to fold, when there is one) gives the same.
+        model_pe = pe.to_fold() if hasattr(pe, "to_fold") else pe
+        got = model_pe.rotate(_folded(model_pe, x_BTNH))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         jitted = jax.jit(lambda p, q: module.precompute(p, q, num_heads=N, head_dim=H, **kw))
         chex.assert_trees_all_close(jitted(params, pos), pe, rtol=1e-5, atol=1e-5)
 
