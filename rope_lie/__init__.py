@@ -4,7 +4,7 @@ A trained run (or a converted model) loads back as an NNX model and its config::
 
     import rope_lie
     model, config = rope_lie.load("workdirs/quickstart")
-    logits_BV = model((images_BHWC / 255 - config.dataset.mean) / config.dataset.std)
+    logits_BV = model((images_BHWC / 255 - config.dataset.mean) / config.dataset.std)  # numpy 0-255
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def _unknown_field(e: BaseException, argv: list[str]) -> str:
 
     ml_collections raises ``AttributeError`` chained to ``KeyError``s whose messages are the
     quoted key, then the key with a "Did you mean" line; this names the flag, the config node
-    that lacks the field, its fields, and the suggestion.
+    that lacks the field, and the suggestion.
     """
     texts = []
     while e is not None:
@@ -161,16 +161,8 @@ def _unknown_field(e: BaseException, argv: list[str]) -> str:
     path = next((p for p in overrides if key in p.split(".")), key)
     parent = path.rsplit(".", 1)[0] if "." in path else ""
     node = "config" + (f".{parent}" if parent else "")
-    known = ""
-    try:
-        value = _CONFIG.value
-        for part in filter(None, parent.split(".")):
-            value = value[part]
-        known = f" (its fields: {', '.join(sorted(value.keys())) or 'none'})"
-    except Exception:  # the config itself did not load: say what is known
-        pass
     message = f"--config.{path}: {node} has no field {key!r}"
-    return f"{message}. {hint}" if hint else message + known
+    return f"{message}. {hint}" if hint else f"{message} (--print_config shows the fields)"
 
 
 def _fail(message: str, status: int = EXIT_USER_ERROR) -> int:

@@ -16,7 +16,7 @@ Inference::
 
     import rope_lie
     model, config = rope_lie.load("workdirs/quickstart")
-    logits_BV = model((images_BHWC / 255 - config.dataset.mean) / config.dataset.std)
+    logits_BV = model((images_BHWC / 255 - config.dataset.mean) / config.dataset.std)  # numpy 0-255
 
 ``images_BHWC`` are pixel values in [0, 255], (B, H, W, C) (or (B, T, H, W, C) for volumes), at
 the training size or any size divisible by the patch; the model runs in evaluation mode

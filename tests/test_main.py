@@ -114,3 +114,14 @@ def test_help_list_and_print_config_exit_0():
     printed = _run("--config=quickstart:smoke", "--config.optim.lr=0.005", "--print_config")
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert "lr: 0.005" in printed.stdout and "total_steps: 8" in printed.stdout
+
+
+def test_an_unexpected_error_keeps_its_traceback(tmp_path):
+    """A recipe that fails with something other than a user error (here a RuntimeError) is a
+    bug: its traceback is shown, not one line."""
+    recipe = tmp_path / "broken.py"
+    recipe.write_text("def get_config(arg=None):\n    raise RuntimeError('bug in the recipe')\n")
+    proc = _run(f"--config={recipe}", f"--workdir={tmp_path / 'run'}")
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "RuntimeError: bug in the recipe" in proc.stderr
+    assert not any(line.startswith("error:") for line in proc.stderr.splitlines())

@@ -23,7 +23,7 @@ CASES = [
     ("liere", {}, (1, 2, 3)),
     ("liere", {"block_size": 4}, (1, 2, 3)),
     ("liere", {"block_size": 2}, (1, 2, 3)),
-    ("liere", {"block_size": 5}, (2,)),  # 12 % 5: channels 10, 11 are not rotated
+    ("liere", {"block_size": 5, "partial_blocks": True}, (2,)),  # 12 % 5: 10, 11 unrotated
     ("cayley_string", {"generator": "dense", "init_std": 0.1}, (1, 2, 3)),
     ("cayley_string", {"generator": "block2x2", "init_std": 0.1}, (1, 2, 3)),
     ("cayley_string", {"generator": "banded", "bandwidth": 2, "init_std": 0.1}, (2,)),
