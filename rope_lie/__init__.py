@@ -1,3 +1,35 @@
-"""rope_lie: rotary and Lie-group position encodings for Vision Transformers in JAX/Flax."""
+"""rope_lie: rotary and Lie-group position encodings for Vision Transformers in JAX/Flax.
+
+A trained run (or a converted model) loads back as an NNX model and its config::
+
+    import rope_lie
+    model, config = rope_lie.load("workdirs/quickstart")
+    logits_BV = model((images_BHWC / 255 - config.dataset.mean) / config.dataset.std)  # numpy 0-255
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ml_collections as mc
+
+    from rope_lie.models import ViT
 
 __version__ = "0.1.0"
+
+
+def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
+    """The trained model of a workdir and its config (``rope_lie.run_config.load``).
+
+    Args:
+      workdir: a training run's workdir, or a directory written by ``rope_lie.convert``.
+      step: the checkpoint step to load; None = the latest.
+
+    Returns:
+      (model, config): the NNX ViT with the checkpoint's parameters, and the workdir's
+      ``config.json``.
+    """
+    from rope_lie import run_config  # JAX and Flax are imported only when a model is loaded
+
+    return run_config.load(workdir, step)

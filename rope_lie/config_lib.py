@@ -61,6 +61,7 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
     return ds
 
 
+DIM_KEYS = ("width", "depth", "num_heads", "mlp_dim")  # model.dims (models/variants.py)
 ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
 # Each family's reference positions; others: "integer".
 CONVENTIONS = {
@@ -78,6 +79,16 @@ APE_INIT_STD = 0.02  # ViT/timm's APE init std (quickstart, digits, Cayley recip
 LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py); LieRE recipes
 
 
+def pe_choices() -> list[str]:
+    """Every value a recipe's ``pe=`` accepts: the rotary and bias families
+    (``rope_lie.encodings``), their named variants (``PE_VARIANTS``) and the additive tables."""
+    from rope_lie import encodings
+
+    return (
+        sorted(encodings.ROTARY) + sorted(encodings.BIAS) + sorted(PE_VARIANTS) + list(ADDITIVE_PES)
+    )
+
+
 def pe_fields(
     pe: str, block: int = 8, *, ape_std: float = APE_INIT_STD, convention: str | None = None
 ) -> dict[str, Any]:
@@ -90,6 +101,8 @@ def pe_fields(
     "integer" (patch indices); `convention` overrides that. `block` is LieRE's and ComRoPE's
     block size (2 = the LieRE paper's "RoPE-Mixed"), `ape_std` the APE table's init std.
     """
+    if pe not in pe_choices():
+        raise ValueError(f"unknown pe={pe!r}; expected one of {', '.join(pe_choices())}")
     additive = pe if pe in ADDITIVE_PES else "none"
     family, hparams, default_convention = PE_VARIANTS.get(
         pe, (pe, {}, CONVENTIONS.get(pe, "integer"))
@@ -152,8 +165,12 @@ def model_config(
     m.head_zero_init = True  # zero-initialised classifier
     m.dtype = dtype  # activation dtype; parameters stay float32
     m.patch_dropout = 0.0  # fraction of the tokens dropped in training (0 = off; vit.ViT)
+    # width / depth / num_heads / mlp_dim overriding the variant's (None = the variant's), e.g.
+    # --config.model.dims.width=96
+    m.dims = {
+        k: mc.config_dict.placeholder(int) for k in ("width", "depth", "num_heads", "mlp_dim")
+    }
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
-    m.dims = {}  # width / depth / num_heads / mlp_dim overriding the variant's
     m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off
     m.gelu_approximate = True  # tanh GELU; False = exact (erf)
     m.norm_eps = 1e-6  # LayerNorm epsilon

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
+from tqdm import tqdm
 
 from rope_lie import sharding
 from rope_lie.models import tokens
@@ -230,14 +231,23 @@ def evaluate_all(
 
     Returns:
       name -> `evaluate` results (per-example "correct" included) plus "best_accuracy" and
-      "best_step".
+      "best_step". Each evaluation shows its own progress bar when ``config.progress`` is set.
     """
     results = {}
     for name, entry in config.evals.items():
+        batches = tqdm(
+            eval_batches(config, entry, mesh),
+            desc=f"eval {name}",
+            unit="batch",
+            leave=False,
+            disable=not config.get("progress", False) or jax.process_index() != 0,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
         res = evaluate(
             eval_step,
             params,
-            eval_batches(config, entry, mesh),
+            batches,
             mesh,
             shuffle_patch=patch if entry.shuffle_patches else None,
             seed=config.seed,

@@ -4,19 +4,24 @@
 
 - ``maybe_initialize_distributed``: ``jax.distributed`` for multi-process jobs (config.distributed);
 - ``check_workdir``: a workdir that cannot be written fails before anything is read or trained;
-- ``StopOnSigterm``: a scheduler's SIGTERM becomes "checkpoint this step and return";
+- ``StopOnSigterm``: a scheduler's SIGTERM or a first Ctrl-C (SIGINT) becomes "checkpoint this
+  step and return";
+- ``user_errors``: marks errors in what the user asked for (config, data, workdir), which
+  ``rope_lie.main`` prints as one line;
 - ``describe_run``: the run's first two lines (model, data, steps, mesh, processes);
 - ``release_free_heap``: hand the C heap's free pages back to the OS after an evaluation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import signal
 import tempfile
 import threading
+from typing import Any
 
 import jax
 import ml_collections as mc
@@ -65,6 +70,29 @@ def check_workdir(workdir: str) -> None:
             ) from e
 
 
+# Errors a check of the user's input raises (bad config values, a missing dataset, a workdir
+# that cannot be written, a checkpoint of another model). Others are bugs: they keep their
+# traceback.
+USER_ERROR_TYPES = (ValueError, TypeError, KeyError, OSError, IndexError)
+_USER_ERROR = "_rope_lie_user_error"
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Inside: a ``USER_ERROR_TYPES`` exception is marked as the user's (``is_user_error``) and
+    re-raised unchanged (same type and message, for callers of the library)."""
+    try:
+        yield
+    except USER_ERROR_TYPES as e:
+        setattr(e, _USER_ERROR, True)
+        raise
+
+
+def is_user_error(e: BaseException) -> bool:
+    """Whether `e` was raised by a check of the user's input (``user_errors``)."""
+    return bool(getattr(e, _USER_ERROR, False))
+
+
 def say(message: str) -> None:
     """Log, and print on process 0 (absl logs at WARNING by default in main)."""
     logging.info(message)
@@ -75,9 +103,12 @@ def say(message: str) -> None:
 class StopOnSigterm:
     """While active, SIGTERM (what a pod's or cluster's scheduler sends before preempting)
     sets ``requested`` instead of killing the process: the loop checkpoints the step it is on
-    and returns, and a rerun resumes exactly. Installed in single-process runs from the main
-    thread only; multi-process jobs get the same from JAX's preemption sync point (the
-    checkpoint manager's policy), which keeps every process stopping at the same step.
+    and returns, and a rerun resumes exactly. A first SIGINT (Ctrl-C) does the same and sets
+    ``signal_name`` to "SIGINT" (``rope_lie.main`` then exits with status 130 once the
+    checkpoint is written); a second SIGINT raises ``KeyboardInterrupt`` at once. Installed in
+    single-process runs from the main thread only; multi-process jobs get the same from JAX's
+    preemption sync point (the checkpoint manager's policy), which keeps every process stopping
+    at the same step.
 
     In a multi-process job JAX's preemption notifier (C++, installed by
     ``jax.distributed.initialize``) takes SIGTERM; a Python handler here would stop one process
@@ -90,20 +121,32 @@ class StopOnSigterm:
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self.signal_name: str | None = None  # the first signal received: "SIGTERM" or "SIGINT"
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopOnSigterm:
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
-        del signum, frame
+        del frame
+        if signum == signal.SIGINT and self.signal_name == "SIGINT":
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now, without saving
+        if signum == signal.SIGINT:
+            tqdm.write(
+                "Ctrl-C: saving a checkpoint at the next step, then stopping "
+                "(Ctrl-C again to stop at once, without saving)."
+            )
+        self.signal_name = self.signal_name or signal.Signals(signum).name
         self.requested = True
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            if previous is not None:  # None: a handler not installed from Python
+                signal.signal(signum, previous)
+        self._previous = {}
 
 
 def describe_run(config: mc.ConfigDict, abstract_state, mesh, total: int, num_train: int) -> str:

@@ -1,45 +1,269 @@
 """Command line: ``python -m rope_lie.main --config=configs/<recipe>.py:<args> --workdir=DIR``.
 
-Recipes load from any directory (their shared helpers are ``rope_lie.config_lib``). Any config
-value can be overridden, e.g. ``--config.optim.lr=3e-4 --config.total_steps=200``. The config
-is locked, so a misspelt key fails at parse time naming the key. Rerunning with the same
-``--workdir`` resumes from its latest checkpoint.
+    python -m rope_lie.main --list                    # recipes, their summaries, encoder names
+    python -m rope_lie.main --config=quickstart:smoke --print_config   # the resolved config
+    python -m rope_lie.main --config=quickstart:smoke --workdir=/tmp/qs_smoke
+
+``--config`` takes a recipe file (``configs/quickstart.py``; recipes load from any directory,
+their shared helpers are ``rope_lie.config_lib``) or the name of a recipe packaged with
+rope_lie (``quickstart``, the same files), with its arguments after a colon. Any config value
+can be overridden, e.g. ``--config.optim.lr=3e-4 --config.total_steps=200``; the config is
+locked, so a misspelt key fails naming the key. Rerunning with the same ``--workdir`` resumes
+from its latest checkpoint; the workdir keeps the resolved config (``config.json``,
+``config.py``) and ``rope_lie.load(workdir)`` returns the trained model.
+
+Exit status: 0 when the run finished (or was preempted by SIGTERM and saved); 2 for an error in
+what was asked (a bad flag, config value, dataset or workdir), printed as one line
+``error: <message>`` on stderr, with no traceback and no empty workdir left behind; 1 when the
+run stopped on a non-finite loss (one line too); 130 after Ctrl-C (a first Ctrl-C saves a
+checkpoint at the next step, a second stops at once). Any other error is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
+import sys
 
 # TensorFlow (imported for the data pipeline) logs its start-up from C++ at INFO level (oneDNN,
 # CPU features) before anything of ours; keep its warnings and errors. A user's own setting wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from rope_lie import train  # noqa: E402
+from rope_lie import config_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
     None,
-    "Recipe file with get_config(arg), e.g. configs/quickstart.py:smoke.",
+    "Recipe file with get_config(arg), e.g. configs/quickstart.py:smoke, or a packaged "
+    "recipe's name, e.g. quickstart:smoke (--list shows them).",
     lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Directory for checkpoints, metrics and final.json."
+    "workdir", None, "Directory for checkpoints, metrics, final.json and the resolved config."
 )
-flags.mark_flags_as_required(["config", "workdir"])
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the resolved config (recipe + overrides) and exit."
+)
+_LIST = flags.DEFINE_bool("list", False, "List the recipes and the encoder names, and exit.")
+
+EXIT_USER_ERROR = 2
+EXIT_NON_FINITE = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process stopped by Ctrl-C
+_HELP = ("--help", "-h", "--helpshort", "--helpfull", "-?")
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS[
-        "verbosity"
-    ].present:  # Orbax logs every save at INFO; --verbosity=0 shows it
+def recipes_dir() -> str:
+    """The recipes' directory: ``rope_lie/configs`` (in the wheel; a link to ``configs/`` in a
+    checkout), or the checkout's ``configs/`` where the link is not followed."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    packaged = os.path.join(here, "configs")
+    return packaged if os.path.isdir(packaged) else os.path.join(os.path.dirname(here), "configs")
+
+
+def recipes() -> dict[str, str]:
+    """Recipe name -> the first line of its docstring (read without importing the recipe)."""
+    out = {}
+    directory = recipes_dir()
+    for name in sorted(os.listdir(directory) if os.path.isdir(directory) else []):
+        if name.endswith(".py") and not name.startswith("_"):
+            with open(os.path.join(directory, name)) as f:
+                doc = ast.get_docstring(ast.parse(f.read())) or ""
+            out[name[:-3]] = doc.strip().splitlines()[0] if doc.strip() else ""
+    return out
+
+
+def listing() -> str:
+    """What ``--list`` prints: the recipes with their summaries, then the ``pe=`` values."""
+    lines = [f"Recipes (--config=NAME[:args], files in {recipes_dir()}):"]
+    for name, summary in recipes().items():
+        lines.append(f"  {name:<11} {summary}")
+    lines.append("Position encodings (pe=... in a recipe's arguments):")
+    lines.append("  " + ", ".join(config_lib.pe_choices()))
+    return "\n".join(lines)
+
+
+def usage() -> str:
+    """What ``--help`` prints."""
+    return (
+        f"{__doc__.strip()}\n\nFlags:\n"
+        + "\n".join(
+            f"  --{f.name}: {flags.FLAGS[f.name].help}"
+            for f in (_CONFIG, _WORKDIR, _PRINT_CONFIG, _LIST)
+        )
+        + "\n  --config.<field>=<value>: override one field (--print_config shows them all)\n\n"
+        + listing()
+    )
+
+
+def _resolve_recipe_names(argv: list[str]) -> list[str]:
+    """``--config=quickstart[:args]`` -> the packaged recipe's path (a name, not a file)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--config="):
+            spec = arg[len("--config=") :]
+            name, colon, rest = spec.partition(":")
+            if "/" not in name and not name.endswith(".py") and name in recipes():
+                arg = f"--config={os.path.join(recipes_dir(), name + '.py')}{colon}{rest}"
+            elif not os.path.isfile(name):
+                raise _UsageError(
+                    f"--config={spec}: no recipe file {name!r} and no packaged recipe of that "
+                    f"name; expected a file with get_config(arg) or one of {sorted(recipes())}"
+                )
+        out.append(arg)
+    return out
+
+
+_USER_TYPES = ("ValueError", "TypeError", "KeyError", "FileNotFoundError", "OSError")
+
+
+def _message(e: BaseException) -> str:
+    """An exception's message on one line (TFDS's list of every catalogue name left out)."""
+    text = str(e)
+    if "Available datasets:" in text:  # tfds DatasetNotFoundError: ~400 names
+        hint = re.search(r"Did you mean: .*?\?", text)
+        text = text.split("Available datasets:")[0] + (hint.group(0) if hint else "")
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _flag_message(e: flags.Error) -> str | None:
+    """One line for a flag error; None when the recipe itself failed with an unexpected error
+    (its traceback, which ml_collections puts in the message, is then kept)."""
+    text = str(e)
+    if "Traceback (most recent call last)" not in text:
+        return _message(e)
+    flag = text.split(": Error whilst parsing")[0].removeprefix("flag ")
+    last = [line for line in text.splitlines() if line.strip()][-1].strip()
+    kind, _, message = last.partition(": ")
+    if kind.split(".")[-1] not in _USER_TYPES:
+        return None
+    return f"{flag}: {message}"
+
+
+def _unknown_field(e: BaseException, argv: list[str]) -> str:
+    """The message for a ``--config.<path>`` whose field does not exist.
+
+    ml_collections raises ``AttributeError`` chained to ``KeyError``s whose messages are the
+    quoted key, then the key with a "Did you mean" line; this names the flag, the config node
+    that lacks the field, and the suggestion.
+    """
+    texts = []
+    while e is not None:
+        texts.append(str(e.args[0]) if e.args else "")
+        e = e.__context__
+    hint = next((t.split("\n", 1)[1] for t in texts if "\n" in t), "")
+    key = texts[-1].strip("'\"")
+    overrides = [a[len("--config.") :].partition("=")[0] for a in argv if a.startswith("--config.")]
+    path = next((p for p in overrides if key in p.split(".")), key)
+    parent = path.rsplit(".", 1)[0] if "." in path else ""
+    node = "config" + (f".{parent}" if parent else "")
+    message = f"--config.{path}: {node} has no field {key!r}"
+    return f"{message}. {hint}" if hint else f"{message} (--print_config shows the fields)"
+
+
+def _fail(message: str, status: int = EXIT_USER_ERROR) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return status
+
+
+def _parse(argv: list[str]):
+    """(config, workdir) from the command line; user errors raise ``_UsageError``."""
+    argv = _resolve_recipe_names(argv)
+    try:
+        rest = flags.FLAGS(argv)
+    except flags.Error as e:
+        message = _flag_message(e)
+        if message is None:
+            raise
+        raise _UsageError(message) from e
+    except (AttributeError, KeyError) as e:  # a --config.<key> that the config does not have
+        raise _UsageError(_unknown_field(e, argv)) from e
+    except (ValueError, TypeError, OSError) as e:  # the recipe's own argument checks
+        raise _UsageError(_message(e)) from e
+    if len(rest) > 1:
+        raise _UsageError(f"unexpected arguments {rest[1:]}; flags are --name=value")
+    if _LIST.value:  # needs no config
+        return None, None
+    if not flags.FLAGS["config"].present:
+        raise _UsageError("--config is required (--list shows the recipes)")
+    try:
+        config = _CONFIG.value
+    except Exception as e:  # the recipe file failed to load or to build its config
+        cause = e.__cause__ or e.__context__ or e
+        if not isinstance(cause, (OSError, ValueError, TypeError, KeyError, AttributeError)):
+            raise
+        where = flags.FLAGS["config"].config_filename
+        raise _UsageError(f"--config={where}: {_message(cause)}") from e
+    return config, _WORKDIR.value
+
+
+class _UsageError(Exception):
+    pass
+
+
+def run(argv: list[str]) -> int:
+    """The command line on `argv` (``sys.argv`` form); returns the exit status."""
+    if any(a in _HELP for a in argv[1:]):
+        print(usage())
+        return 0
+    try:
+        config, workdir = _parse(list(argv))
+    except _UsageError as e:
+        return _fail(str(e))
+    if _LIST.value:
+        print(listing())
+        return 0
+    if _PRINT_CONFIG.value:
+        print(config, end="")
+        return 0
+    if not workdir:
+        return _fail("--workdir is required: the directory for checkpoints, metrics, final.json")
+    logging.use_absl_handler()
+    if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO; --verbosity=0
         logging.set_verbosity(logging.WARNING)
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    return _train(config, workdir)
+
+
+def _train(config, workdir: str) -> int:
+    from rope_lie import job, train
+
+    existed = os.path.exists(workdir)
+    try:
+        result = train.train_and_evaluate(config, workdir)
+    except KeyboardInterrupt:
+        print("\nerror: interrupted (Ctrl-C); the latest checkpoint is kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except FloatingPointError as e:
+        return _fail(str(e), EXIT_NON_FINITE)
+    except job.USER_ERROR_TYPES as e:
+        if not job.is_user_error(e):
+            raise
+        if not existed:
+            _remove_if_empty(workdir)
+        return _fail(_message(e))
+    if result.get("signal") == "SIGINT":
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _remove_if_empty(workdir: str) -> None:
+    """Remove `workdir` (created by this run) if it holds no file, only empty directories."""
+    if not os.path.isdir(workdir):
+        return
+    for _, _, files in os.walk(workdir):
+        if files:
+            return
+    for root, _, _ in sorted(os.walk(workdir), key=lambda t: -len(t[0])):
+        os.rmdir(root)
+
+
+def main() -> None:
+    sys.exit(run(sys.argv))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main()

@@ -136,6 +136,40 @@ def write_examples(workdir: str, correct: Mapping[str, Any]) -> None:
         os.replace(path + ".tmp.npz", path)
 
 
+def json_safe(value: Any, path: str = "", non_finite: dict[str, str] | None = None) -> Any:
+    """`value` with numpy/jax scalars as python ones and non-finite floats as None.
+
+    Standard JSON has no NaN or Infinity (``json.dump`` writes them as bare ``NaN``, which other
+    readers reject); each one replaced is recorded in `non_finite` as path -> "nan", "inf"...
+    """
+    if isinstance(value, Mapping):
+        return {k: json_safe(v, f"{path}/{k}".lstrip("/"), non_finite) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, f"{path}/{i}", non_finite) for i, v in enumerate(value)]
+    if isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0:
+        value = value.item()
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        if non_finite is not None:
+            non_finite[path] = str(value)
+        return None
+    return value
+
+
+def _write_json(path: str, content: Mapping[str, Any]) -> None:
+    """`content` as strict JSON; non-finite numbers become null, listed under "non_finite"."""
+    non_finite: dict[str, str] = {}
+    safe = json_safe(content, "", non_finite)
+    if non_finite:
+        safe["non_finite"] = {
+            "reason": "JSON has no NaN or Infinity: these values are written as null",
+            "values": non_finite,
+        }
+    with open(path, "w") as f:
+        json.dump(safe, f, indent=2, allow_nan=False)
+
+
 def write_stopped(
     workdir: str, step: int, bad: Mapping[str, float], last_checkpoint: int | None
 ) -> None:
@@ -144,8 +178,7 @@ def write_stopped(
     if jax.process_index() == 0:
         final = {"step": step, "stopped": "non-finite", "metrics": dict(bad),
                  "last_good_checkpoint": last_checkpoint}  # fmt: skip
-        with open(os.path.join(workdir, "final.json"), "w") as f:
-            json.dump(final, f, indent=2, default=_to_python)
+        _write_json(os.path.join(workdir, "final.json"), final)
 
 
 def write_final(workdir: str, step: int, results: Mapping[str, Mapping[str, Any]]) -> dict:
@@ -156,8 +189,7 @@ def write_final(workdir: str, step: int, results: Mapping[str, Mapping[str, Any]
     """
     final = {"step": step, "evals": dict(results)}
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "final.json"), "w") as f:
-            json.dump(final, f, indent=2, default=_to_python)
+        _write_json(os.path.join(workdir, "final.json"), final)
         rows = [{"eval": name, **res} for name, res in results.items()]
         cols = ["eval", "resolution", "accuracy", "best_accuracy", "loss", "num_examples"]
         print(format_table(rows, cols), flush=True)

@@ -20,10 +20,13 @@ Resume order (a rerun with the same workdir continues exactly, ``kill -9`` inclu
 
 Each step runs in this order: train, check, log, evaluate, checkpoint. A non-finite loss or
 gradient norm stops the run (``FloatingPointError`` naming the step) before that state can be
-checkpointed; the last good checkpoint stays the latest. On SIGTERM (single process) or a
-preemption sync point (multi-host jobs) the step is checkpointed and the run returns early
-(exit status 0); rerun it to finish. Rerunning a
-finished run only re-evaluates its final state and rewrites ``final.json``.
+checkpointed; the last good checkpoint stays the latest. On SIGTERM or a first Ctrl-C (single
+process) or a preemption sync point (multi-host jobs) the step is checkpointed and the run
+returns early (``rope_lie.main`` exits with status 0, or 130 after Ctrl-C); rerun it to finish.
+Rerunning a finished run only re-evaluates its final state and rewrites ``final.json``.
+
+Every run writes its resolved config to ``config.json`` and ``config.py`` in the workdir
+(``rope_lie/run_config.py``); ``rope_lie.load(workdir)`` rebuilds the trained model from them.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from rope_lie import checkpoint as ckpt
-from rope_lie import evaluate, finetune, job, metrics, optim, sharding
+from rope_lie import config_check, evaluate, finetune, job, metrics, optim, run_config, sharding
 from rope_lie.job import say
 from rope_lie.models import ViT, tokens
 
@@ -205,10 +208,16 @@ def make_eval_fn(setup: Setup, other: nnx.State) -> evaluate.EvalStep:
 def schedule_steps(config: mc.ConfigDict, num_train_examples: int) -> tuple[int, int, int]:
     """(total_steps, steps_per_epoch, eval_every) from the config and the train split size."""
     steps_per_epoch = max(1, num_train_examples // config.batch_size)
-    total = config.total_steps or int(round(config.num_epochs * steps_per_epoch))
-    if config.total_steps < 0 or total < 1:
+    if config.total_steps < 0:
         raise ValueError(
-            f"total_steps={config.total_steps}, num_epochs={config.num_epochs}: no steps"
+            f"total_steps={config.total_steps}: expected an integer >= 1, or 0 to train "
+            "num_epochs epochs"
+        )
+    total = config.total_steps or int(round(config.num_epochs * steps_per_epoch))
+    if total < 1:
+        raise ValueError(
+            f"total_steps={config.total_steps}, num_epochs={config.num_epochs}: no steps "
+            f"({steps_per_epoch} steps per epoch); set total_steps >= 1"
         )
     if config.eval_every_steps and config.eval_every_epochs:
         raise ValueError("Set eval_every_steps or eval_every_epochs, not both")
@@ -216,18 +225,27 @@ def schedule_steps(config: mc.ConfigDict, num_train_examples: int) -> tuple[int,
     return total, steps_per_epoch, every or total
 
 
-def check_step(step: int, m: dict, manager, workdir: str) -> None:
+def check_step(step: int, m: dict, manager, workdir: str, optim_cfg: Any = None) -> None:
     """Stop on a non-finite loss or gradient norm, leaving the last good checkpoint in place and
     writing the step and its metrics to ``final.json`` ("stopped": "non-finite")."""
     if bool(m["finite"]):
         return
+    optim_cfg = optim_cfg or {}
+    config_lr, warmup = optim_cfg.get("lr", "?"), optim_cfg.get("warmup_steps", "?")
     manager.wait_until_finished()
     bad = {k: float(v) for k, v in m.items() if k != "finite" and jnp.ndim(v) == 0}
-    metrics.write_stopped(workdir, step, bad, manager.latest_step())
+    latest = manager.latest_step()
+    metrics.write_stopped(workdir, step, bad, latest)
+    resume = (
+        f"the latest checkpoint is step {latest} (a rerun resumes there)"
+        if latest is not None
+        else "no checkpoint was saved before it (a rerun starts from step 0)"
+    )
     raise FloatingPointError(
         f"Non-finite loss ({float(m['loss'])}) or gradient norm ({float(m['grad_norm'])}) at "
-        f"step {step}; stopping. This state is not saved; the latest checkpoint is step "
-        f"{manager.latest_step()}."
+        f"step {step}; stopping. Likely cause: a learning rate too high for this model "
+        f"(optim.lr={config_lr}, optim.warmup_steps={warmup}): lower optim.lr or warm up "
+        f"longer. This state is not saved; {resume}."
     )
 
 
@@ -238,8 +256,11 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
       {"step": last step, "evals": {name: {accuracy, loss, num_examples, resolution,
       best_accuracy, best_step}}}.
     """
+    with job.user_errors():
+        config_check.validate(config)
     job.maybe_initialize_distributed(config)
-    mesh = sharding.make_mesh(config.mesh)
+    with job.user_errors():
+        mesh = sharding.make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         return _train(config, workdir, mesh)
 
@@ -262,26 +283,34 @@ class Run:
     steps_per_epoch: int
     eval_every: int
     correct: dict = dataclasses.field(default_factory=dict)  # last evals' per-example results
+    stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "preemption" when stopped early
 
 
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
-    job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first checkpoint
-    nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
-    sharding.check_batch_size(config.batch_size, mesh)  # eval batches are padded to the mesh
-    from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read
+    # Everything the user chose is checked before the first step: errors here are theirs
+    # (job.user_errors; rope_lie.main prints them as one line).
+    with job.user_errors():
+        # The model first: a bad model fails before the workdir is created.
+        nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
+        job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
+        sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
+        from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read
 
-    # Every dataset now: a missing eval dataset fails before training, not after it.
-    num_train = run_inputs.prepare_data(config)
-    total, steps_per_epoch, eval_every = schedule_steps(config, num_train)
-    setup, abstract_state, init, init_other = create_setup_and_state(config, mesh, total)
-    manager = ckpt.make_manager(os.path.join(workdir, "checkpoints"), **config.checkpoint)
+        # Every dataset now: a missing eval dataset fails before training, not after it.
+        num_train = run_inputs.prepare_data(config)
+        total, steps_per_epoch, eval_every = schedule_steps(config, num_train)
+        if config.total_steps == 0:
+            say(f"total_steps=0: training num_epochs={config.num_epochs} epochs = {total} steps")
+        setup, abstract_state, init, init_other = create_setup_and_state(config, mesh, total)
+        manager = ckpt.make_manager(os.path.join(workdir, "checkpoints"), **config.checkpoint)
+        abstract = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract_state,
+            setup.state_shardings,
+        )
+        restored = ckpt.restore_latest(manager, abstract)
+    run_config.write(workdir, config)  # the resolved config, beside what it produces
     init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract_state,
-        setup.state_shardings,
-    )
-    restored = ckpt.restore_latest(manager, abstract)
     if restored is None:
         (state, other), start, best = init(init_key), 0, {}
         if config.get("init_from"):
@@ -289,7 +318,10 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     else:
         start, state, meta = restored
         other, best = init_other(init_key), meta.get("best", {})
-        say(f"Resuming from step {start} of {total} in {workdir}")
+        if start >= total:
+            say(f"{workdir}: already at step {start}; evaluating its final state")
+        else:
+            say(f"Resuming from step {start} of {total} in {workdir}")
     say(job.describe_run(config, abstract_state, mesh, total, num_train))
     writer = metrics.MetricsWriter(workdir, start_step=start, tensorboard=config.tensorboard)
     run = Run(
@@ -313,8 +345,8 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         manager.wait_until_finished()
         manager.close()
         writer.close()
-    if step < total:  # preempted: the checkpoint is saved, final.json comes with the rerun
-        return {"step": step, "preempted": True}
+    if step < total:  # stopped early: the checkpoint is saved, final.json comes with the rerun
+        return {"step": step, "preempted": True, "signal": run.stopped_by}
     if results is None:  # resumed a finished run: evaluate its final state again
         results = _evals(run, state, step)
     metrics.write_examples(workdir, run.correct)
@@ -358,7 +390,7 @@ def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: fl
 def _checked(run: Run, step: int, m: dict) -> dict:
     """Step ``step``'s metrics on the host, after stopping the run if they are not finite."""
     m = jax.device_get(m)
-    check_step(step, m, run.manager, run.workdir)
+    check_step(step, m, run.manager, run.workdir, run.config.get("optim"))
     return m
 
 
@@ -421,7 +453,9 @@ def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
             meta = {"step": step, "best": run.best}
             ckpt.save(run.manager, step, state, meta, force=step == run.total or stop)
             if stop or preempted:
-                say(f"Preemption at step {step}: checkpoint saved, stopping (rerun to resume).")
+                run.stopped_by = sigterm.signal_name or "preemption"
+                what = "Interrupted (Ctrl-C)" if run.stopped_by == "SIGINT" else "Preemption"
+                say(f"{what} at step {step}: checkpoint saved, stopping (rerun to resume).")
                 break
             if record or step == start + 1:  # throughput excludes compiling, evaluating, saving
                 tick, timed = time.perf_counter(), 0

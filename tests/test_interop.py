@@ -138,7 +138,9 @@ def test_conversion_errors_name_the_problem(converted):
     assert "global_pool='avg', expected 'token'" in errors["avg_pool"]
     assert errors["not_empty"].startswith("FileExistsError") and "not empty" in errors["not_empty"]
     assert "'depth': (3, 2)" in errors["spec_differs"]
-    with pytest.raises(FileNotFoundError, match="not a directory written by rope_lie.convert"):
+    with pytest.raises(
+        FileNotFoundError, match="not a directory written by rope_lie.main or rope_lie.convert"
+    ):
         interop.load(converted)
 
 

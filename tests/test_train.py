@@ -75,11 +75,15 @@ def test_run_writes_metrics_checkpoints_and_final(reference):
     assert steps == [8, 12]  # keep=2 latest of 4, 8, 12
 
 
-def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir, monkeypatch):
+def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir, monkeypatch, capsys):
     workdir, final = reference
     trims = []  # each evaluation hands its freed heap back (job.release_free_heap)
     monkeypatch.setattr(train.job, "release_free_heap", lambda: trims.append(1) or True)
-    again = train.train_and_evaluate(_config(tfds_dir), workdir)
+    capsys.readouterr()
+    again = train.train_and_evaluate(_config(tfds_dir, progress=True), workdir)
+    out, err = capsys.readouterr()
+    assert f"{workdir}: already at step 12; evaluating its final state" in out
+    assert "eval size8" in err and "eval size16" in err  # the evaluation's own progress bars
     assert trims == [1]
     assert again["evals"]["size8"]["accuracy"] == final["evals"]["size8"]["accuracy"]
     assert len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))) == 6
@@ -169,16 +173,72 @@ def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(
            "log_every_steps": 5},
     )  # fmt: skip
     config.checkpoint.async_save = False
-    with pytest.raises(
-        FloatingPointError, match=f"at step 2; .* latest checkpoint is step {saved}"
-    ):
+    resume = (
+        f"the latest checkpoint is step {saved}"
+        if saved
+        else "no checkpoint was saved before it (a rerun starts from step 0)"
+    )
+    with pytest.raises(FloatingPointError) as raised:
         train.train_and_evaluate(config, str(tmp_path))
+    message = str(raised.value)
+    assert "at step 2;" in message and resume in message and "step None" not in message
+    assert "Likely cause: a learning rate too high" in message and "optim.lr=1e+38" in message
     assert os.listdir(tmp_path / "checkpoints") == ([] if saved is None else [str(saved)])
-    with open(tmp_path / "final.json") as f:
-        final = json.load(f)
+    with open(tmp_path / "final.json") as f:  # strict JSON: no bare NaN
+        final = json.load(f, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert final["step"] == 2 and final["stopped"] == "non-finite"
     assert final["last_good_checkpoint"] == saved
-    assert not all(np.isfinite([final["metrics"]["loss"], final["metrics"]["grad_norm"]]))
+    bad = final["non_finite"]["values"]
+    assert set(bad) & {"metrics/loss", "metrics/grad_norm"}, final
+    assert all(final["metrics"][k.split("/")[1]] is None for k in bad)
+
+
+def test_final_json_is_strict_json_with_non_finite_values_as_null(tmp_path):
+    metrics.write_final(str(tmp_path), 3, {"val": {"accuracy": 0.5, "loss": float("inf")}})
+    text = (tmp_path / "final.json").read_text()
+    final = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert final["evals"]["val"] == {"accuracy": 0.5, "loss": None}
+    assert final["non_finite"]["values"] == {"evals/val/loss": "inf"}
+
+
+def test_a_workdir_keeps_its_config_and_loads_back_as_the_trained_model(reference, tfds_dir):
+    """config.json is the run's config; config.py returns it; rope_lie.load gives the model
+    with the last checkpoint's parameters, which classifies the test digits as the run's final
+    evaluation did."""
+    import importlib.util
+
+    import rope_lie
+    from rope_lie import interop, run_config
+    from rope_lie.data import pipeline
+
+    workdir, final = reference
+    config = _config(tfds_dir)
+    model, loaded = rope_lie.load(workdir)
+    # (the rerun test above may have rewritten it with progress bars on)
+    as_json = lambda c: {**json.loads(c.to_json_best_effort()), "progress": None}
+    assert as_json(loaded) == as_json(config)
+    spec = importlib.util.spec_from_file_location("workdir_recipe", f"{workdir}/config.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    assert as_json(recipe.get_config()) == as_json(config)
+    assert interop.load is run_config.load
+
+    _, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    from flax import nnx
+
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    name = checkpoint.path_name  # the model's keys are ints where the checkpoint's are strings
+    flat = {name(p): v for p, v in jax.tree_util.tree_leaves_with_path(params)}
+    saved = {name(p): v for p, v in jax.tree_util.tree_leaves_with_path(state["params"])}
+    assert sorted(flat) == sorted(saved)
+    for key, value in saved.items():
+        np.testing.assert_array_equal(np.asarray(flat[key]), value, err_msg=key)
+    batches = pipeline.make_eval_iterator(loaded.dataset, batch_size=120, split=None)
+    correct = [
+        (np.argmax(model(b["image"]), -1) == b["label"])[b["mask"].astype(bool)] for b in batches
+    ]
+    accuracy = np.concatenate(correct).mean()
+    np.testing.assert_allclose(accuracy, final["evals"]["size8"]["accuracy"], atol=1.5 / 360)
 
 
 def test_sigterm_saves_the_step_and_exits_cleanly_then_resumes_exactly(
@@ -211,6 +271,72 @@ def test_sigterm_saves_the_step_and_exits_cleanly_then_resumes_exactly(
         strict=True,
     ):
         np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
+
+
+# The command line in a subprocess, with the same slow saves as _CHILD.
+_MAIN_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    from rope_lie import main, train
+
+    save = train.ckpt.save
+    def slow_save(*args, **kwargs):
+        out = save(*args, **kwargs)
+        time.sleep(0.5)
+        return out
+    train.ckpt.save = slow_save
+    sys.exit(main.run(["rope_lie.main", *sys.argv[2:]]))
+    """
+)
+
+
+def test_ctrl_c_saves_the_step_says_so_and_exits_130(tfds_dir, tmp_path):
+    """Ctrl-C (SIGINT) mid-run through the command line: the step it is on is checkpointed, the
+    run says so and exits with status 130, without a traceback."""
+    workdir = str(tmp_path / "interrupted")
+    args = [
+        "--config=configs/digits.py:smoke,variant=pico",
+        "--config.total_steps=12",
+        "--config.checkpoint.every_steps=4",
+        f"--config.dataset.data_dir={tfds_dir}",
+        f"--workdir={workdir}",
+    ]
+    pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MAIN_CHILD, REPO, *args],
+        env=dict(os.environ, PYTHONPATH=pythonpath),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    first = os.path.join(workdir, "checkpoints", "4")
+    deadline = time.time() + 240
+    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "training ended before the signal:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out
+    assert "Ctrl-C: saving a checkpoint at the next step" in out and "Traceback" not in out
+    stopped_at = int(re.search(r"Interrupted \(Ctrl-C\) at step (\d+)", out).group(1))
+    step, _ = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    assert step == stopped_at and 4 <= step < 12, out
+    assert not os.path.exists(os.path.join(workdir, "final.json"))
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    import threading
+
+    with job.StopOnSigterm() as stop:
+        if threading.current_thread() is threading.main_thread():
+            assert signal.getsignal(signal.SIGINT) == stop._handle
+        stop._handle(signal.SIGINT, None)
+        assert stop.requested and stop.signal_name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            stop._handle(signal.SIGINT, None)
+    assert signal.getsignal(signal.SIGINT) != stop._handle
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax, closed loop

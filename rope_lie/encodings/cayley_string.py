@@ -9,8 +9,9 @@ and RoPE(p) RoPE-Mixed's learnable rotation (``rope_mixed``: angle_j = sum_a p_a
 interleaved pairs (2j, 2j+1)). P acts on the token *before* RoPE: after it, P would cancel in
 q.k (P^T P = I). q.k = q^T P^T RoPE(p_k - p_q) P k depends on p_k - p_q only, in every
 dimension. P does not depend on the position: it is computed once per head per step (never per
-token; ``precompute`` returns it as ``fold_NHH`` of its state, beside the RoPE angles, and the
-model shares it between layers that share parameters), and can be folded into the q/k
+token; ``precompute`` returns it as ``mix_NHH`` of its state, beside the RoPE angles, and the
+model shares it between layers that share parameters; the state's ``rotate`` applies it, and
+``state.to_fold()`` leaves it to the caller), and can be folded into the q/k
 projections with ``fold``, after which only ``rope_mixed.apply({"freqs_ANF":
 params["freqs_ANF"]}, q, pos)`` is applied. The ViT folds it at every step: D N H^2 work per
 layer instead of B T N H^2.
@@ -334,12 +335,13 @@ def precompute(
     num_prefix: int = 0,
     k: int | None = None,
 ) -> state.PairAngles:
-    """The encoder state (``encodings/state.py``): the RoPE angles, and P to fold.
+    """The encoder state (``encodings/state.py``): the RoPE angles and P.
 
-    ``state.rotate(x @ fold(w))`` equals ``apply(params, x @ w, pos)``: folding P into the q/k
-    weights costs D N H^2 per layer and step instead of B T N H^2 for applying it to every
-    token, and the gradient reaches S through the folded weights (the model does this at every
-    step, not only for export). P (one Cayley solve per head, none for block2x2) is computed
+    ``state.rotate(x)`` equals ``apply(params, x, pos)`` (P included). The model takes
+    ``state.to_fold()`` instead, whose ``rotate(x @ fold(w))`` equals the same: folding P into
+    the q/k weights costs D N H^2 per layer and step instead of B T N H^2 for applying it to
+    every token, and the gradient reaches S through the folded weights (the model does this at
+    every step, not only for export). P (one Cayley solve per head, none for block2x2) is computed
     once per step and shared by every layer that shares the parameters.
 
     Args:
@@ -352,11 +354,11 @@ def precompute(
 
     Returns:
       ``PairAngles`` with the RoPE-Mixed angles (T, N, H/2) (B, T, N, H/2 for pos_BTA) and
-      ``fold_NHH`` = P (N, H, H), dense for every generator; float32.
+      ``mix_NHH`` = P (N, H, H), dense for every generator; float32.
     """
     _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
     _check_generator(params, pos, k, num_heads=num_heads, head_dim=head_dim)
-    return _rope(params, pos, num_heads, head_dim)._replace(fold_NHH=orthogonal(params, k=k))
+    return _rope(params, pos, num_heads, head_dim)._replace(mix_NHH=orthogonal(params, k=k))
 
 
 def _check_generator(params, pos, k, *, num_heads: int, head_dim: int) -> None:

@@ -24,8 +24,9 @@ pair rotations of this package, and
 
     <R(p) q, R(p') k> = <Rot(t lambda) Q^T q, Rot(t' lambda) Q^T k>:
 
-the state is ``PairAngles`` (angle t_nk(p) lambda_nkj on pair k b/2 + j) with ``fold_NHH`` =
-P = diag(Q_nk^T), which the model folds into the q/k projections as Cayley-STRING's P. A
+the state is ``PairAngles`` (angle t_nk(p) lambda_nkj on pair k b/2 + j) with ``mix_NHH`` =
+P = diag(Q_nk^T), which the model folds into the q/k projections as Cayley-STRING's P
+(``to_fold()``). A
 family's ``apply`` therefore returns R'(p) x = Rot(t lambda) P x = P R(p) x, R(p) x up to the
 fixed orthogonal left factor P (``spectra`` gives Q; the tests check P^T R'(p) = expm(...)
 against scipy in float64); attention logits are the same. R'(0) = P.
@@ -225,7 +226,7 @@ def precompute(
       variant: the same as given to ``init``.
 
     Returns:
-      ``PairAngles`` with angle (T, N, H/2) (or (B, T, N, H/2)) and fold_NHH (N, H, H), None
+      ``PairAngles`` with angle (T, N, H/2) (or (B, T, N, H/2)) and mix_NHH (N, H, H), None
       for b = 2; float32.
     """
     variant = _check_variant(variant)
@@ -253,7 +254,7 @@ def _precompute(gen_NKbb, scale_AK, pos, variant: str) -> state.PairAngles:
             num_blocks * block,)))  # fmt: skip
     t_XK = _coefficients(scale_AK, pos, num_blocks, variant)
     angle = t_XK[..., None, :, None] * lam_NKJ  # (..., N, K, J)
-    return state.PairAngles(angle.reshape(*angle.shape[:-2], -1), fold)
+    return state.PairAngles(angle.reshape(*angle.shape[:-2], -1), mix_NHH=fold)
 
 
 def apply(
@@ -277,12 +278,7 @@ def apply(
     num_heads, num_blocks, block = gen_NKbb.shape[:3]
     _checks.check_heads(x_BTNH, num_heads, num_blocks * block, _FAMILY)
     pe = precompute(params, pos, num_heads=num_heads, head_dim=num_blocks * block, variant=variant)
-    if pe.fold_NHH is not None:
-        folded = jnp.einsum(
-            "NHG,BTNG->BTNH", pe.fold_NHH, x_BTNH.astype(jnp.float32), precision=_HIGHEST
-        )
-        return pe.rotate(folded).astype(x_BTNH.dtype)
-    return pe.rotate(x_BTNH)
+    return pe.rotate(x_BTNH)  # the state applies its mix_NHH = P before the pair rotations
 
 
 def generators(params: dict[str, jax.Array], *, variant: str = "ld") -> jax.Array:

@@ -8,13 +8,14 @@ with learned skew-symmetric generators G_a = U_a - U_a^T, U_a the strict upper t
 parameter (the reference's ``triu(W, 1) - triu(W, 1)^T``, entries initialised U[0, 2*pi)).
 
 Block size b (``block_size``; None = dense, b = H): each G_a is block diagonal with K = H // b
-contiguous b x b blocks acting on channels [r*b, (r+1)*b); channels left over when b does not
-divide H are not rotated. b = 2 is RoPE-Mixed with learned frequencies: the block
-[[0, g], [-g, 0]] gives the rotation [[cos gt, sin gt], [-sin gt, cos gt]], i.e. the interleaved
-pair (2j, 2j+1) rotated by angle -g*t (computed in closed form, no expm). In 1D (A = 1), and for
-b = 2 in any dimension, the exponents commute, so q.k depends on p_q - p_k only; in 2D/3D with
-b > 2 the G_a do not commute and LieRE is *not* translation invariant (it also sees absolute
-positions).
+contiguous b x b blocks acting on channels [r*b, (r+1)*b). ``init`` requires b to divide H
+unless ``partial_blocks=True``, which leaves the H mod b channels after the last block
+unrotated (the convention of docs/encoders.md): no channel goes unrotated unasked. b = 2 is
+RoPE-Mixed with learned frequencies: the block [[0, g], [-g, 0]] gives the rotation
+[[cos gt, sin gt], [-sin gt, cos gt]], i.e. the interleaved pair (2j, 2j+1) rotated by angle
+-g*t (computed in closed form, no expm). In 1D (A = 1), and for b = 2 in any dimension, the
+exponents commute, so q.k depends on p_q - p_k only; in 2D/3D with b > 2 the G_a do not commute
+and LieRE is *not* translation invariant (it also sees absolute positions).
 
 Conventions: interleaved pairs (2j, 2j+1) for b = 2, contiguous blocks, rotation multiplies from
 the left, axis order of ``pos`` = array order of the input, prefix (class) tokens at position 0
@@ -73,6 +74,7 @@ def init(
     num_axes: int,
     block_size: int | None = None,
     init_scale: float = 2 * math.pi,
+    partial_blocks: bool = False,
 ) -> dict[str, jax.Array]:
     """Random raw generators, entries U[0, init_scale) (only the strict upper triangles are used).
 
@@ -83,12 +85,20 @@ def init(
       num_axes: A, position axes (one generator per axis).
       block_size: b, contiguous b x b blocks (None: dense, b = H); an int in [2, H].
       init_scale: upper end of the uniform init (2*pi in the reference; the paper also uses 1).
+      partial_blocks: allow a b that does not divide H; the H mod b channels after the last
+        block are then not rotated. False: such a b is an error.
 
     Returns:
       {"gen_ANKbb": (A, N, K, b, b) float32} with K = H // b.
     """
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
     block = _check_block_size(block_size, head_dim)
+    if head_dim % block and not partial_blocks:
+        raise ValueError(
+            f"{_FAMILY}: head_dim={head_dim} is not divisible by block_size={block_size}: the "
+            f"last {head_dim % block} channels would not be rotated; choose a block size that "
+            "divides head_dim, or set partial_blocks=True to leave them unrotated"
+        )
     if isinstance(init_scale, bool) or not (
         isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale >= 0
     ):

@@ -6,13 +6,18 @@ Every family in ``ROTARY`` and ``BIAS`` provides
 
 and the attention uses the state in one way, whatever the family:
 
+    state    <- state.to_fold()                        (when it has one: P left to fold)
     w_q, w_k <- fold of ``state.fold_NHH`` into them   (when not None: P (x w + b))
     q, k     <- state.rotate(q), state.rotate(k)       (per token)
     logits   += state.bias_BNTS                        (when not None)
 
+A family's own state is complete: ``precompute(...).rotate(x)`` equals ``apply(params, x, pos)``
+for every family (Cayley-STRING's ``PairAngles`` applies its P, ``mix_NHH``). Only the state of
+``to_fold()``, ``PairAnglesAfterFold``, leaves P to the caller, and its name says so.
+
 The states are typed by what the families compute (a family's table is in
 ``docs/encoders.md``): pair angles (RoPE and its variants, LieRE with 2x2 blocks, Cayley-STRING
-with its P to fold), block rotations (LieRE), spectral phases (Circulant-STRING), a logit bias
+with its P), block rotations (LieRE), spectral phases (Circulant-STRING), a logit bias
 (ALiBi), or nothing (NoPE). Each is a NamedTuple, so a state is a pytree: it crosses ``jit``,
 is cached per resolution at evaluation, and is shared by every layer that shares the parameters.
 A state computed for one head (heads sharing parameters, N = 1) applies to every head; per-
@@ -40,15 +45,48 @@ class Unrotated(NamedTuple):
 
 
 class PairAngles(NamedTuple):
-    """Interleaved channel pairs (2j, 2j+1) of head n turned by ``angle_TNF[t, n, j]``.
+    """Interleaved channel pairs (2j, 2j+1) of head n turned by ``angle_TNF[t, n, j]``, after
+    the position-independent ``mix_NHH`` when it is set (Cayley-STRING's P).
 
     ``angle_TNF`` is (T, N, F) or per example (B, T, N, F), float32; N = 1 for all heads;
-    channels past 2F are not rotated. ``fold_NHH`` (Cayley-STRING's P, applied before the
-    rotation) is folded into the projections by the caller: ``rotate`` does not apply it.
+    channels past 2F are not rotated. ``rotate`` is the whole encoding, ``R(p) P x``: what the
+    family's ``apply`` computes. The model folds P into the q/k projections instead of applying
+    it to every token: ``to_fold()`` gives that state (``PairAnglesAfterFold``).
     """
 
     angle_TNF: jax.Array
-    fold_NHH: jax.Array | None = None
+    mix_NHH: jax.Array | None = None  # P (N, H, H), applied before the rotation
+    fold_NHH = None
+    bias_BNTS = None
+
+    def rotate(self, x_BTNH: jax.Array) -> jax.Array:
+        if self.mix_NHH is None:
+            return lie.rotate_pairs(x_BTNH, self.angle_TNF)
+        mixed = jnp.matmul(
+            self.mix_NHH.astype(jnp.float32),
+            x_BTNH.astype(jnp.float32)[..., None],
+            precision=jax.lax.Precision.HIGHEST,
+        )[..., 0]
+        return lie.rotate_pairs(mixed, self.angle_TNF).astype(x_BTNH.dtype)
+
+    def to_fold(self) -> PairAngles | PairAnglesAfterFold:
+        """This encoding with P left to the caller, who folds it into the q/k projections."""
+        if self.mix_NHH is None:
+            return self
+        return PairAnglesAfterFold(self.angle_TNF, self.mix_NHH)
+
+
+class PairAnglesAfterFold(NamedTuple):
+    """``PairAngles`` whose P (``fold_NHH``) the caller folds into the q/k projections:
+    ``rotate`` turns the pairs only and does *not* apply ``fold_NHH`` (as its name says).
+
+    The attention's state for Cayley-STRING (``PairAngles.to_fold``): ``rotate(x @ fold(w))``
+    equals ``PairAngles.rotate(x @ w)``, with P folded into the weights once per step (D N H^2)
+    instead of applied to every token (B T N H^2).
+    """
+
+    angle_TNF: jax.Array
+    fold_NHH: jax.Array  # P (N, H, H), to fold into the q/k projections
     bias_BNTS = None
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
@@ -102,4 +140,4 @@ class LogitBias(NamedTuple):
         return x_BTNH
 
 
-State = Unrotated | PairAngles | BlockRotations | SpectralPhases | LogitBias
+State = Unrotated | PairAngles | PairAnglesAfterFold | BlockRotations | SpectralPhases | LogitBias

@@ -14,7 +14,8 @@
 
       python -m rope_lie.main --config=DIR/config.py --config.init_from=DIR --workdir=NEW
 
-``load(DIR)`` returns the NNX model with the converted weights and the config. The model takes
+``load(DIR)`` (the same function as ``rope_lie.load``, which also loads training workdirs)
+returns the NNX model with the converted weights and the config. The model takes
 images NHWC (``(B, H, W, C)``), float32, normalised as the source model expects:
 ``(x / 255 - config.dataset.mean) / config.dataset.std`` per channel, and returns logits
 ``(B, V)``; any resolution divisible by the patch size works (positions are recomputed, an APE
@@ -23,7 +24,6 @@ table is resized).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -34,10 +34,9 @@ import numpy as np
 from flax import nnx
 
 from rope_lie import checkpoint as ckpt
+from rope_lie import run_config
 from rope_lie.models import ViT
-
-CONFIG_JSON = "config.json"
-CONFIG_PY = "config.py"
+from rope_lie.run_config import CONFIG_JSON, CONFIG_PY
 
 _RECIPE = '''"""{title}
 
@@ -88,16 +87,8 @@ def check_params(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> Non
 
 
 def build(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> ViT:
-    """The ViT of ``model_cfg`` holding ``params`` (a pure dict, checked by ``check_params``)."""
-    check_params(model_cfg, params)
-    model = ViT(**dict(model_cfg), rngs=nnx.Rngs(0))
-    given = {ckpt.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(params)}
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(_pure_params(model))
-    values = [np.asarray(given[ckpt.path_name(p)], np.float32) for p, _ in leaves]
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, values))
-    nnx.update(model, state)
-    return model
+    """The ViT of ``model_cfg`` holding ``params`` (``rope_lie.run_config.build``)."""
+    return run_config.build(model_cfg, params)
 
 
 def converted_config(
@@ -163,24 +154,9 @@ def save(directory: str, config: mc.ConfigDict, params: Mapping[str, Any]) -> st
     return directory
 
 
-def _as_tuples(value: Any) -> Any:
-    """JSON lists back to the tuples the config holds (image_shape, mean, std)."""
-    if isinstance(value, list):
-        return tuple(_as_tuples(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _as_tuples(v) for k, v in value.items()}
-    return value
-
-
 def read_config(directory: str) -> mc.ConfigDict:
-    """The ``config.json`` of a converted model's directory."""
-    path = os.path.join(os.path.abspath(os.path.expanduser(directory)), CONFIG_JSON)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"{path} does not exist: {directory!r} is not a directory written by rope_lie.convert"
-        )
-    with open(path) as f:
-        return mc.ConfigDict(_as_tuples(json.load(f)))
+    """The ``config.json`` of a converted model's directory (``rope_lie.run_config.read``)."""
+    return run_config.read(directory)
 
 
 def recipe_config(recipe_path: str, arg: str | None = None) -> mc.ConfigDict:
@@ -194,19 +170,5 @@ def recipe_config(recipe_path: str, arg: str | None = None) -> mc.ConfigDict:
     return training_config(read_config(os.path.dirname(os.path.abspath(recipe_path))))
 
 
-def load(directory: str) -> tuple[ViT, mc.ConfigDict]:
-    """The converted model (NNX, weights loaded) and its config.
-
-    Args:
-      directory: a directory written by ``python -m rope_lie.convert`` (or ``save``).
-
-    Returns:
-      (model, config): call ``model(images_BHWC)`` on NHWC float32 images normalised as
-      ``(x / 255 - config.dataset.mean) / config.dataset.std``; logits (B, V). ``config`` is
-      ``config.json`` (model, dataset, interop), not the training config of ``config.py``.
-    """
-    from rope_lie import finetune
-
-    config = read_config(directory)
-    _, params = finetune.load_params(directory)
-    return build(config.model.to_dict(), params), config
+# A converted model's directory loads like a training run's workdir: one call for both.
+load = run_config.load

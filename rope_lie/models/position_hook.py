@@ -119,11 +119,13 @@ def precompute_pe(
       hparams: the family's apply hyperparameters (``apply_hparams``).
 
     Returns:
-      the family's state (``encodings/state.py``), a pytree of arrays.
+      the family's state (``encodings/state.py``), a pytree of arrays; a position-independent
+      P (Cayley-STRING) left to fold into the q/k projections (``state.to_fold()``).
     """
-    return pe_module(pe).precompute(
+    pe_state = pe_module(pe).precompute(
         params, pos, num_heads=num_heads, head_dim=head_dim, num_prefix=num_prefix, **hparams
     )
+    return pe_state.to_fold() if hasattr(pe_state, "to_fold") else pe_state
 
 
 def fold_projection(

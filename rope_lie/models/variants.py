@@ -66,14 +66,15 @@ def model_dims(
     Args:
       variant: ``VARIANTS`` key with optional ``/p``, or None (then ``dims`` gives every entry
         of ``DIM_KEYS`` and ``patch_size`` the patch).
-      dims: None or a mapping from some of ``DIM_KEYS`` to positive ints.
+      dims: None or a mapping from some of ``DIM_KEYS`` to positive ints (or None: the
+        variant's).
       patch_size: as in ``parse_variant``.
       rank: spatial rank of the input.
 
     Returns:
       (dims, patch).
     """
-    dims = dict(dims or {})
+    dims = {k: v for k, v in dict(dims or {}).items() if v is not None}  # None: the variant's
     unknown = sorted(set(dims) - set(DIM_KEYS))
     if unknown:
         raise ValueError(f"dims has unknown keys {unknown}; expected some of {list(DIM_KEYS)}")

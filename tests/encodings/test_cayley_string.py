@@ -321,8 +321,9 @@ def test_precompute_with_folded_weights_equals_apply(generator, pos_shape):
     x_BTD = _rng(61).standard_normal((B, T, 12)).astype(np.float32)
     w_DNH = _rng(62).standard_normal((12, N, H)).astype(np.float32)
     pos = _pos(63, pos_shape)
-    pre = cayley_string.precompute(params, pos, num_heads=N, head_dim=H, k=kk)
-    assert isinstance(pre, state.PairAngles)
+    whole = cayley_string.precompute(params, pos, num_heads=N, head_dim=H, k=kk)
+    pre = whole.to_fold()  # what the model takes: P left to fold into the weights
+    assert isinstance(pre, state.PairAnglesAfterFold)
     np.testing.assert_allclose(pre.fold_NHH, cayley_string.orthogonal(params, k=kk), atol=1e-6)
     q = jnp.einsum("btd,dnj,nij->btni", x_BTD, w_DNH, pre.fold_NHH)
     want = _apply(params, jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH), pos, k=kk)
@@ -330,6 +331,14 @@ def test_precompute_with_folded_weights_equals_apply(generator, pos_shape):
     # Without the fold the RoPE-only rotation gives a different result: P matters here.
     unfolded = pre.rotate(jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH))
     assert np.max(np.abs(np.asarray(unfolded) - np.asarray(want))) > 1e-2
+    # The family's own state is the whole encoding: rotating q once per step needs no fold.
+    q_unfolded = jnp.einsum("btd,dnh->btnh", x_BTD, w_DNH)
+    np.testing.assert_allclose(whole.rotate(q_unfolded), want, atol=1e-5)
+    # One P and one set of angles for every head (heads sharing parameters) broadcasts.
+    one = state.PairAngles(whole.angle_TNF[..., :1, :], whole.mix_NHH[:1])
+    np.testing.assert_allclose(
+        one.rotate(q_unfolded)[:, :, 1:], one.rotate(q_unfolded[:, :, 1:]), atol=1e-6
+    )
 
 
 def _loss(params, x, w, pos, k):

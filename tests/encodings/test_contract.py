@@ -30,7 +30,7 @@ CASES = [
     ("liere", {}, (1, 2, 3)),
     ("liere", {"block_size": 4}, (1, 2, 3)),
     ("liere", {"block_size": 2}, (1, 2, 3)),
-    ("liere", {"block_size": 5}, (2,)),  # 12 % 5: channels 10, 11 are not rotated
+    ("liere", {"block_size": 5, "partial_blocks": True}, (2,)),  # 12 % 5: 10, 11 unrotated
     ("cayley_string", {"generator": "dense", "init_std": 0.1}, (1, 2, 3)),
     ("cayley_string", {"generator": "block2x2", "init_std": 0.1}, (1, 2, 3)),
     ("cayley_string", {"generator": "banded", "bandwidth": 2, "init_std": 0.1}, (2,)),
@@ -215,7 +215,13 @@ def test_precompute_then_rotate_equals_apply(name, hparams, rank):
         pe = module.precompute(params, pos, num_heads=N, head_dim=H, num_prefix=1, **kw)
         assert isinstance(pe, state.State.__args__) and pe.bias_BNTS is None
         want = module.apply(params, x_BTNH, pos, **kw)
-        np.testing.assert_allclose(pe.rotate(_folded(pe, x_BTNH)), want, rtol=1e-5, atol=1e-5)
+        # The family's state is the whole encoding (Cayley-STRING's P included) ...
+        assert pe.fold_NHH is None
+        np.testing.assert_allclose(pe.rotate(x_BTNH), want, rtol=1e-5, atol=1e-5)
+        # ... and the model's (P left to fold, when there is one) gives the same.
+        model_pe = pe.to_fold() if hasattr(pe, "to_fold") else pe
+        got = model_pe.rotate(_folded(model_pe, x_BTNH))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         jitted = jax.jit(lambda p, q: module.precompute(p, q, num_heads=N, head_dim=H, **kw))
         chex.assert_trees_all_close(jitted(params, pos), pe, rtol=1e-5, atol=1e-5)
 

@@ -318,12 +318,26 @@ def test_gradient_matches_float64_finite_differences(block_size):
         ({"init_scale": -1.0}, "init_scale=-1.0"),
         ({"init_scale": float("nan")}, "init_scale=nan"),
         ({"num_heads": 0}, "num_heads=0"),
+        ({"block_size": 3}, "head_dim=8 is not divisible by block_size=3: the last 2 channels"),
+        ({"block_size": 5, "partial_blocks": False}, "or set partial_blocks=True"),
     ],
 )
 def test_init_errors(kwargs, match):
     args = {"num_heads": N, "head_dim": 8, "num_axes": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
         liere.init(jax.random.key(0), **args)
+
+
+def test_partial_blocks_leave_the_remainder_unrotated_when_asked():
+    params = liere.init(
+        jax.random.key(0), num_heads=N, head_dim=10, num_axes=2, block_size=4, partial_blocks=True
+    )
+    assert params["gen_ANKbb"].shape == (2, N, 2, 4, 4)
+    x_BTNH = _rng(1).standard_normal((1, T, N, 10)).astype(np.float32)
+    pos_TA = _pos(2, (T, 2), -1.5, 1.5)
+    out = np.asarray(liere.apply(params, jnp.asarray(x_BTNH), pos_TA))
+    np.testing.assert_array_equal(out[..., 8:], x_BTNH[..., 8:])  # the 2 leftover channels
+    assert np.max(np.abs(out[..., :8] - x_BTNH[..., :8])) > 1e-3
 
 
 def test_init_rejects_unknown_hparam():
@@ -338,7 +352,8 @@ def test_init_errors_head_dim_one_dense():
 
 @pytest.mark.parametrize("block_size, shape", [(None, (2, N, 1, 8, 8)), (3, (2, N, 2, 3, 3))])
 def test_init_shapes_dense_and_odd_block(block_size, shape):
-    gen = _init(0, block_size=block_size)["gen_ANKbb"]
+    partial = {"partial_blocks": True} if block_size == 3 else {}  # 3 leaves 2 of 8 channels
+    gen = _init(0, block_size=block_size, **partial)["gen_ANKbb"]
     chex.assert_shape(gen, shape)
     assert gen.dtype == jnp.float32
 

@@ -1,0 +1,94 @@
+"""Checks of a run's config before anything runs: every field with a range says what it expects.
+
+``validate(config)`` raises ``ValueError`` naming the first bad field, its value and the valid
+range, e.g. ``optim.lr=nan: expected a finite number > 0``. ``train.train_and_evaluate`` calls
+it first, so a bad value fails in a second instead of at step 2 (a NaN learning rate) or after
+an epoch (``total_steps=0``). Fields a config does not have are skipped (user configs may be
+smaller than the recipes'); the model's own arguments are checked where the model is built
+(``rope_lie/models/vit.py``, the encoders).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections as mc
+
+_MISSING = object()
+
+
+def _get(config: mc.ConfigDict, key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not hasattr(node, "get") or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# field -> (test, what is expected). Tests see the value only.
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {}
+
+
+def _check(expected: str, test: Callable[[Any], bool], *keys: str) -> None:
+    for key in keys:
+        _CHECKS[key] = (test, expected)
+
+
+_check("an integer >= 1", lambda v: _is_int(v) and v >= 1,
+       "batch_size", "eval_batch_size", "log_every_steps", "checkpoint.every_steps",
+       "checkpoint.keep", "mesh.fsdp")  # fmt: skip
+_check("an integer >= 0", lambda v: _is_int(v) and v >= 0,
+       "eval_every_steps", "optim.warmup_steps", "data_shards", "fsdp_min_size")  # fmt: skip
+_check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0,
+       "optim.lr", "optim.eps")  # fmt: skip
+_check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+       "num_epochs", "eval_every_epochs", "optim.weight_decay",
+       "optim.grad_clip")  # fmt: skip
+_check("a number in [0, 1)", lambda v: _is_number(v) and 0 <= v < 1,
+       "optim.b1", "optim.b2", "model.dropout")  # fmt: skip
+_check("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1, "optim.end_lr_ratio")
+_check("-1 (the remaining devices) or an integer >= 1",
+       lambda v: _is_int(v) and (v == -1 or v >= 1), "mesh.data")  # fmt: skip
+_check("'adam' or 'adamw'", lambda v: v in ("adam", "adamw"), "optim.name")
+_check("'keep' or 'new'", lambda v: v in ("keep", "new"), "init_head")
+
+
+def validate(config: mc.ConfigDict) -> None:
+    """Raise ``ValueError`` naming the first field of `config` outside its valid range.
+
+    Args:
+      config: a run config (``config_lib.base_config()`` fields plus the recipe's).
+    """
+    for key, (test, expected) in _CHECKS.items():
+        value = _get(config, key)
+        if value is not _MISSING and not test(value):
+            raise ValueError(f"{key}={value!r}: expected {expected}")
+    total = _get(config, "total_steps")
+    if total is not _MISSING and not (_is_int(total) and total >= 0):
+        raise ValueError(
+            f"total_steps={total!r}: expected an integer >= 1, or 0 to train num_epochs epochs"
+        )
+    epochs = _get(config, "num_epochs")
+    if total == 0 and epochs is not _MISSING and not epochs > 0:
+        raise ValueError(
+            f"total_steps=0 and num_epochs={epochs!r}: no steps to train; set total_steps >= 1 "
+            "or num_epochs > 0"
+        )
+    if _get(config, "eval_every_steps") not in (0, _MISSING) and _get(
+        config, "eval_every_epochs"
+    ) not in (0, 0.0, _MISSING):
+        raise ValueError(
+            f"eval_every_steps={config.eval_every_steps} and eval_every_epochs="
+            f"{config.eval_every_epochs}: set one of them, not both"
+        )

@@ -1,0 +1,69 @@
+"""rope_lie/config_check.py: the recipes pass; each bad value is named with its valid range."""
+
+import pytest
+
+from rope_lie import config_check, config_lib
+
+
+def _base():
+    config = config_lib.base_config()
+    config.model = {"dropout": 0.0}
+    return config
+
+
+@pytest.mark.parametrize("recipe", ["quickstart", "digits", "arrows", "cifar100", "cayley"])
+@pytest.mark.parametrize("arg", [None, "smoke"])
+def test_every_recipe_passes(recipe, arg):
+    import importlib
+
+    config_check.validate(importlib.import_module(f"configs.{recipe}").get_config(arg))
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("optim.lr", float("nan"), "optim.lr=nan: expected a finite number > 0"),
+        ("optim.lr", 0.0, "optim.lr=0.0: expected a finite number > 0"),
+        ("optim.lr", float("inf"), "optim.lr=inf"),
+        ("total_steps", -5, "total_steps=-5: expected an integer >= 1, or 0 to train num_epochs"),
+        ("batch_size", 0, "batch_size=0: expected an integer >= 1"),
+        ("eval_batch_size", -1, "eval_batch_size=-1"),
+        ("log_every_steps", 0, "log_every_steps=0"),
+        ("checkpoint.every_steps", 0, "checkpoint.every_steps=0"),
+        ("checkpoint.keep", 0, "checkpoint.keep=0"),
+        ("optim.b2", 1.0, "optim.b2=1.0: expected a number in [0, 1)"),
+        ("optim.weight_decay", -0.1, "optim.weight_decay=-0.1: expected a finite number >= 0"),
+        ("optim.grad_clip", float("nan"), "optim.grad_clip=nan"),
+        ("optim.warmup_steps", -1, "optim.warmup_steps=-1: expected an integer >= 0"),
+        ("optim.end_lr_ratio", 2.0, "optim.end_lr_ratio=2.0: expected a number in [0, 1]"),
+        ("optim.name", "sgd", "optim.name='sgd': expected 'adam' or 'adamw'"),
+        ("model.dropout", 1.0, "model.dropout=1.0"),
+        ("mesh.data", 0, "mesh.data=0: expected -1 (the remaining devices) or an integer >= 1"),
+        ("init_head", "fresh", "init_head='fresh'"),
+    ],
+)
+def test_a_bad_value_is_named_with_what_is_expected(key, value, message):
+    config = _base()
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    with node.ignore_type():
+        node[leaf] = value
+    with pytest.raises(ValueError) as raised:
+        config_check.validate(config)
+    assert message in str(raised.value)
+
+
+def test_total_steps_zero_needs_epochs_and_one_eval_schedule():
+    config = _base()
+    config.total_steps, config.num_epochs = 0, 0.0
+    with pytest.raises(ValueError, match="total_steps=0 and num_epochs=0.0: no steps"):
+        config_check.validate(config)
+    config = _base()
+    config.eval_every_steps, config.eval_every_epochs = 10, 1.0
+    with pytest.raises(ValueError, match="set one of them, not both"):
+        config_check.validate(config)
+    config = _base()
+    config.total_steps = 5
+    config_check.validate(config)  # a valid config passes

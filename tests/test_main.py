@@ -1,0 +1,127 @@
+"""The command line (rope_lie/main.py) as a user meets it: each case runs in its own process.
+
+A user error (bad key, value, recipe argument, model, data or workdir) must end in exactly one
+line ``error: <message>`` on stderr, exit status 2, no traceback (nor JAX's "removed internal
+frames" footer) and no empty workdir. The cases use digits:smoke (pico), which fail within
+seconds of starting.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args: str, tfds_dir: str | None = None) -> subprocess.CompletedProcess:
+    pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    extra = [f"--config.dataset.data_dir={tfds_dir}"] if tfds_dir else []
+    cmd = [sys.executable, "-m", "rope_lie.main", *args, *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The single ``error:`` line of a failed run, after checking status and tracebacks."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "removed its internal frames" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    return errors[0]
+
+
+SMOKE = "--config=configs/digits.py:smoke,variant=pico"
+
+CASES = {
+    "misspelt key": (
+        [SMOKE, "--config.totl_steps=5"],
+        ["--config.totl_steps: config has no field", 'Did you mean "total_steps"'],
+    ),
+    "misspelt nested key": (
+        [SMOKE, "--config.model.dims.widht=60"],
+        ["config.model.dims has no field 'widht'", 'Did you mean "width"'],
+    ),
+    "unknown pe": (
+        ["--config=configs/digits.py:smoke,pe=lire"],
+        ["unknown pe='lire'", "liere", "ape", "sincos", "visionllama_liere", "alibi"],
+    ),
+    "unknown recipe argument": (
+        ["--config=configs/digits.py:smoke,foo=1"],
+        ["Unknown config argument 'foo'", "'pe'"],
+    ),
+    "missing recipe file": (
+        ["--config=configs/nope.py"],
+        ["no recipe file 'configs/nope.py'", "quickstart"],
+    ),
+    "not an int": ([SMOKE, "--config.total_steps=abc"], ["--config.total_steps=abc"]),
+    "negative steps": ([SMOKE, "--config.total_steps=-5"], ["total_steps=-5: expected", ">= 1"]),
+    "nan lr": ([SMOKE, "--config.optim.lr=nan"], ["optim.lr=nan: expected a finite number > 0"]),
+    "bad image shape": (
+        [SMOKE, "--config.model.image_shape=(9,9)"],
+        ["image_shape=(9, 9) is not divisible by patch_size=(2, 2)"],
+    ),
+    "odd head_dim": (  # width 30 over 2 heads: head_dim 15, RoPE needs pairs
+        [
+            "--config=configs/digits.py:smoke,variant=pico,pe=rope_mixed",
+            "--config.model.dims.width=30",
+        ],
+        ["head_dim=15 must be even: rope_mixed"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_user_error_is_one_line_with_status_2_and_no_workdir(case, tmp_path):
+    args, expected = CASES[case]
+    workdir = tmp_path / "run"
+    line = _one_error_line(_run(*args, f"--workdir={workdir}"))
+    for text in expected:
+        assert text in line, (text, line)
+    assert not workdir.exists()
+
+
+def test_a_missing_dataset_is_one_line_and_leaves_no_empty_workdir(tfds_dir, tmp_path):
+    workdir = tmp_path / "run"
+    proc = _run(
+        SMOKE, "--config.evals.size8.name=mnistt", f"--workdir={workdir}", tfds_dir=tfds_dir
+    )
+    line = _one_error_line(proc)
+    assert "mnistt" in line and "mnist" in line.split("mnistt", 1)[1] and len(line) < 400, line
+    assert not workdir.exists()
+
+
+def test_an_unwritable_workdir_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    line = _one_error_line(_run(SMOKE, f"--workdir={blocker}/run"))
+    assert f"workdir '{blocker}/run'" in line
+
+
+def test_help_list_and_print_config_exit_0():
+    help_ = _run("--help")
+    assert (
+        help_.returncode == 0 and "--print_config" in help_.stdout and "quickstart" in help_.stdout
+    )
+    listing = _run("--list")
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    lines = listing.stdout.splitlines()
+    assert any(line.split()[:2] == ["quickstart", "Quickstart:"] for line in lines), lines
+    for name in ("visionllama_liere", "ape", "sincos", "cayley_string", "alibi"):
+        assert name in listing.stdout
+    printed = _run("--config=quickstart:smoke", "--config.optim.lr=0.005", "--print_config")
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert "lr: 0.005" in printed.stdout and "total_steps: 8" in printed.stdout
+
+
+def test_an_unexpected_error_keeps_its_traceback(tmp_path):
+    """A recipe that fails with something other than a user error (here a RuntimeError) is a
+    bug: its traceback is shown, not one line."""
+    recipe = tmp_path / "broken.py"
+    recipe.write_text("def get_config(arg=None):\n    raise RuntimeError('bug in the recipe')\n")
+    proc = _run(f"--config={recipe}", f"--workdir={tmp_path / 'run'}")
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "RuntimeError: bug in the recipe" in proc.stderr
+    assert not any(line.startswith("error:") for line in proc.stderr.splitlines())
