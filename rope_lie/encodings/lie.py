@@ -26,12 +26,8 @@ __all__ = [
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _mt(a_ZHH: jax.Array) -> jax.Array:
-    return jnp.swapaxes(a_ZHH, -1, -2)
-
-
-def _flat(fn, a_XHH):
-    """``fn`` on the (Z, H, H) flattening of a (..., H, H) batch."""
+def on_matrix_batch(fn, a_XHH: jax.Array) -> jax.Array:
+    """``fn`` on the (Z, H, H) flattening of a (..., H, H) batch, reshaped back to (..., H, H)."""
     shape = a_XHH.shape
     return fn(a_XHH.reshape(-1, *shape[-2:])).reshape(shape)
 
@@ -99,7 +95,7 @@ def _cayley_fwd(s_ZHH):
 
 def _cayley_bwd(m_ZHH, p_bar_ZHH):
     # dP = 2 dM = -2 M dS M, so S_bar = -2 M^T P_bar M^T.
-    m_t = _mt(m_ZHH)
+    m_t = jnp.matrix_transpose(m_ZHH)
     return (-2.0 * jnp.matmul(jnp.matmul(m_t, p_bar_ZHH, precision=_HIGHEST), m_t,
                               precision=_HIGHEST),)  # fmt: skip
 
@@ -125,7 +121,7 @@ def cayley(s_XHH: jax.Array) -> jax.Array:
     s_XHH = jnp.asarray(s_XHH, jnp.float32)
     if s_XHH.size == 0:
         return jnp.zeros(s_XHH.shape, jnp.float32)
-    return _flat(_cayley, s_XHH)
+    return on_matrix_batch(_cayley, s_XHH)
 
 
 @jax.jit

@@ -43,7 +43,7 @@ def test_expm_skew_combination_finite_at_huge_norms_and_zero_generators():
     # Each squaring doubles the rounding error, so after s ~ 19 squarings orthogonality holds to
     # about 2^s u (u = 2^-24 ~ 6e-8): ~3e-2 here (measured 0.6-1.7 x 2^s u over seeds).
     # Jitted: one compiled program instead of hundreds of eagerly dispatched operations.
-    squarings = jax.jit(lambda c, g: expm_combination._combination_setup(c, g)[0])
+    squarings = jax.jit(expm_combination.num_squarings)
     s = np.asarray(squarings(jnp.asarray(coef, jnp.float32), jnp.asarray(gen, jnp.float32)))
     assert s.max() >= 17
     ortho = np.abs(np.swapaxes(r, -1, -2) @ r - np.eye(8)).max(axis=(-2, -1))
