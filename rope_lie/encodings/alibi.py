@@ -121,8 +121,7 @@ def _check_positions(pos_q: jax.Array, pos_k: jax.Array, num_prefix: int) -> Non
             f"{_FAMILY}: query positions have B={pos_q.shape[0]} but key positions have "
             f"B={pos_k.shape[0]}"
         )
-    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
-        raise ValueError(f"{_FAMILY}: num_prefix={num_prefix!r} must be a non-negative integer")
+    _checks.check_nonnegative_int(num_prefix, "num_prefix", _FAMILY)
     if num_prefix > min(pos_q.shape[-2], pos_k.shape[-2]):
         raise ValueError(
             f"{_FAMILY}: num_prefix={num_prefix} exceeds the number of tokens "

@@ -41,8 +41,6 @@ float32; the output has x's dtype.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,10 +106,7 @@ def _check_hparams(generator, head_dim: int, bandwidth, k, init_std) -> None:
         raise ValueError(
             f"{_FAMILY}: k={k!r} is only used by generator='topk', got generator={generator!r}"
         )
-    if isinstance(init_std, bool) or not (
-        isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std >= 0
-    ):
-        raise ValueError(f"{_FAMILY}: init_std={init_std!r} must be a finite number >= 0")
+    _checks.check_real(init_std, "init_std", _FAMILY)
     if generator == "topk" and init_std == 0:
         raise ValueError(
             f"{_FAMILY}: generator='topk' needs init_std > 0, got init_std={init_std!r}: from "

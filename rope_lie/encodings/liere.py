@@ -89,10 +89,7 @@ def init(
     """
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
     block = _check_block_size(block_size, head_dim)
-    if isinstance(init_scale, bool) or not (
-        isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale >= 0
-    ):
-        raise ValueError(f"{_FAMILY}: init_scale={init_scale!r} must be a finite number >= 0")
+    _checks.check_real(init_scale, "init_scale", _FAMILY)
     shape = (num_axes, num_heads, head_dim // block, block, block)
     gen = jax.random.uniform(key, shape, jnp.float32, 0.0, float(init_scale))
     return {"gen_ANKbb": gen}
