@@ -62,13 +62,15 @@ def get_config(arg=None):
         size16=common.eval_entry(name="sklearn_digits/size16"),  # 2x upsampled, 8x8 tokens
         size8_shuffled=common.eval_entry(shuffle_patches=True),  # positions destroyed
     )
-    if args.smoke:
-        c.total_steps = 6  # a few steps: checks the whole path, not the accuracy
-        c.batch_size = 16
-        c.optim.warmup_steps = 1
-        c.log_every_steps = 2
-        c.eval_every_epochs = 0.0
-        c.checkpoint.every_steps = 3
-        c.eval_batch_size = 40
-        c.progress = False
+    if args.smoke:  # a few steps of the same model: checks the whole path, not the accuracy
+        common.make_smoke(
+            c,
+            variant=None,
+            total_steps=6,
+            batch_size=16,
+            eval_batch_size=40,
+            warmup_steps=1,
+            log_every_steps=2,
+            checkpoint_every_steps=3,
+        )
     return c

@@ -40,6 +40,7 @@ from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
 from rope_lie.models import attention, blocks, position_hook
 from rope_lie.models.position_hook import PositionParam
+from rope_lie.models.variables import NoDecay
 from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_variant: public)
     DIM_KEYS,
     VARIANTS,
@@ -243,7 +244,7 @@ class ViT(nnx.Module):
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
         num_axes = len(self.image_shape)
         self.embed = nnx.Linear(math.prod(self.patch) * channels, width, dtype=dt, rngs=rngs)
-        self.cls_1D = nnx.Param(jnp.zeros((1, width))) if num_prefix else None
+        self.cls_1D = NoDecay(jnp.zeros((1, width))) if num_prefix else None
         self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
             additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
