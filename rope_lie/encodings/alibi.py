@@ -168,7 +168,9 @@ def bias(
     is_grid_S = jnp.arange(pos_k.shape[-2]) >= num_prefix
     dist_XTS = jnp.where(is_grid_T[:, None] & is_grid_S[None, :], dist_XTS, 0.0)
     # Heads go before (T, S): (N, T, S) for shared positions, (B, N, T, S) per example.
-    return -slope_N[:, None, None] * dist_XTS[..., None, :, :]
+    dist_XNTS = dist_XTS[..., None, :, :]
+    slope_XN11 = slope_N.reshape((1,) * (dist_XNTS.ndim - 3) + (-1, 1, 1))
+    return -slope_XN11 * dist_XNTS
 
 
 def precompute(

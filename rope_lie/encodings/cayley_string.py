@@ -164,7 +164,7 @@ def init(
     else:
         s = float(init_std) * jax.random.normal(key_s, shape, jnp.float32)
     if generator == "banded":
-        s = s * jnp.asarray(_band_valid(bandwidth, head_dim), jnp.float32)  # unused entries = 0
+        s = s * jnp.asarray(_band_valid(bandwidth, head_dim), jnp.float32)[None]  # unused: 0
     params[_KEYS[generator]] = s
     return params
 
@@ -374,6 +374,7 @@ def _mix(params: dict[str, jax.Array], x_BTNH: jax.Array, k: int | None) -> jax.
     kind = generator_kind(params)
     if kind == "block2x2":
         cos_NF, sin_NF = _block2x2_cos_sin(params[_KEYS[kind]])
+        cos_NF, sin_NF = cos_NF[None, None], sin_NF[None, None]  # (1, 1, N, F)
         half = cos_NF.shape[-1]
         u, v = x32[..., :half], x32[..., half:]
         return jnp.concatenate([cos_NF * u - sin_NF * v, sin_NF * u + cos_NF * v], axis=-1)

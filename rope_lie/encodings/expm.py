@@ -184,7 +184,7 @@ def closed_form(a_ZHH: jax.Array) -> jax.Array:
     t = jnp.sqrt(jnp.where(t2 > 0, t2, 1.0))  # safe at 0 for gradients: t2 = 0 is masked
     f1 = jnp.where(t2 > 0, jnp.sinc(t / jnp.pi), 1.0)[..., None, None]
     f2 = jnp.where(t2 > 0, 0.5 * jnp.square(jnp.sinc(t / (2 * jnp.pi))), 0.5)[..., None, None]
-    return jnp.eye(h) + f1 * a_ZHH + f2 * _broadcast_product(a_ZHH, a_ZHH)
+    return jnp.eye(h)[None] + f1 * a_ZHH + f2 * _broadcast_product(a_ZHH, a_ZHH)
 
 
 def _isoclinic(p1: jax.Array, p2: jax.Array, p3: jax.Array, signs) -> tuple:
@@ -215,7 +215,9 @@ def _closed_form_4x4(a_Z44: jax.Array) -> jax.Array:
     m, cm, sm = _isoclinic(
         (a[0, 1] - a[2, 3]) / 2, (a[0, 2] + a[1, 3]) / 2, (a[0, 3] - a[1, 2]) / 2, (-1, 1, -1)
     )
-    return cp * cm * jnp.eye(4) + cp * sm * m + sp * cm * p + sp * sm * _broadcast_product(p, m)
+    return (
+        cp * cm * jnp.eye(4)[None] + cp * sm * m + sp * cm * p + sp * sm * _broadcast_product(p, m)
+    )
 
 
 def rho_power_bound(a_ZHH: jax.Array, powers: int) -> jax.Array:
@@ -245,7 +247,7 @@ def num_squarings(a_XHH: jax.Array) -> jax.Array:
 
 def _taylor_ps(b, b2, b4):
     """exp(B) to degree 15 by Paterson-Stockmeyer from B, B^2, B^4 (4 more products)."""
-    eye = jnp.eye(b.shape[-1], dtype=b.dtype)
+    eye = jnp.eye(b.shape[-1], dtype=b.dtype)[None]  # (1, H, H)
     b3 = _dot(b2, b)
     c = _TAYLOR_COEFFS
 

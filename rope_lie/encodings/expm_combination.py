@@ -87,11 +87,11 @@ def _combination_setup(coef_XA: jax.Array, gen_AYHH: jax.Array):
     num_axes = gen_AYHH.shape[0]
     degree = _COMBINATION_DEGREE.get(num_axes, _COMBINATION_DEGREE_MANY_AXES)
     rho_A = jnp.max(jax.lax.stop_gradient(expm.rho_power_bound(gen_AYHH, 4)), axis=1)
-    bound_X = jnp.sum(jnp.abs(jax.lax.stop_gradient(coef_XA)) * rho_A, axis=-1)
+    bound_X = jnp.sum(jnp.abs(jax.lax.stop_gradient(coef_XA)) * rho_A[None], axis=-1)
     s_X = expm.squarings_for(bound_X, _combination_theta(degree))
     log_scale_A = expm.pow2_above(rho_A)
     gen_unit = gen_AYHH * jnp.exp2(-log_scale_A)[:, None, None, None]
-    b_XA = coef_XA * jnp.exp2(log_scale_A - s_X[:, None].astype(jnp.float32))
+    b_XA = coef_XA * jnp.exp2(log_scale_A[None] - s_X[:, None].astype(jnp.float32))
     return s_X, b_XA, _word_basis(gen_unit, degree), degree
 
 

@@ -305,7 +305,7 @@ class ViT(nnx.Module):
         emb_TD = encodings.ADDITIVE[self.additive].table(
             params, grid_shape=grid, width=x_BTD.shape[-1], num_prefix=num_prefix
         )
-        return x_BTD + emb_TD.astype(x_BTD.dtype)
+        return x_BTD + emb_TD.astype(x_BTD.dtype)[None]
 
     def positions(self, grid: Sequence[int]) -> jax.Array:
         """pos_TA of a token grid under ``position_convention``, prefix tokens at 0."""

@@ -98,7 +98,7 @@ def test_translation_invariance(head_dim):
     """<R(p) q, R(p') k> = <q, R(p' - p) k>, exactly because the generators commute."""
     params, q, pos = _setup(head_dim, num_axes=2, seed=1)
     k = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
-    shift = jnp.array([2.5, -1.75])
+    shift = jnp.array([[2.5, -1.75]])
     rq, rk = _apply(params, q, pos), _apply(params, k, pos)
     rq_shift = _apply(params, q, pos + shift)
     rk_shift = _apply(params, k, pos + shift)

@@ -134,9 +134,9 @@ def _scores(module, params, kw, q_BTNH, k_BTNH, pos_q_TA, pos_k_TA):
 def test_translation_invariance_where_the_math_gives_it(name, hparams, rank):
     module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
     k_BTNH = jax.random.normal(jax.random.key(7), x_BTNH.shape)
-    shift_A = jnp.asarray([1.5, -2.0, 0.75][:rank])
+    shift_1A = jnp.asarray([[1.5, -2.0, 0.75][:rank]])
     base = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA, pos_TA)
-    moved = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA + shift_A, pos_TA + shift_A)
+    moved = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA + shift_1A, pos_TA + shift_1A)
     commuting = name in RELATIVE or rank == 1 or hparams.get("block_size") == 2
     if commuting:
         np.testing.assert_allclose(moved, base, rtol=1e-4, atol=2e-4)
