@@ -55,11 +55,7 @@ def get_config(arg=None):
             raise ValueError(f"init_scale={args.init_scale} is for pe=liere, not pe={args.pe}")
         c.model.pe_hparams.init_scale = args.init_scale  # LieRE Table 7: 2 pi (default) vs 1
     c.batch_size = 512  # effective batch size of the paper
-    c.num_epochs = 200.0  # epochs of the paper
-    c.optim.name = "adam"  # Adam, no weight decay (paper)
-    c.optim.lr = 1e-4  # initial learning rate, cosine decay to 0
-    c.optim.grad_clip = 0.0  # no clipping mentioned in the paper
-    c.optim.warmup_steps = 0  # no warmup mentioned in the paper
+    common.liere_paper_training(c)  # 200 epochs of Adam at 1e-4, cosine to 0
     c.log_every_steps = 100  # steps between metrics lines
     c.eval_every_epochs = 10.0  # epochs between evaluations
     c.eval_batch_size = 500  # 10,000 test images = 20 batches

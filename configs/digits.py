@@ -68,13 +68,15 @@ def get_config(arg=None):
     if args.naflex:  # the fixed-size evaluations above stay
         sides = sorted({args.min_side, 4, args.max_side})
         common.add_naflex(c, args.min_side, args.max_side, eval_sides=sides)
-    if args.smoke:
-        c.total_steps = 6  # a few steps: checks the whole path, not the accuracy
-        c.batch_size = 16
-        c.optim.warmup_steps = 1
-        c.log_every_steps = 2
-        c.eval_every_epochs = 0.0
-        c.checkpoint.every_steps = 3
-        c.eval_batch_size = 40
-        c.progress = False
+    if args.smoke:  # a few steps of the same model: checks the whole path, not the accuracy
+        common.make_smoke(
+            c,
+            variant=None,
+            total_steps=6,
+            batch_size=16,
+            eval_batch_size=40,
+            warmup_steps=1,
+            log_every_steps=2,
+            checkpoint_every_steps=3,
+        )
     return c

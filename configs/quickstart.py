@@ -66,14 +66,17 @@ def get_config(arg=None):
         g08_shuffled=common.eval_entry(shuffle_patches=True),  # positions destroyed
     )
 
-    if args.smoke:
-        c.total_steps = 8  # a few steps: checks the whole path, not the accuracy
-        c.batch_size = 16
-        c.optim.warmup_steps = 2
-        c.log_every_steps = 4
-        c.eval_every_steps = 0  # only at the end
-        c.eval_batch_size = 32
-        c.checkpoint.every_steps = 4
+    if args.smoke:  # a few steps of the same model: checks the whole path, not the accuracy
+        common.make_smoke(
+            c,
+            variant=None,
+            total_steps=8,
+            batch_size=16,
+            eval_batch_size=32,
+            warmup_steps=2,
+            log_every_steps=4,
+            checkpoint_every_steps=4,
+        )
         c.dataset.eval_split = "test[:64]"  # a slice: faster evaluation
         c.evals.g12.split = "test[:64]"
         del c.evals["g16"]  # one extrapolation grid is enough to check the path

@@ -254,19 +254,42 @@ def eval_entry(
     return e
 
 
-def make_smoke(c: mc.ConfigDict, variant: str = "pico") -> None:
-    """Shrink a recipe to a few steps of a tiny model (checks the whole path, not accuracy)."""
-    c.model.variant = variant  # tiny ViT (pico: 2 layers of width 32, H = 16)
-    if "block_size" in c.model.pe_hparams:
-        c.model.pe_hparams.block_size = min(c.model.pe_hparams.block_size, 16)
-    c.total_steps = 4
-    c.batch_size = 8
-    c.eval_batch_size = 8
-    c.optim.warmup_steps = 0
-    c.log_every_steps = 2
-    c.eval_every_steps = 0
+def make_smoke(
+    c: mc.ConfigDict,
+    variant: str | None = "pico",
+    *,
+    total_steps: int = 4,
+    batch_size: int = 8,
+    eval_batch_size: int = 8,
+    warmup_steps: int = 0,
+    log_every_steps: int = 2,
+    checkpoint_every_steps: int = 2,
+) -> None:
+    """Shrink a recipe to a few steps (checks the whole path, not accuracy).
+
+    Args:
+      c: the recipe's config, changed in place.
+      variant: a tiny ViT to train instead (pico: 2 layers of width 32, H = 16; LieRE blocks are
+        capped at 16), or None to keep the recipe's model.
+      total_steps: training steps.
+      batch_size: global examples per training step.
+      eval_batch_size: global examples per evaluation step.
+      warmup_steps: learning-rate warmup steps.
+      log_every_steps: steps between metrics lines.
+      checkpoint_every_steps: steps between checkpoints.
+    """
+    if variant is not None:
+        c.model.variant = variant
+        if "block_size" in c.model.pe_hparams:
+            c.model.pe_hparams.block_size = min(c.model.pe_hparams.block_size, 16)
+    c.total_steps = total_steps
+    c.batch_size = batch_size
+    c.eval_batch_size = eval_batch_size
+    c.optim.warmup_steps = warmup_steps
+    c.log_every_steps = log_every_steps
+    c.eval_every_steps = 0  # evaluate only at the end
     c.eval_every_epochs = 0.0
-    c.checkpoint.every_steps = 2
+    c.checkpoint.every_steps = checkpoint_every_steps
     c.progress = False
 
 
@@ -298,3 +321,14 @@ def add_naflex(c: mc.ConfigDict, min_side: int, max_side: int, eval_sides=()) ->
     c.naflex = naflex_config(min_side, max_side)
     for side in eval_sides:
         c.evals[f"naflex_s{side:02d}"] = naflex_eval_entry(side)
+
+
+def liere_paper_training(c: mc.ConfigDict) -> None:
+    """The LieRE paper's schedule and optimiser (arXiv:2406.10322, Sec. 5): 200 epochs of Adam
+    without weight decay, learning rate 1e-4 decayed by a cosine to 0, no clipping, no warmup
+    (the paper mentions neither). The batch size is the recipe's."""
+    c.num_epochs = 200.0  # epochs of the paper
+    c.optim.name = "adam"  # Adam, no weight decay (paper)
+    c.optim.lr = 1e-4  # initial learning rate, cosine decay to 0
+    c.optim.grad_clip = 0.0  # no clipping mentioned in the paper
+    c.optim.warmup_steps = 0  # no warmup mentioned in the paper

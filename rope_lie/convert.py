@@ -9,7 +9,9 @@
 ``--checkpoint`` a timm-layout ``state_dict`` file (``.safetensors``/``.pth``, e.g. the
 ``naver_in1k`` weights from the Hugging Face hub) or ``none`` for timm's random
 initialisation; ``--overrides`` passes keyword arguments to ``timm.create_model``
-(``embed_dim=64,depth=2``: small models for tests). ``--from=liere``: ``--checkpoint`` is a
+(``embed_dim=64,depth=2``: small models for tests); the class count is read from the
+checkpoint's head (a fine-tuned model's), and a tensor of another shape than the model's is
+named in the error. ``--from=liere``: ``--checkpoint`` is a
 LieRE reference Lightning checkpoint (or its ``state_dict``), its architecture read from the
 tensor shapes (``--model`` may set ``channels=`` and any other ``ReferenceSpec`` field, which
 must then agree); with ``--checkpoint=none`` ``--model`` gives the whole ``ReferenceSpec``

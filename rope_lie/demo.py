@@ -63,7 +63,7 @@ def check_rotary(name: str, hparams: dict, seed: int = 0) -> dict:
         return jnp.einsum("BTNH,BSNH->BNTS", q, k), q
 
     base, q_rot = scores(0.0)
-    moved, _ = scores(jnp.asarray([2.0, -3.0]))
+    moved, _ = scores(jnp.asarray([[2.0, -3.0]]))  # (1, A): the same shift for every token
     norm_err = jnp.max(jnp.abs(jnp.linalg.norm(q_rot, axis=-1) - jnp.linalg.norm(q_BTNH, axis=-1)))
     rel_err = jnp.max(jnp.abs(moved - base)) / jnp.max(jnp.abs(base))
     return {"params": _num_params(params), "norm_err": float(norm_err), "shift_err": float(rel_err)}

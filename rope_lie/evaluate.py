@@ -12,7 +12,6 @@ tokens are the patches: a model that ignores positions scores the same shuffled 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -25,7 +24,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rope_lie import sharding
-from rope_lie.models import tokens
+from rope_lie.models import tokens, vit
 
 TOKEN_KEYS = ("patches", "index", "grid", "token_mask")  # a NaFlex batch (data/naflex.py)
 
@@ -56,20 +55,16 @@ def shuffle_patches(
     Returns:
       array of the same shape and dtype whose patches are those of `images`, reordered.
     """
-    batch, *spatial, channels = images.shape
+    batch, *spatial, _ = images.shape
     if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
         raise ValueError(f"images spatial shape {tuple(spatial)} not divisible by patch {patch}")
-    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
-    rank = len(grid)
-    split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
-    to_patches = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
-    x = images.reshape(split).transpose(to_patches)  # (B, *grid, *patch, C)
-    x = x.reshape(batch, math.prod(grid), *patch, channels)
-    perm_BT = np.argsort(rng.random((batch, x.shape[1])), axis=1)
-    x = np.take_along_axis(x, perm_BT.reshape(batch, -1, *([1] * (rank + 1))), axis=1)
-    x = x.reshape(batch, *grid, *patch, channels)
-    from_patches = [0] + [i for a in range(rank) for i in (1 + a, 1 + rank + a)] + [2 * rank + 1]
-    return x.transpose(from_patches).reshape(images.shape)
+    blocks = vit.patch_blocks(images, patch)  # (B, *grid, *patch, C)
+    tokens = blocks.reshape(batch, -1, *blocks.shape[1 + len(patch) :])  # (B, T, *patch, C)
+    perm_BT = np.argsort(rng.random(tokens.shape[:2]), axis=1)
+    tokens = np.take_along_axis(
+        tokens, perm_BT.reshape(perm_BT.shape + (1,) * (tokens.ndim - 2)), axis=1
+    )
+    return vit.unpatch_blocks(tokens.reshape(blocks.shape), patch)
 
 
 class EvalStep(NamedTuple):

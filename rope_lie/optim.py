@@ -1,21 +1,21 @@
 """Optimizer: Adam/AdamW with global-norm clipping, linear warmup + cosine decay.
 
-Weight decay (AdamW, decoupled) applies to weight matrices only. It is masked off for
+Weight decay (AdamW, decoupled) applies to weights only, decided by each parameter's type
+(models/variables.py), never by its name:
 
-- position-encoding parameters (``PositionParam``: rotary frequencies, LieRE generators,
-  Cayley/circulant STRING parameters, ALiBi slopes, APE tables) — decaying them pulls the
-  rotations towards the identity, i.e. towards NoPE (RoPE-Mixed, Heo et al. 2024, Sec. 3);
-- biases, normalisation parameters and class tokens (``NO_DECAY_NAME``: ``bias``, ``scale``,
-  ``cls*`` and shape-suffixed biases such as ``bq_NH``; anything under a module whose name
-  contains ``norm``), and every array with fewer than 2 dims (DeiT/timm practice).
+- a plain ``nnx.Param`` with two or more dims is a weight: decayed;
+- a ``NoDecay`` is not: biases, class tokens, layer scales and the position-encoding
+  parameters (``PositionParam``: rotary frequencies, LieRE generators, Cayley/circulant STRING
+  parameters, ALiBi slopes, APE tables), whose decay pulls the rotations towards the identity,
+  i.e. towards NoPE (RoPE-Mixed, arXiv:2403.13298, Sec. 3);
+- nor is any parameter with fewer than 2 dims (flax's biases and norm scales; DeiT/timm).
 
-The mask is derived from the nnx ``State`` (variable types and paths) and returned as a pure
+The mask is derived from the nnx ``State`` (variable types and shapes) and returned as a pure
 dict with the layout of ``nnx.to_pure_dict(state)``, the layout of the train state's params.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,28 +23,22 @@ import optax
 from flax import nnx
 from flax.nnx import traversals
 
-from rope_lie.models.position_hook import PositionParam
+from rope_lie.models.variables import NoDecay
 
-# Leaf names without decay: biases ("bias", or shape-suffixed like "bq_NH", "bo_D"), norm
-# scales/offsets ("scale", "bias") and class tokens ("cls_1D").
-NO_DECAY_NAME = re.compile(r"^(bias|scale|cls)|^b[a-z]*_[A-Z]+$")
 OPTIMIZERS = ("adam", "adamw")
 
 
-def should_decay(path: tuple[Any, ...], variable: nnx.Variable) -> bool:
-    """Whether one parameter gets weight decay (see module docstring)."""
-    if isinstance(variable, PositionParam):
-        return False
-    if NO_DECAY_NAME.search(str(path[-1])):
-        return False
-    if any("norm" in str(part).lower() for part in path[:-1]):
+def should_decay(variable: nnx.Variable) -> bool:
+    """Whether one parameter gets weight decay: a plain ``nnx.Param`` (not ``NoDecay``) with two
+    or more dims (see module docstring)."""
+    if not isinstance(variable, nnx.Param) or isinstance(variable, NoDecay):
         return False
     return getattr(variable.get_value(), "ndim", 0) >= 2
 
 
 def decay_mask(params: nnx.State) -> dict:
     """Pure dict of bools, True where weight decay applies, same layout as the params."""
-    flat = {path: should_decay(path, var) for path, var in nnx.to_flat_state(params)}
+    flat = {path: should_decay(var) for path, var in nnx.to_flat_state(params)}
     return traversals.unflatten_mapping(flat)
 
 

@@ -69,6 +69,12 @@ def _timm(out: str) -> None:
         convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
                       f"--workdir={out}/{case}", _overrides(TINY_TIMM)])  # fmt: skip
         np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48)))
+    # A fine-tuned checkpoint (10 classes) converted without saying its class count: timm's
+    # default head has 1000, the converter reads 10 from the checkpoint.
+    no_head = {k: v for k, v in TINY_TIMM.items() if k != "num_classes"}
+    convert.main(["--from=timm", f"--model={TIMM_CASES['rope_mixed']}",
+                  f"--checkpoint={out}/rope_mixed.pth", f"--workdir={out}/rope_mixed_head_read",
+                  _overrides(no_head)])  # fmt: skip
     # --checkpoint=none (timm's random initialisation under --seed), for the fine-tuning test:
     # 1 channel, 4 classes (spatial_arrows), 32 px
     kw = {**TINY_TIMM, "in_chans": 1, "num_classes": 4}
@@ -126,6 +132,11 @@ def _errors(out: str) -> dict[str, str]:
     bad = os.path.join(out, "bad.pth")
     record("bad_keys", lambda: timm_eva.create("vit_small_patch16_rope_224", bad, **TINY_TIMM))
     record("name", lambda: timm_eva.check_name("vit_small_patch16_224"))
+    mixed = os.path.join(out, "rope_mixed.pth")
+    record("head_differs", lambda: timm_eva.create(
+        TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "num_classes": 7}))  # fmt: skip
+    record("width_differs", lambda: timm_eva.create(
+        TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "embed_dim": 32}))  # fmt: skip
     avg = timm_eva.create("vit_small_patch16_rope_224", global_pool="avg", **TINY_TIMM)
     record("avg_pool", lambda: timm_eva.model_config(avg))
     record("not_empty", lambda: convert.main([

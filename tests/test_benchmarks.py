@@ -19,12 +19,28 @@ def test_timeit_interleaved_rotates_the_order_and_keeps_every_time():
     assert all(t["repeats"] == 3 and 0 <= t["min_s"] <= t["median_s"] for t in times.values())
 
 
-def test_timeit_interleaved_times_the_slow_function_as_slow():
+class FakeClock:
+    """A clock that moves only when told: the timers are tested without measuring anything."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_timeit_interleaved_times_each_call_on_the_clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(common, "time", clock)
     times = common.timeit_interleaved(
-        {"fast": lambda: None, "slow": lambda: time.sleep(0.02)}, repeats=2
+        {"fast": lambda: clock.sleep(0.001), "slow": lambda: clock.sleep(0.02)}, repeats=2
     )
-    assert times["slow"]["min_s"] >= 0.02 > times["fast"]["median_s"]
-    assert common.ratio(times["slow"], times["fast"])["min_s"] > 1.0
+    assert times["slow"]["min_s"] == pytest.approx(0.02)
+    assert times["fast"]["median_s"] == pytest.approx(0.001)
+    assert common.ratio(times["slow"], times["fast"])["min_s"] == pytest.approx(20.0)
 
 
 def test_peak_rss_growth_sees_a_transient_allocation():
@@ -49,19 +65,25 @@ def test_rotation_accuracy_flags_a_wrong_exponential():
     assert rotations.accuracy(bad, gen, pos)["max_abs_err"] == pytest.approx(1e-2, rel=1e-3)
 
 
-def test_timeit_alternating_pauses_before_every_call_and_rotates():
+def test_timeit_alternating_pauses_before_every_call_and_rotates(monkeypatch):
     from experiments.benchmarks import vs_pytorch
 
-    stamps = []
-    fns = {name: (lambda name=name: stamps.append((name, time.perf_counter()))) for name in "ab"}
+    clock, stamps = FakeClock(), []
+    monkeypatch.setattr(vs_pytorch, "time", clock)
+
+    def call(name):
+        stamps.append((name, clock.now))
+        clock.sleep(0.005)
+
+    fns = {name: (lambda name=name: call(name)) for name in "ab"}
     times = vs_pytorch.timeit_alternating(fns, repeats=2, pause=0.03)
     names = [n for n, _ in stamps]
     assert names == list("aabb") + list("ab") + list("ba")  # two warm-ups each, then rounds
     timed = [t for _, t in stamps[4:]]
-    assert all(b - a >= 0.03 for a, b in zip(timed, timed[1:], strict=False))
+    np.testing.assert_allclose(np.diff(timed), 0.03 + 0.005)  # a pause before every call
     assert set(times) == {"a", "b"} and all(t["repeats"] == 2 for t in times.values())
     # the pause is idle time before the clock starts, not part of the measured call
-    assert all(t["median_s"] < 0.03 for t in times.values())
+    assert all(t["median_s"] == pytest.approx(0.005) for t in times.values())
 
 
 def test_profile_summary_sums_ops_per_thread_kind_and_operation():

@@ -53,7 +53,7 @@ RECIPES = [
 # End-to-end smoke runs, one per distinct path through data and model. arrows:smoke is the
 # quickstart's path (LieRE mu/8 on spatial_arrows/c8_g8, larger grids, shuffled patches) and
 # cayley:dataset=mnist,smoke is cayley's CIFAR-10 one (the "string" ViT with Cayley-STRING;
-# MNIST's pipeline runs on mock data in tests/test_pipeline.py); digits:smoke runs in
+# MNIST's pipeline runs on mock data in tests/data/test_pipeline.py); digits:smoke runs in
 # tests/test_train.py. Every recipe's model, config keys and datasets are checked without
 # training below.
 LOCAL = ["quickstart"]

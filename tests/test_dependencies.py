@@ -1,12 +1,17 @@
 """The declared dependencies cover every import: what a fresh ``pip install`` brings is enough.
 
-- ``rope_lie/`` and ``configs/`` (the main job) need only the core install, ``pip install -e .``;
+- the encoders (``rope_lie/encodings/``, the package's ``__init__`` and ``rope_lie/demo.py``,
+  and every first-party module they import) need only the core install, ``pip install rope_lie``
+  (jax, numpy, chex);
+- the rest of ``rope_lie/`` and ``configs/`` (the main job) need only
+  ``pip install -e ".[train]"``;
 - ``tests/``, and the first-party modules they import (``experiments/...``), need only
-  ``pip install -e ".[test]"``.
+  ``pip install -e ".[test]"`` (which includes ``train``).
 
 An import counts as covered when the distribution that provides it is *declared directly* in
-``pyproject.toml`` (core ``dependencies``, plus the ``test`` extra for the tests), not merely
-pulled in by another package: a transitive dependency can disappear with any upstream release.
+``pyproject.toml`` (core ``dependencies``, plus the extras of that install; an extra may name
+another, as ``rope_lie[train]``), not merely pulled in by another package: a transitive
+dependency can disappear with any upstream release.
 Imports inside functions (run only when called) may also come from any declared extra, e.g.
 PyTorch for the benchmarks; imports at module level (what runs at import time, class bodies,
 ``try`` blocks included) may not.
@@ -19,8 +24,10 @@ stayed green on a machine that had it installed by hand.
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import re
+import subprocess
 import sys
 import tomllib
 from importlib import metadata
@@ -41,13 +48,21 @@ def declared(pyproject: dict, extras: tuple[str, ...] = ()) -> set[str]:
     """Normalised names of the distributions declared directly for the core install plus
     `extras`, keeping only those whose environment marker holds on this machine."""
     project = pyproject["project"]
-    lines = list(project.get("dependencies", []))
-    for extra in extras:
-        lines += project.get("optional-dependencies", {})[extra]
+    lines, todo, seen = list(project.get("dependencies", [])), list(extras), set()
     names = set()
-    for line in lines:
-        req = Requirement(line)
-        if req.marker is None or req.marker.evaluate({"extra": ""}):
+    while lines or todo:
+        if not lines:
+            extra = todo.pop()
+            if extra not in seen:
+                seen.add(extra)
+                lines += project.get("optional-dependencies", {})[extra]
+            continue
+        req = Requirement(lines.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if _norm(req.name) == _norm(project["name"]):  # an extra naming others: rope_lie[train]
+            todo += sorted(req.extras)
+        else:
             names.add(_norm(req.name))
     return names
 
@@ -144,9 +159,34 @@ def _py(*folders: str) -> list[pathlib.Path]:
     return sorted(p for f in folders for p in (REPO / f).rglob("*.py"))
 
 
-def test_package_and_recipes_need_only_the_core_install(pyproject):
+CORE = ("rope_lie/__init__.py", "rope_lie/demo.py", "rope_lie/encodings")
+
+
+def _core_files() -> list[pathlib.Path]:
+    return sorted(
+        p for c in CORE for p in ([REPO / c] if c.endswith(".py") else (REPO / c).rglob("*.py"))
+    )
+
+
+def test_encoders_need_only_the_core_install(pyproject):
     every_extra = declared(pyproject, tuple(pyproject["project"]["optional-dependencies"]))
-    problems = undeclared(_py("rope_lie", "configs"), declared(pyproject), every_extra)
+    core = _core_files()
+    assert REPO / "rope_lie/encodings/liere.py" in core
+    problems = undeclared(core, declared(pyproject), every_extra)
+    assert not problems, "\n".join(problems)
+
+
+def test_encoders_import_no_first_party_module_outside_the_core():
+    core = _core_files()
+    outside = [p for p in with_first_party_imports(core, {"rope_lie"}) if p not in core]
+    assert not outside, f"the core imports {[str(p.relative_to(REPO)) for p in outside]}"
+
+
+def test_package_and_recipes_need_only_the_train_extra(pyproject):
+    every_extra = declared(pyproject, tuple(pyproject["project"]["optional-dependencies"]))
+    allowed = declared(pyproject, ("train",))
+    assert "flax" in allowed and "flax" not in declared(pyproject)
+    problems = undeclared(_py("rope_lie", "configs"), allowed, every_extra)
     assert not problems, "\n".join(problems)
 
 
@@ -179,8 +219,73 @@ def test_markers_and_extras_are_read_from_pyproject():
     pyproject = {
         "project": {
             "dependencies": ["numpy>=1", "pywin32; sys_platform == 'nonexistent'"],
-            "optional-dependencies": {"test": ["pytest>=8"]},
+            "optional-dependencies": {"train": ["flax"], "test": ["rope_lie[train]", "pytest>=8"]},
+            "name": "rope_lie",
         }
     }
     assert declared(pyproject) == {"numpy"}
-    assert declared(pyproject, ("test",)) == {"numpy", "pytest"}
+    assert declared(pyproject, ("train",)) == {"numpy", "flax"}
+    assert declared(pyproject, ("test",)) == {"numpy", "flax", "pytest"}
+
+
+# Run in a fresh interpreter whose import system refuses every module of the train extra: what a
+# user with only the core install (`pip install rope_lie`) gets. Every rotary family and ALiBi
+# is initialised and applied once, and the demo's per-family check runs.
+_CORE_ONLY = """
+import importlib.abc, sys
+BLOCKED = set(sys.argv[1].split(","))
+assert not BLOCKED & set(sys.modules), sorted(BLOCKED & set(sys.modules))
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{name}: not part of the core install", name=name)
+        return None
+
+sys.meta_path.insert(0, Refuse())
+import jax, jax.numpy as jnp, numpy as np
+import rope_lie
+from rope_lie import demo, encodings
+from rope_lie.encodings import positions
+
+pos_TA = positions.grid_positions((2, 3), "integer", num_prefix=1)
+x_BTNH = jax.random.normal(jax.random.key(0), (1, pos_TA.shape[0], 2, 8))
+for name, module in encodings.ROTARY.items():
+    pos = pos_TA[:, :1] if name == "rope" else pos_TA  # rope is 1D only
+    params = module.init(jax.random.key(1), num_heads=2, head_dim=8, num_axes=pos.shape[1])
+    out = module.apply(params, x_BTNH, pos)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(out, axis=-1), jnp.linalg.norm(x_BTNH, axis=-1), rtol=1e-5, err_msg=name
+    )
+alibi = encodings.BIAS["alibi"]
+params = alibi.init(jax.random.key(2), num_heads=2, head_dim=8, num_axes=2)
+assert alibi.bias(params, pos_TA, pos_TA, num_heads=2, num_prefix=1).shape == (2, 7, 7)
+assert demo.check_rotary("rope_axial", {})["shift_err"] < 1e-5
+print("loaded:", sorted(BLOCKED & set(sys.modules)))
+"""
+
+
+def _train_only_modules(pyproject: dict) -> set[str]:
+    """Top-level modules installed here by the distributions of the train extra that the core
+    does not declare (flax, optax, orbax, tensorflow, ...)."""
+    train_only = declared(pyproject, ("train",)) - declared(pyproject)
+    providers = metadata.packages_distributions()
+    return {m for m, dists in providers.items() if {_norm(d) for d in dists} & train_only}
+
+
+def test_encoders_import_and_run_without_the_train_extra(pyproject):
+    blocked = _train_only_modules(pyproject)
+    assert {"flax", "optax", "orbax", "tensorflow", "tensorflow_datasets", "sklearn"} <= blocked
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _CORE_ONLY, ",".join(sorted(blocked))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("loaded: []"), result.stdout

@@ -88,6 +88,16 @@ def test_timm_rope_vits_give_the_same_logits_at_two_resolutions(converted, case)
     assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
 
 
+def test_a_timm_checkpoint_with_another_class_count_converts(converted):
+    """A fine-tuned timm checkpoint whose head has 10 classes, converted without saying so
+    (timm's default head has 1000): the class count is read from the checkpoint, and the logits
+    are the PyTorch model's."""
+    model, config = interop.load(os.path.join(converted, "rope_mixed_head_read"))
+    assert config.model.num_classes == 10
+    diffs = _max_diffs(converted, "rope_mixed", TIMM_SIDES, model)
+    assert max(diffs.values()) < TOL, diffs
+
+
 LIERE_CASES = ["liere_dense_per_layer_head", "liere_8x8_per_layer_head", "liere_dense_shared",
                "liere_8x8_shared"]  # fmt: skip
 
@@ -134,6 +144,9 @@ def test_conversion_errors_name_the_problem(converted):
         "missing keys ['norm.bias'], unexpected keys ['blocks.0.attn.extra']" in errors["bad_keys"]
     )
     assert "'vit_small_patch16_224' is not supported" in errors["name"]
+    assert "num_classes=7 (--overrides) but checkpoint" in errors["head_differs"]
+    assert "head of 10 classes" in errors["head_differs"]
+    assert "'blocks.0.attn.qkv.weight': ((192, 64), (96, 32))" in errors["width_differs"]
     assert "vit_large_patch16_rope_mixed_ape_224" in errors["name"]  # lists the supported
     assert "global_pool='avg', expected 'token'" in errors["avg_pool"]
     assert errors["not_empty"].startswith("FileExistsError") and "not empty" in errors["not_empty"]

@@ -8,7 +8,9 @@ import pytest
 from flax import nnx
 
 from rope_lie import optim
-from rope_lie.models.position_hook import PositionParam
+from rope_lie.models.position_hook import PositionParam, pe_names
+from rope_lie.models.variables import NoDecay
+from rope_lie.models.vit import ViT
 
 
 class Toy(nnx.Module):
@@ -18,9 +20,11 @@ class Toy(nnx.Module):
         self.dense = nnx.Linear(4, 6, rngs=rngs)  # kernel: decayed; bias: not
         self.norm = nnx.LayerNorm(6, rngs=rngs)  # scale and bias: not decayed
         self.freqs = PositionParam(jnp.ones((2, 3, 4)))  # position encoding: not decayed
-        self.cls_1D = nnx.Param(jnp.ones((1, 6)))  # class token: not decayed
+        self.cls_1D = NoDecay(jnp.ones((1, 6)))  # class token: not decayed
         self.wq_DNH = nnx.Param(jnp.ones((6, 2, 3)))  # shape-suffixed weight: decayed
-        self.bq_NH = nnx.Param(jnp.ones((2, 3)))  # shape-suffixed 2-D bias: not decayed
+        self.bq_NH = NoDecay(jnp.ones((2, 3)))  # 2-D bias: not decayed, by its type
+        self.bw_DE = nnx.Param(jnp.ones((6, 4)))  # a weight named like a bias: decayed
+        self.scale_D = nnx.Param(jnp.ones((6,)))  # fewer than 2 dims: not decayed
         self.blocks = nnx.List([nnx.Linear(6, 6, rngs=rngs)])
 
 
@@ -37,8 +41,26 @@ def test_decay_mask_selects_only_weight_matrices():
         "cls_1D": False,
         "wq_DNH": True,
         "bq_NH": False,
+        "bw_DE": True,
+        "scale_D": False,
         "blocks": {0: {"kernel": True, "bias": False}},
     }
+
+
+@pytest.mark.parametrize("pe", pe_names())
+@pytest.mark.parametrize("kw", [{}, {"additive": "ape", "layer_scale": 0.1}])
+def test_every_family_decays_exactly_the_weight_matrices(pe, kw):
+    model = ViT(
+        variant="pico/4", image_shape=(16,) if pe == "rope" else (8, 8), channels=1,
+        num_classes=3, pe=pe, rngs=nnx.Rngs(0), **kw,
+    )  # fmt: skip
+    flat = nnx.traversals.flatten_mapping(optim.decay_mask(nnx.state(model, nnx.Param)))
+    decayed = {"/".join(map(str, path)) for path, on in flat.items() if on}
+    per_block = ["attn/wq_DNH", "attn/wk_DNH", "attn/wv_DNH", "attn/wo_NHD"]
+    per_block += ["mlp/fc1/kernel", "mlp/fc2/kernel"]
+    want = {"embed/kernel", "head/kernel"} | {f"blocks/{i}/{p}" for i in (0, 1) for p in per_block}
+    assert decayed == want
+    assert any("bq_NH" in "/".join(map(str, path)) for path in flat)  # the biases exist
 
 
 def test_adamw_decays_only_masked_params():

@@ -51,7 +51,7 @@ def _loop_correction(model_abstract, encoder: str, pos) -> float:
     if block <= 4:
         return 0.0
     body = jax.jit(
-        lambda r, s: jnp.where((s > 0)[:, None, None], expm._product(r, r, expm.this_host()), r)
+        lambda r, s: jnp.where((s > 0)[:, None, None], expm.product(r, r, expm.this_host()), r)
     )
     n = pos.shape[0] * attn.num_heads * (attn.head_dim // block)
     one = _flops(
@@ -70,7 +70,7 @@ def _loop_correction(model_abstract, encoder: str, pos) -> float:
             block_size=block,
         )["gen_ANKbb"]
         skew = lie.skew_from_upper(gen).reshape(2, -1, block, block)
-        s = int(np.max(expm_combination._combination_setup(pos, skew)[0]))
+        s = int(np.max(expm_combination.num_squarings(pos, skew)))
         total += max(s - 1, 0) * one
     return total
 

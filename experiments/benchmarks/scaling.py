@@ -31,7 +31,7 @@ def _case(head_dim: int, block: int | None, grid) -> tuple[dict, object]:
     fn = jax.jit(liere.rotations)
     skew = lie.skew_from_upper(params["gen_ANKbb"])
     b = skew.shape[-1]
-    s_x = expm_combination._combination_setup(pos, skew.reshape(2, -1, b, b))[0] if b > 4 else None
+    s_x = expm_combination.num_squarings(pos, skew.reshape(2, -1, b, b)) if b > 4 else None
     case = {
         "tokens": int(pos.shape[0]),
         "head_dim": head_dim,

@@ -29,7 +29,7 @@ each glyph over 1.25-2 patches per side. The eval-only configs have 2,000 traini
 
 Generation is deterministic: examples come in chunks of ``CHUNK`` drawn from
 ``np.random.default_rng([seed, split_id, chunk])`` with split_id 0 for train
-and 1 for test, so the two splits use different streams and the same config
+and 1 for test (see arrows.py), so the two splits use different streams and the same config
 always gives the same bytes.
 """
 
@@ -37,12 +37,10 @@ import dataclasses
 
 import numpy as np
 import tensorflow_datasets as tfds
-from tqdm import tqdm
 
-from rope_lie.data import glyphs
+from rope_lie.data import arrows, glyphs
 
 CHUNK = 1024  # examples rendered per vectorised call; part of the determinism contract
-SPLIT_IDS = {"train": 0, "test": 1}
 
 
 @dataclasses.dataclass(eq=False)
@@ -81,9 +79,7 @@ class SpatialArrowsConfig(tfds.core.BuilderConfig):
                 f"render_cell={self.render_cell} > cell_size={self.cell_size} ({self.name}): "
                 "resizing is for the same scene at more pixels"
             )
-        for field in ("num_train", "num_test"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field}={getattr(self, field)} must be >= 1 ({self.name})")
+        arrows.check_split_sizes(self)
 
 
 def _config(
@@ -126,17 +122,14 @@ def generate_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[
     Returns:
       ``glyphs.sample_layouts`` output plus ``image`` uint8 (CHUNK, G c, G c, 1).
     """
-    if split not in SPLIT_IDS:
-        raise ValueError(f"split={split!r}; expected one of {sorted(SPLIT_IDS)}")
-    rng = np.random.default_rng([config.seed, SPLIT_IDS[split], chunk])
-    layout = glyphs.sample_layouts(
-        rng,
-        CHUNK,
+    layout = arrows.sample_chunk(
+        config,
+        split,
+        chunk,
+        chunk_size=CHUNK,
         grid_shape=(config.grid_size, config.grid_size),
         deltas=glyphs.DELTAS_2D,
-        num_distractor_arrows=config.num_distractor_arrows,
         letter_ids=glyphs.LETTER_IDS_2D,
-        num_letters=config.num_letters,
     )
     bank = glyphs.glyph_bank_2d(config.render_cell or config.cell_size)
     image = glyphs.render_grid(layout["glyphs"], bank)
@@ -147,7 +140,7 @@ def generate_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[
     return layout
 
 
-class SpatialArrows(tfds.core.GeneratorBasedBuilder):
+class SpatialArrows(arrows.ChunkedSplits, tfds.core.GeneratorBasedBuilder):
     """LieRE spatial-reasoning task: direction of the arrow the Y's stem points to."""
 
     name = "spatial_arrows"
@@ -158,6 +151,12 @@ class SpatialArrows(tfds.core.GeneratorBasedBuilder):
     code_path = None
     BUILDER_CONFIGS = list(CONFIGS)
     DEFAULT_CONFIG_NAME = "c8_g8"
+    chunk_size = CHUNK
+    generate_chunk = staticmethod(generate_chunk)
+
+    @staticmethod
+    def encode_example(example: dict) -> dict:
+        return {**example, "image": glyphs.png_bytes(example["image"])}
 
     def _info(self) -> tfds.core.DatasetInfo:
         cfg = self.builder_config
@@ -177,22 +176,3 @@ class SpatialArrows(tfds.core.GeneratorBasedBuilder):
             supervised_keys=("image", "label"),
             homepage="https://arxiv.org/abs/2406.10322",
         )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # generated locally, nothing to download
-        cfg = self.builder_config
-        return {
-            "train": self._generate_examples("train", cfg.num_train),
-            "test": self._generate_examples("test", cfg.num_test),
-        }
-
-    def _generate_examples(self, split: str, num_examples: int):
-        desc = f"{self.name}/{self.builder_config.name} {split}"
-        with tqdm(total=num_examples, desc=desc, unit="ex", leave=False, mininterval=1) as bar:
-            for chunk in range(-(-num_examples // CHUNK)):
-                data = generate_chunk(self.builder_config, split, chunk)
-                for i in range(min(CHUNK, num_examples - chunk * CHUNK)):
-                    example = {k: v[i] for k, v in data.items()}
-                    example["image"] = glyphs.png_bytes(example["image"])
-                    yield chunk * CHUNK + i, example
-                bar.update(min(CHUNK, num_examples - chunk * CHUNK))

@@ -24,12 +24,10 @@ import dataclasses
 
 import numpy as np
 import tensorflow_datasets as tfds
-from tqdm import tqdm
 
-from rope_lie.data import glyphs
+from rope_lie.data import arrows, glyphs
 
 CHUNK = 256  # examples rendered per vectorised call; part of the determinism contract
-SPLIT_IDS = {"train": 0, "test": 1}
 
 
 @dataclasses.dataclass(eq=False)
@@ -61,9 +59,7 @@ class SpatialArrows3dConfig(tfds.core.BuilderConfig):
             self.grid_shape, self.num_distractor_arrows, self.num_letters, len(glyphs.SHAPES_3D)
         )
         glyphs.glyph_bank_3d(self.cell_size)  # validates cell_size
-        for field in ("num_train", "num_test"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field}={getattr(self, field)} must be >= 1 ({self.name})")
+        arrows.check_split_sizes(self)
 
     @property
     def grid_shape(self) -> tuple[int, int, int]:
@@ -100,24 +96,21 @@ def generate_chunk(config: SpatialArrows3dConfig, split: str, chunk: int) -> dic
       ``glyphs.sample_layouts`` output (cells are (depth, row, col)) plus
       ``volume`` uint8 (CHUNK, D c, G c, G c, 1).
     """
-    if split not in SPLIT_IDS:
-        raise ValueError(f"split={split!r}; expected one of {sorted(SPLIT_IDS)}")
-    rng = np.random.default_rng([config.seed, SPLIT_IDS[split], chunk])
-    layout = glyphs.sample_layouts(
-        rng,
-        CHUNK,
+    layout = arrows.sample_chunk(
+        config,
+        split,
+        chunk,
+        chunk_size=CHUNK,
         grid_shape=config.grid_shape,
         deltas=glyphs.DELTAS_3D,
-        num_distractor_arrows=config.num_distractor_arrows,
         letter_ids=glyphs.SHAPE_IDS_3D,
-        num_letters=config.num_letters,
     )
     bank = glyphs.glyph_bank_3d(config.cell_size)
     layout["volume"] = glyphs.render_grid(layout["glyphs"], bank)[..., None]
     return layout
 
 
-class SpatialArrows3d(tfds.core.GeneratorBasedBuilder):
+class SpatialArrows3d(arrows.ChunkedSplits, tfds.core.GeneratorBasedBuilder):
     """3D spatial-reasoning task: direction of the arrow the Y's stem points to."""
 
     name = "spatial_arrows_3d"
@@ -128,6 +121,8 @@ class SpatialArrows3d(tfds.core.GeneratorBasedBuilder):
     code_path = None
     BUILDER_CONFIGS = list(CONFIGS)
     DEFAULT_CONFIG_NAME = "c4_g6"
+    chunk_size = CHUNK
+    generate_chunk = staticmethod(generate_chunk)
 
     def _info(self) -> tfds.core.DatasetInfo:
         cfg = self.builder_config
@@ -149,20 +144,3 @@ class SpatialArrows3d(tfds.core.GeneratorBasedBuilder):
             supervised_keys=("volume", "label"),
             homepage="https://arxiv.org/abs/2406.10322",
         )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # generated locally, nothing to download
-        cfg = self.builder_config
-        return {
-            "train": self._generate_examples("train", cfg.num_train),
-            "test": self._generate_examples("test", cfg.num_test),
-        }
-
-    def _generate_examples(self, split: str, num_examples: int):
-        desc = f"{self.name}/{self.builder_config.name} {split}"
-        with tqdm(total=num_examples, desc=desc, unit="ex", leave=False, mininterval=1) as bar:
-            for chunk in range(-(-num_examples // CHUNK)):
-                data = generate_chunk(self.builder_config, split, chunk)
-                for i in range(min(CHUNK, num_examples - chunk * CHUNK)):
-                    yield chunk * CHUNK + i, {k: v[i] for k, v in data.items()}
-                bar.update(min(CHUNK, num_examples - chunk * CHUNK))

@@ -75,12 +75,37 @@ def check_shape_args(num_heads, head_dim, num_axes, family: str) -> None:
     check_positive_int(num_axes, "num_axes", family)
 
 
+def check_nonnegative_int(value, name: str, family: str | None) -> int:
+    """``value`` must be a Python int >= 0 (``family`` None: the error names no family)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        where = f"{family}: " if family else ""
+        raise ValueError(f"{where}{name}={value!r} must be a non-negative integer")
+    return value
+
+
+def check_real(value, name: str, family: str, *, positive: bool = False) -> float:
+    """``value`` must be a finite real number (not a bool), >= 0, or > 0 if ``positive``.
+
+    Returns:
+      ``value`` as a Python float.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        sign = "positive" if positive else "non-negative"
+        raise ValueError(f"{family}: {name}={value!r} must be a {sign} finite number")
+    return float(value)
+
+
 def check_state_args(num_heads, head_dim, num_prefix, family: str) -> None:
     """``precompute``'s context: positive head count and size, a non-negative prefix count."""
     check_positive_int(num_heads, "num_heads", family)
     check_positive_int(head_dim, "head_dim", family)
-    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
-        raise ValueError(f"{family}: num_prefix={num_prefix!r} must be a non-negative integer")
+    check_nonnegative_int(num_prefix, "num_prefix", family)
 
 
 def check_divisible(head_dim: int, divisor: int, what: str, family: str) -> None:
@@ -91,14 +116,7 @@ def check_divisible(head_dim: int, divisor: int, what: str, family: str) -> None
 
 def check_base(base, family: str) -> float:
     """``base`` must be a positive finite Python number (frequencies are fixed at trace time)."""
-    if (
-        isinstance(base, bool)
-        or not isinstance(base, numbers.Real)
-        or not math.isfinite(base)
-        or base <= 0
-    ):
-        raise ValueError(f"{family}: base={base!r} must be a positive finite number")
-    return float(base)
+    return check_real(base, "base", family, positive=True)
 
 
 def check_no_params(params, family: str) -> None:

@@ -121,8 +121,7 @@ def _check_positions(pos_q: jax.Array, pos_k: jax.Array, num_prefix: int) -> Non
             f"{_FAMILY}: query positions have B={pos_q.shape[0]} but key positions have "
             f"B={pos_k.shape[0]}"
         )
-    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
-        raise ValueError(f"{_FAMILY}: num_prefix={num_prefix!r} must be a non-negative integer")
+    _checks.check_nonnegative_int(num_prefix, "num_prefix", _FAMILY)
     if num_prefix > min(pos_q.shape[-2], pos_k.shape[-2]):
         raise ValueError(
             f"{_FAMILY}: num_prefix={num_prefix} exceeds the number of tokens "
@@ -169,7 +168,9 @@ def bias(
     is_grid_S = jnp.arange(pos_k.shape[-2]) >= num_prefix
     dist_XTS = jnp.where(is_grid_T[:, None] & is_grid_S[None, :], dist_XTS, 0.0)
     # Heads go before (T, S): (N, T, S) for shared positions, (B, N, T, S) per example.
-    return -slope_N[:, None, None] * dist_XTS[..., None, :, :]
+    dist_XNTS = dist_XTS[..., None, :, :]
+    slope_XN11 = slope_N.reshape((1,) * (dist_XNTS.ndim - 3) + (-1, 1, 1))
+    return -slope_XN11 * dist_XNTS
 
 
 def precompute(

@@ -31,7 +31,6 @@ Init: i.i.d. Normal(0, init_std^2), ``init_std = 0.02`` as in the ViT reference.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 
@@ -61,9 +60,7 @@ def check_grid(grid_shape: Sequence[int], family: str) -> tuple[int, ...]:
 
 def check_num_prefix(num_prefix, family: str) -> int:
     """``num_prefix`` must be a non-negative int."""
-    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
-        raise ValueError(f"{family}: num_prefix={num_prefix!r} must be a non-negative integer")
-    return num_prefix
+    return _checks.check_nonnegative_int(num_prefix, "num_prefix", family)
 
 
 def init(
@@ -89,13 +86,7 @@ def init(
     grid = check_grid(grid_shape, _FAMILY)
     _checks.check_positive_int(width, "width", _FAMILY)
     check_num_prefix(num_prefix, _FAMILY)
-    if (
-        isinstance(init_std, bool)
-        or not isinstance(init_std, numbers.Real)
-        or not math.isfinite(init_std)
-        or init_std < 0
-    ):
-        raise ValueError(f"{_FAMILY}: init_std={init_std!r} must be a non-negative finite number")
+    _checks.check_real(init_std, "init_std", _FAMILY)
     key_grid, key_prefix = jax.random.split(key)
     params = {"grid_GD": init_std * jax.random.normal(key_grid, (*grid, width), jnp.float32)}
     if num_prefix:

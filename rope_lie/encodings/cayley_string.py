@@ -42,8 +42,6 @@ float32; the output has x's dtype.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,10 +107,7 @@ def _check_hparams(generator, head_dim: int, bandwidth, k, init_std) -> None:
         raise ValueError(
             f"{_FAMILY}: k={k!r} is only used by generator='topk', got generator={generator!r}"
         )
-    if isinstance(init_std, bool) or not (
-        isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std >= 0
-    ):
-        raise ValueError(f"{_FAMILY}: init_std={init_std!r} must be a finite number >= 0")
+    _checks.check_real(init_std, "init_std", _FAMILY)
     if generator == "topk" and init_std == 0:
         raise ValueError(
             f"{_FAMILY}: generator='topk' needs init_std > 0, got init_std={init_std!r}: from "
@@ -170,7 +165,7 @@ def init(
     else:
         s = float(init_std) * jax.random.normal(key_s, shape, jnp.float32)
     if generator == "banded":
-        s = s * jnp.asarray(_band_valid(bandwidth, head_dim), jnp.float32)  # unused entries = 0
+        s = s * jnp.asarray(_band_valid(bandwidth, head_dim), jnp.float32)[None]  # unused: 0
     params[_KEYS[generator]] = s
     return params
 
@@ -381,6 +376,7 @@ def _mix(params: dict[str, jax.Array], x_BTNH: jax.Array, k: int | None) -> jax.
     kind = generator_kind(params)
     if kind == "block2x2":
         cos_NF, sin_NF = _block2x2_cos_sin(params[_KEYS[kind]])
+        cos_NF, sin_NF = cos_NF[None, None], sin_NF[None, None]  # (1, 1, N, F)
         half = cos_NF.shape[-1]
         u, v = x32[..., :half], x32[..., half:]
         return jnp.concatenate([cos_NF * u - sin_NF * v, sin_NF * u + cos_NF * v], axis=-1)

@@ -35,9 +35,6 @@ and phases in float32/complex64 whatever x's dtype, and the output has x's dtype
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import jax
 import jax.numpy as jnp
 
@@ -46,17 +43,6 @@ from rope_lie.encodings import _checks, state
 APPLY_HPARAMS: tuple[str, ...] = ()
 
 _FAMILY = "circulant_string"
-
-
-def _check_init_std(init_std) -> float:
-    if (
-        isinstance(init_std, bool)
-        or not isinstance(init_std, numbers.Real)
-        or not math.isfinite(init_std)
-        or init_std < 0
-    ):
-        raise ValueError(f"{_FAMILY}: init_std={init_std!r} must be a non-negative finite number")
-    return float(init_std)
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -93,7 +79,7 @@ def init(
     """
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
     _check_head_dim(head_dim)
-    init_std = _check_init_std(init_std)
+    init_std = _checks.check_real(init_std, "init_std", _FAMILY)
     c_ANH = init_std * jax.random.normal(key, (num_axes, num_heads, head_dim), jnp.float32)
     return {"c_ANH": c_ANH}
 

@@ -26,6 +26,11 @@ These choices depend on the machine, so they are made from a ``Host`` (platform 
 decided outside the jitted code and passed in as a static argument: ``this_host()`` once per
 process by default, or any ``Host`` given to ``expm_skew`` or ``expm_skew_combination`` (e.g.
 to trace for another machine). Everything is computed in float32 whatever the input dtype.
+
+Building blocks, for ``expm_combination`` and the benchmarks (package-internal, not in
+``__all__``): ``product``, ``square``, ``chunked``, ``broadcasts``, ``closed_form``,
+``expm_skew_chunked``, ``rho_power_bound``, ``squarings_for``, ``pow2_above``, ``check_host``,
+``HIGHEST``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-_HIGHEST = jax.lax.Precision.HIGHEST
+from rope_lie.encodings import lie
+
+__all__ = ["Host", "expm_skew", "num_squarings", "this_host"]
+
+HIGHEST = jax.lax.Precision.HIGHEST
 # Taylor truncation error bound theta^(m+1)/(m+1)! for normal matrices of spectral norm theta:
 # 2^16/16! ~ 3e-9 for the degree-15 polynomial, below float32's unit roundoff 6e-8.
 _THETA = 2.0
@@ -78,7 +87,8 @@ def this_host() -> Host:
     return Host(platform, cores or 1)
 
 
-def _check_host(host) -> Host:
+def check_host(host) -> Host:
+    """``host`` itself, or ``this_host()`` for None (TypeError for anything else)."""
     if host is None:
         return this_host()
     if not isinstance(host, Host):
@@ -86,15 +96,15 @@ def _check_host(host) -> Host:
     return host
 
 
-def _broadcasts(h: int, host: Host) -> bool:
+def broadcasts(h: int, host: Host) -> bool:
     """Whether H x H products are fused broadcast multiply-adds."""
     return h <= host.broadcast_max
 
 
-def _product(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
+def product(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
     """Batched product, fastest form. Broadcast products are fused into their consumers, so an
     operand that is itself a product must come from ``_dot`` (else it is recomputed H times)."""
-    if not _broadcasts(a_ZHH.shape[-1], host):
+    if not broadcasts(a_ZHH.shape[-1], host):
         return _dot(a_ZHH, b_ZHH)
     return _broadcast_product(a_ZHH, b_ZHH)
 
@@ -113,21 +123,17 @@ def _dot(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
     where XLA:CPU's batched dot is 20-100x slower."""
     h = a_ZHH.shape[-1]
     if h >= 8:
-        return jnp.matmul(a_ZHH, b_ZHH, precision=_HIGHEST)
+        return jnp.matmul(a_ZHH, b_ZHH, precision=HIGHEST)
     pad = [(0, 0)] * (a_ZHH.ndim - 2) + [(0, 8 - h), (0, 8 - h)]
-    out = jnp.matmul(jnp.pad(a_ZHH, pad), jnp.pad(b_ZHH, pad), precision=_HIGHEST)
+    out = jnp.matmul(jnp.pad(a_ZHH, pad), jnp.pad(b_ZHH, pad), precision=HIGHEST)
     return out[..., :h, :h]
 
 
-def _mt(a_ZHH: jax.Array) -> jax.Array:
-    return jnp.swapaxes(a_ZHH, -1, -2)
-
-
-def _chunked(fn, host: Host, *arrays_Z):
+def chunked(fn, host: Host, *arrays_Z):
     """``fn`` on one chunk of the batch per CPU core, concatenated: XLA:CPU runs a batched dot on
     one core but independent ones concurrently. One chunk where products are broadcasts."""
     batch, h = arrays_Z[-1].shape[0], arrays_Z[-1].shape[-1]
-    chunks = 1 if _broadcasts(h, host) else host.chunks(batch)
+    chunks = 1 if broadcasts(h, host) else host.chunks(batch)
     if chunks == 1:
         return fn(*arrays_Z)
     split = [jnp.array_split(x, chunks) for x in arrays_Z]
@@ -135,24 +141,24 @@ def _chunked(fn, host: Host, *arrays_Z):
     return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
-def _square(host: Host, s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
+def square(host: Host, s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
     """R <- R^2, s_z times for matrix z (masked past s_z; the loop runs max(s) times)."""
 
     def body(carry):
         k, r = carry
-        return k + 1, jnp.where((k < s_Z)[:, None, None], _product(r, r, host), r)
+        return k + 1, jnp.where((k < s_Z)[:, None, None], product(r, r, host), r)
 
     return jax.lax.while_loop(lambda c: c[0] < jnp.max(s_Z), body, (jnp.int32(0), r_ZHH))[1]
 
 
-def _squarings_for(rho: jax.Array, theta: float) -> jax.Array:
+def squarings_for(rho: jax.Array, theta: float) -> jax.Array:
     """Smallest s >= 0 with rho / 2^s <= theta (int32; non-finite rho: the maximum)."""
     s = jnp.ceil(jnp.log2(jnp.maximum(rho, theta) / theta))
     s = jnp.where(jnp.isfinite(s), s, _MAX_SQUARINGS)
     return jnp.clip(s, 0, _MAX_SQUARINGS).astype(jnp.int32)
 
 
-def _pow2_above(x: jax.Array) -> jax.Array:
+def pow2_above(x: jax.Array) -> jax.Array:
     """log2 of a power of two >= x (0 for x <= 0): dividing by it is exact."""
     return jnp.ceil(jnp.log2(jnp.where(x > 0, x, 1.0)))
 
@@ -161,13 +167,13 @@ def _frobenius(a_ZHH: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.sum(jnp.square(a_ZHH), axis=(-2, -1)))
 
 
-def _closed_form(a_ZHH: jax.Array) -> jax.Array:
+def closed_form(a_ZHH: jax.Array) -> jax.Array:
     """exp of skew-symmetric H x H matrices, H <= 4, in closed form (differentiable).
 
     Reads the skew part (A - A^T)/2, so the gradient is the one along skew directions.
     """
     h = a_ZHH.shape[-1]
-    a_ZHH = 0.5 * (a_ZHH - _mt(a_ZHH))
+    a_ZHH = 0.5 * (a_ZHH - jnp.matrix_transpose(a_ZHH))
     if h == 1:
         return jnp.ones_like(a_ZHH)
     if h == 4:
@@ -178,7 +184,7 @@ def _closed_form(a_ZHH: jax.Array) -> jax.Array:
     t = jnp.sqrt(jnp.where(t2 > 0, t2, 1.0))  # safe at 0 for gradients: t2 = 0 is masked
     f1 = jnp.where(t2 > 0, jnp.sinc(t / jnp.pi), 1.0)[..., None, None]
     f2 = jnp.where(t2 > 0, 0.5 * jnp.square(jnp.sinc(t / (2 * jnp.pi))), 0.5)[..., None, None]
-    return jnp.eye(h) + f1 * a_ZHH + f2 * _broadcast_product(a_ZHH, a_ZHH)
+    return jnp.eye(h)[None] + f1 * a_ZHH + f2 * _broadcast_product(a_ZHH, a_ZHH)
 
 
 def _isoclinic(p1: jax.Array, p2: jax.Array, p3: jax.Array, signs) -> tuple:
@@ -209,10 +215,12 @@ def _closed_form_4x4(a_Z44: jax.Array) -> jax.Array:
     m, cm, sm = _isoclinic(
         (a[0, 1] - a[2, 3]) / 2, (a[0, 2] + a[1, 3]) / 2, (a[0, 3] - a[1, 2]) / 2, (-1, 1, -1)
     )
-    return cp * cm * jnp.eye(4) + cp * sm * m + sp * cm * p + sp * sm * _broadcast_product(p, m)
+    return (
+        cp * cm * jnp.eye(4)[None] + cp * sm * m + sp * cm * p + sp * sm * _broadcast_product(p, m)
+    )
 
 
-def _rho_power_bound(a_ZHH: jax.Array, powers: int) -> jax.Array:
+def rho_power_bound(a_ZHH: jax.Array, powers: int) -> jax.Array:
     """rho(A) <= ||A^(2^j)||_F^(2^-j) (rho(A)^n = rho(A^n) <= ||A^n||_F), on normalised powers."""
     norm = _frobenius(a_ZHH)
     x = a_ZHH / jnp.where(norm > 0, norm, 1.0)[..., None, None]
@@ -234,12 +242,12 @@ def num_squarings(a_XHH: jax.Array) -> jax.Array:
     Returns:
       int32 array with the batch shape of ``a``.
     """
-    return _squarings_for(_rho_power_bound(jnp.asarray(a_XHH, jnp.float32), 2), _THETA)
+    return squarings_for(rho_power_bound(jnp.asarray(a_XHH, jnp.float32), 2), _THETA)
 
 
 def _taylor_ps(b, b2, b4):
     """exp(B) to degree 15 by Paterson-Stockmeyer from B, B^2, B^4 (4 more products)."""
-    eye = jnp.eye(b.shape[-1], dtype=b.dtype)
+    eye = jnp.eye(b.shape[-1], dtype=b.dtype)[None]  # (1, H, H)
     b3 = _dot(b2, b)
     c = _TAYLOR_COEFFS
 
@@ -254,28 +262,23 @@ def _taylor_ps(b, b2, b4):
 
 def _expm_skew_impl(a_ZHH: jax.Array, host: Host) -> jax.Array:
     # Normalise by a power of two >= ||A||_F: every rescaling below is exact.
-    log_scale = _pow2_above(_frobenius(a_ZHH))
+    log_scale = pow2_above(_frobenius(a_ZHH))
     unit = a_ZHH * jnp.exp2(-log_scale)[:, None, None]
     unit2 = _dot(unit, unit)
     unit4 = _dot(unit2, unit2)
     rho = jnp.exp2(log_scale) * jnp.sqrt(jnp.sqrt(_frobenius(unit4)))
-    s = jax.lax.stop_gradient(_squarings_for(rho, _THETA))
+    s = jax.lax.stop_gradient(squarings_for(rho, _THETA))
     scale = jnp.exp2(log_scale - s.astype(jnp.float32))[:, None, None]
-    return _square(host, s, _taylor_ps(unit * scale, unit2 * scale**2, unit4 * scale**4))
+    return square(host, s, _taylor_ps(unit * scale, unit2 * scale**2, unit4 * scale**4))
 
 
-def _expm_flat(fn, a_XHH):
-    shape = a_XHH.shape
-    return fn(a_XHH.reshape(-1, *shape[-2:])).reshape(shape)
-
-
-def _expm_skew_chunked(host: Host, a_ZHH: jax.Array) -> jax.Array:
-    return _chunked(functools.partial(_expm_skew_impl, host=host), host, a_ZHH)
+def expm_skew_chunked(host: Host, a_ZHH: jax.Array) -> jax.Array:
+    return chunked(functools.partial(_expm_skew_impl, host=host), host, a_ZHH)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _expm_skew(a_XHH: jax.Array, host: Host) -> jax.Array:
-    return _expm_flat(functools.partial(_expm_skew_chunked, host), a_XHH)
+    return lie.on_matrix_batch(functools.partial(expm_skew_chunked, host), a_XHH)
 
 
 def _expm_skew_fwd(a_XHH, host):
@@ -285,8 +288,8 @@ def _expm_skew_fwd(a_XHH, host):
 def _expm_skew_bwd(host, a_XHH, g_XHH):
     # <L_exp(A)[E], G> = <E, L_exp(A^T)[G]>: the adjoint is a Frechet derivative at A^T, which
     # forward mode computes through the same scaling and squaring without storing intermediates.
-    impl = functools.partial(_expm_flat, functools.partial(_expm_skew_chunked, host))
-    _, grad = jax.jvp(impl, (_mt(a_XHH),), (g_XHH,))
+    impl = functools.partial(lie.on_matrix_batch, functools.partial(expm_skew_chunked, host))
+    _, grad = jax.jvp(impl, (jnp.matrix_transpose(a_XHH),), (g_XHH,))
     return (grad,)
 
 
@@ -295,7 +298,7 @@ _expm_skew.defvjp(_expm_skew_fwd, _expm_skew_bwd)
 # each call. Under an outer jit this is inlined. Closed forms (H <= 4) are differentiated
 # directly and the same on every host.
 _expm_skew_jit = jax.jit(_expm_skew, static_argnums=1)
-_closed_form_jit = jax.jit(functools.partial(_expm_flat, _closed_form))
+_closed_form_jit = jax.jit(functools.partial(lie.on_matrix_batch, closed_form))
 
 
 def expm_skew(a_XHH: jax.Array, *, host: Host | None = None) -> jax.Array:
@@ -318,4 +321,4 @@ def expm_skew(a_XHH: jax.Array, *, host: Host | None = None) -> jax.Array:
         return jnp.zeros(a_XHH.shape, jnp.float32)
     if a_XHH.shape[-1] <= 4:
         return _closed_form_jit(a_XHH.astype(jnp.float32))
-    return _expm_skew_jit(a_XHH.astype(jnp.float32), _check_host(host))
+    return _expm_skew_jit(a_XHH.astype(jnp.float32), check_host(host))

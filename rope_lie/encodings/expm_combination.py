@@ -7,7 +7,8 @@ counts alpha) / |alpha|!. The M_alpha are computed once per generator set; every
 one row of a single large matrix product, which runs near peak speed (batched small products do
 not), and its squarings (scaling and squaring as in ``expm``). s bounds sum_a |b_a| rho(G_a), so
 no monomial term exceeds the Taylor terms at norm theta. VJP: the Frechet derivative at A^T per
-row, as ``expm.expm_skew``'s. The products, squarings, bounds and the ``Host`` are ``expm``'s.
+row, as ``expm.expm_skew``'s. The products, squarings, bounds and the ``Host`` are ``expm``'s
+building blocks. ``num_squarings`` gives each row's s (for the benchmarks' cost models).
 Everything is computed in float32 whatever the input dtype.
 """
 
@@ -20,22 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# The scaling-and-squaring pieces shared with expm_skew (package-internal).
-from rope_lie.encodings.expm import (
-    _HIGHEST,
-    Host,
-    _broadcasts,
-    _check_host,
-    _chunked,
-    _closed_form,
-    _expm_flat,
-    _expm_skew_chunked,
-    _mt,
-    _pow2_above,
-    _rho_power_bound,
-    _square,
-    _squarings_for,
-)
+from rope_lie.encodings import expm, lie
+from rope_lie.encodings.expm import Host
 
 # Taylor degree of expm_skew_combination by number of axes: the per-token product has
 # C(m + A, A) - 1 columns, so more axes get a lower degree (and a smaller theta, below).
@@ -79,7 +66,7 @@ def _word_basis(gen_AYHH: jax.Array, degree: int) -> jax.Array:
     prev = prev_identity = jnp.broadcast_to(jnp.eye(h, dtype=gen_AYHH.dtype), (1, num_gen, h, h))
     levels = []
     for k, parent_A in enumerate(parents, start=1):
-        prods = jnp.einsum("ayij,myjl->amyil", gen_AYHH, prev, precision=_HIGHEST) / k
+        prods = jnp.einsum("ayij,myjl->amyil", gen_AYHH, prev, precision=expm.HIGHEST) / k
         level = 0.0
         for a, idx in enumerate(parent_A):
             valid = jnp.asarray(idx >= 0)[:, None, None, None]
@@ -99,13 +86,26 @@ def _combination_setup(coef_XA: jax.Array, gen_AYHH: jax.Array):
     """
     num_axes = gen_AYHH.shape[0]
     degree = _COMBINATION_DEGREE.get(num_axes, _COMBINATION_DEGREE_MANY_AXES)
-    rho_A = jnp.max(jax.lax.stop_gradient(_rho_power_bound(gen_AYHH, 4)), axis=1)
-    bound_X = jnp.sum(jnp.abs(jax.lax.stop_gradient(coef_XA)) * rho_A, axis=-1)
-    s_X = _squarings_for(bound_X, _combination_theta(degree))
-    log_scale_A = _pow2_above(rho_A)
+    rho_A = jnp.max(jax.lax.stop_gradient(expm.rho_power_bound(gen_AYHH, 4)), axis=1)
+    bound_X = jnp.sum(jnp.abs(jax.lax.stop_gradient(coef_XA)) * rho_A[None], axis=-1)
+    s_X = expm.squarings_for(bound_X, _combination_theta(degree))
+    log_scale_A = expm.pow2_above(rho_A)
     gen_unit = gen_AYHH * jnp.exp2(-log_scale_A)[:, None, None, None]
-    b_XA = coef_XA * jnp.exp2(log_scale_A - s_X[:, None].astype(jnp.float32))
+    b_XA = coef_XA * jnp.exp2(log_scale_A[None] - s_X[:, None].astype(jnp.float32))
     return s_X, b_XA, _word_basis(gen_unit, degree), degree
+
+
+def num_squarings(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
+    """The squarings ``expm_skew_combination`` does for each row of ``coef_XA``.
+
+    Args:
+      coef_XA: (X, A) coefficients.
+      gen_AYHH: (A, Y, H, H) skew generators.
+
+    Returns:
+      (X,) int32 squaring counts s.
+    """
+    return _combination_setup(jnp.asarray(coef_XA), jnp.asarray(gen_AYHH))[0]
 
 
 def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Array:
@@ -122,9 +122,9 @@ def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Arr
     for a in range(b_XA.shape[-1]):
         one_hot_MQ = jax.nn.one_hot(exponents_MA[:, a], degree + 1, dtype=b_XA.dtype)
         coef_XM = coef_XM * jnp.einsum(
-            "xk,mk->xm", powers_XAQ[:, a], one_hot_MQ, precision=_HIGHEST
+            "xk,mk->xm", powers_XAQ[:, a], one_hot_MQ, precision=expm.HIGHEST
         )
-    e = jnp.matmul(coef_XM, basis_MYHH.reshape(num_mono, -1), precision=_HIGHEST)
+    e = jnp.matmul(coef_XM, basis_MYHH.reshape(num_mono, -1), precision=expm.HIGHEST)
     return e.reshape(-1, h, h)
 
 
@@ -145,7 +145,7 @@ def _map_row_groups(
     h, num_gen = matrix_shape
     rows = arrays_X[0].shape[0]
     most = max(1, _GROUP_BYTES // (num_gen * h * h * 4))
-    if (_broadcasts(h, host) and not group_broadcasts) or rows <= most:
+    if (expm.broadcasts(h, host) and not group_broadcasts) or rows <= most:
         return fn(*arrays_X)
     groups = -(-rows // most)
     group = -(-rows // groups)  # as even as possible: little padding
@@ -159,8 +159,8 @@ def _combination_impl(coef_XA: jax.Array, gen_AYHH: jax.Array, host: Host) -> ja
     num_gen, h = gen_AYHH.shape[1], gen_AYHH.shape[-1]
 
     def rows(s_x, b_xa):
-        squares = functools.partial(_square, host)
-        r = _chunked(squares, host, jnp.repeat(s_x, num_gen), _taylor_rows(b_xa, basis, degree))
+        squares = functools.partial(expm.square, host)
+        r = expm.chunked(squares, host, jnp.repeat(s_x, num_gen), _taylor_rows(b_xa, basis, degree))
         return r.reshape(s_x.shape[0], num_gen, h, h)
 
     return _map_row_groups(rows, (h, num_gen), host, s_X, b_XA)
@@ -179,16 +179,16 @@ def _combination_bwd(host, res, r_bar_XYHH):
     # The Frechet adjoint at A^T per row, as in expm_skew's VJP (measured: as fast as a
     # reverse-mode adjoint through the squarings, without its extra code).
     coef_XA, gen_AYHH = res
-    impl = functools.partial(_expm_flat, functools.partial(_expm_skew_chunked, host))
+    impl = functools.partial(lie.on_matrix_batch, functools.partial(expm.expm_skew_chunked, host))
 
     def rows(coef_xa, r_bar_xyhh):
-        a_xyhh = jnp.einsum("xa,ayij->xyij", coef_xa, gen_AYHH, precision=_HIGHEST)
-        return jax.jvp(impl, (_mt(a_xyhh),), (r_bar_xyhh,))[1]
+        a_xyhh = jnp.einsum("xa,ayij->xyij", coef_xa, gen_AYHH, precision=expm.HIGHEST)
+        return jax.jvp(impl, (jnp.matrix_transpose(a_xyhh),), (r_bar_xyhh,))[1]
 
     shape = (gen_AYHH.shape[-1], gen_AYHH.shape[1])
     a_bar = _map_row_groups(rows, shape, host, coef_XA, r_bar_XYHH, group_broadcasts=True)
-    coef_bar = jnp.einsum("xyij,ayij->xa", a_bar, gen_AYHH, precision=_HIGHEST)
-    gen_bar = jnp.einsum("xa,xyij->ayij", coef_XA, a_bar, precision=_HIGHEST)
+    coef_bar = jnp.einsum("xyij,ayij->xa", a_bar, gen_AYHH, precision=expm.HIGHEST)
+    gen_bar = jnp.einsum("xa,xyij->ayij", coef_XA, a_bar, precision=expm.HIGHEST)
     return coef_bar, gen_bar
 
 
@@ -196,8 +196,8 @@ _combination.defvjp(_combination_fwd, _combination_bwd)
 
 
 def _closed_form_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
-    a = jnp.einsum("xa,ayij->xyij", coef_XA, gen_AYHH, precision=_HIGHEST)
-    return _expm_flat(_closed_form, a)
+    a = jnp.einsum("xa,ayij->xyij", coef_XA, gen_AYHH, precision=expm.HIGHEST)
+    return lie.on_matrix_batch(expm.closed_form, a)
 
 
 _combination_jit = jax.jit(_combination, static_argnums=2)
@@ -239,4 +239,4 @@ def expm_skew_combination(
         return jnp.zeros((coef_XA.shape[0], *gen_AYHH.shape[1:]), jnp.float32)
     if gen_AYHH.shape[-1] <= 4:
         return _closed_form_combination_jit(coef_XA, gen_AYHH)
-    return _combination_jit(coef_XA, gen_AYHH, _check_host(host))
+    return _combination_jit(coef_XA, gen_AYHH, expm.check_host(host))

@@ -150,4 +150,5 @@ def apply(
 # a caller's jit it is inlined.
 @jax.jit
 def _angles(pos32: jax.Array, axis_F: jax.Array, freq32_F: jax.Array) -> jax.Array:
-    return pos32[..., axis_F] * freq32_F
+    pos_XF = pos32[..., axis_F]
+    return pos_XF * jnp.expand_dims(freq32_F, tuple(range(pos_XF.ndim - 1)))

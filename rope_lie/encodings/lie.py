@@ -26,12 +26,8 @@ __all__ = [
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _mt(a_ZHH: jax.Array) -> jax.Array:
-    return jnp.swapaxes(a_ZHH, -1, -2)
-
-
-def _flat(fn, a_XHH):
-    """``fn`` on the (Z, H, H) flattening of a (..., H, H) batch."""
+def on_matrix_batch(fn, a_XHH: jax.Array) -> jax.Array:
+    """``fn`` on the (Z, H, H) flattening of a (..., H, H) batch, reshaped back to (..., H, H)."""
     shape = a_XHH.shape
     return fn(a_XHH.reshape(-1, *shape[-2:])).reshape(shape)
 
@@ -69,7 +65,7 @@ def _inverse_gauss_jordan(a_ZHH: jax.Array) -> jax.Array:
         # Swap rows k and pivot (a no-op when they are the same row).
         row_k = aug[:, k]
         row_p = jnp.take_along_axis(aug, pivot_Z[:, None, None], axis=1)[:, 0]
-        swap_ZH = (rows == k).astype(aug.dtype) - jax.nn.one_hot(pivot_Z, h, dtype=aug.dtype)
+        swap_ZH = (rows == k).astype(aug.dtype)[None] - jax.nn.one_hot(pivot_Z, h, dtype=aug.dtype)
         aug = aug + swap_ZH[:, :, None] * (row_p - row_k)[:, None, :]
         pivot_row = aug[:, k] / aug[:, k, k][:, None]
         aug = aug - aug[:, :, k][:, :, None] * pivot_row[:, None, :]
@@ -86,7 +82,7 @@ def _cayley(s_ZHH: jax.Array) -> jax.Array:
 
 def _cayley_fwd(s_ZHH):
     # (I - S)(I + S)^-1 = (2I - (I + S))(I + S)^-1 = 2 M - I with M = (I + S)^-1.
-    eye = jnp.eye(s_ZHH.shape[-1], dtype=s_ZHH.dtype)
+    eye = jnp.eye(s_ZHH.shape[-1], dtype=s_ZHH.dtype)[None]  # (1, H, H)
     a_ZHH = eye + s_ZHH
     m_ZHH = _inverse_gauss_jordan(a_ZHH)
     # One Newton step M + M (I - A M), two products per head, halves the error left by the
@@ -99,7 +95,7 @@ def _cayley_fwd(s_ZHH):
 
 def _cayley_bwd(m_ZHH, p_bar_ZHH):
     # dP = 2 dM = -2 M dS M, so S_bar = -2 M^T P_bar M^T.
-    m_t = _mt(m_ZHH)
+    m_t = jnp.matrix_transpose(m_ZHH)
     return (-2.0 * jnp.matmul(jnp.matmul(m_t, p_bar_ZHH, precision=_HIGHEST), m_t,
                               precision=_HIGHEST),)  # fmt: skip
 
@@ -125,7 +121,7 @@ def cayley(s_XHH: jax.Array) -> jax.Array:
     s_XHH = jnp.asarray(s_XHH, jnp.float32)
     if s_XHH.size == 0:
         return jnp.zeros(s_XHH.shape, jnp.float32)
-    return _flat(_cayley, s_XHH)
+    return on_matrix_batch(_cayley, s_XHH)
 
 
 @jax.jit
@@ -149,6 +145,8 @@ def rotate_pairs(x_XH: jax.Array, angle_XF: jax.Array) -> jax.Array:
     head_dim = x_XH.shape[-1]
     x32 = x_XH.astype(jnp.float32)
     angle = angle_XF.astype(jnp.float32)
+    # Angles may lack x's leading axes (shared by the batch): prepend them, of size 1.
+    angle = jnp.expand_dims(angle, tuple(range(x32.ndim - angle.ndim)))
     cos_XH = jnp.repeat(jnp.cos(angle), 2, axis=-1)
     sin = jnp.sin(angle)
     sin_XH = jnp.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], 2 * num_pairs)

@@ -99,10 +99,7 @@ def init(
             f"last {head_dim % block} channels would not be rotated; choose a block size that "
             "divides head_dim, or set partial_blocks=True to leave them unrotated"
         )
-    if isinstance(init_scale, bool) or not (
-        isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale >= 0
-    ):
-        raise ValueError(f"{_FAMILY}: init_scale={init_scale!r} must be a finite number >= 0")
+    _checks.check_real(init_scale, "init_scale", _FAMILY)
     shape = (num_axes, num_heads, head_dim // block, block, block)
     gen = jax.random.uniform(key, shape, jnp.float32, 0.0, float(init_scale))
     return {"gen_ANKbb": gen}

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rope_lie.encodings import _checks
+
 CONVENTIONS = (
     "integer", "sequential", "normalized", "autoscale", "centred", "centred_max", "centred_min",
     "unit_centred",
@@ -99,8 +101,7 @@ def grid_positions(
         raise ValueError(
             f"unknown position convention {convention!r}; expected one of {CONVENTIONS}"
         )
-    if isinstance(num_prefix, bool) or not isinstance(num_prefix, int) or num_prefix < 0:
-        raise ValueError(f"num_prefix={num_prefix!r} must be a non-negative integer")
+    _checks.check_nonnegative_int(num_prefix, "num_prefix", None)
     ref = train_grid if convention == "sequential" else anchor_grid
     ref = grid if ref is None else _check_grid(ref, "train_grid/anchor_grid")
     if len(ref) != len(grid):

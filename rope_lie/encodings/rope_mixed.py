@@ -88,7 +88,8 @@ def _freqs_from_basis(basis_NAR: jax.Array, head_dim: int, base: float) -> jax.A
     group_F = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)]).astype(int)
     within_F = np.concatenate([np.arange(len(g)) for g in groups])
     mag_F = base ** (-2.0 * num_axes * within_F / head_dim)
-    freqs_NAF = jnp.asarray(basis_NAR, jnp.float32)[..., group_F] * jnp.asarray(mag_F, jnp.float32)
+    mag_11F = jnp.asarray(mag_F, jnp.float32)[None, None]
+    freqs_NAF = jnp.asarray(basis_NAR, jnp.float32)[..., group_F] * mag_11F
     return jnp.transpose(freqs_NAF, (1, 0, 2))
 
 

@@ -65,22 +65,53 @@ def check_name(name: str) -> str:
 def create(name: str, checkpoint: str | None = None, **overrides: Any):
     """The timm model ``name`` built with ``overrides`` (e.g. a small ``embed_dim`` for tests),
     with the weights of ``checkpoint`` (a timm-layout ``state_dict`` file, ``.safetensors`` or
-    ``.pth``; strict) or, without one, timm's random initialisation. Returns it in eval mode."""
+    ``.pth``; strict) or, without one, timm's random initialisation. Returns it in eval mode.
+
+    The class count is read from the checkpoint's ``head.weight`` (a fine-tuned model's head
+    has its own), as ``--from=liere`` reads the architecture; ``overrides`` may repeat it.
+    """
     _torch_first.check()
     import timm
     import timm.models
 
-    model = timm.create_model(check_name(name), pretrained=False, **overrides)
+    state = None
     if checkpoint is not None:
         state = timm.models.load_state_dict(checkpoint, weights_only=True)
-        missing, unexpected = _key_differences(model.state_dict(), state)
+        overrides = {**overrides, **_head_of(state, overrides, checkpoint)}
+    model = timm.create_model(check_name(name), pretrained=False, **overrides)
+    if state is not None:
+        wanted = model.state_dict()
+        missing, unexpected = _key_differences(wanted, state)
         if missing or unexpected:
             raise ValueError(
                 f"checkpoint {checkpoint!r} does not fit timm's {name!r}: missing keys "
                 f"{missing}, unexpected keys {unexpected}"
             )
+        shapes = {k: (tuple(v.shape), tuple(wanted[k].shape)) for k, v in state.items()}
+        differ = {k: given_model for k, given_model in shapes.items() if len(set(given_model)) > 1}
+        if differ:
+            raise ValueError(
+                f"checkpoint {checkpoint!r} does not fit timm's {name!r} with overrides "
+                f"{overrides}: tensor shapes (checkpoint, model) {differ}; pass the "
+                "architecture's size with --overrides (e.g. embed_dim=, depth=, num_heads=)"
+            )
         model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def _head_of(state: Mapping[str, Any], overrides: Mapping[str, Any], checkpoint: str) -> dict:
+    """``{"num_classes": n}`` from the checkpoint's classifier (empty without ``head.weight``);
+    a different ``num_classes`` in ``overrides`` is an error."""
+    if "head.weight" not in state:
+        return {}
+    num_classes = int(state["head.weight"].shape[0])
+    given = overrides.get("num_classes", num_classes)
+    if given != num_classes:
+        raise ValueError(
+            f"num_classes={given!r} (--overrides) but checkpoint {checkpoint!r} has a head of "
+            f"{num_classes} classes (head.weight {tuple(state['head.weight'].shape)})"
+        )
+    return {"num_classes": num_classes}
 
 
 def _key_differences(wanted: Mapping[str, Any], given: Mapping[str, Any]):

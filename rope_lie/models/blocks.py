@@ -25,6 +25,7 @@ from flax import nnx
 
 from rope_lie.encodings.state import State
 from rope_lie.models import attention
+from rope_lie.models.variables import NoDecay
 
 
 class MlpBlock(nnx.Module):
@@ -89,6 +90,12 @@ class Block(nnx.Module):
         self.attn = attention.Attention(
             width, num_heads, dtype=dtype, rngs=rngs, **attention_kwargs
         )
+        # Attention creates its (N, H) q/k/v biases as plain Params: two dims, so only their type
+        # can say that they are biases (weight decay is decided by type, models/variables.py).
+        for name in ("bq_NH", "bk_NH", "bv_NH"):
+            bias = getattr(self.attn, name)
+            if isinstance(bias, nnx.Param) and not isinstance(bias, NoDecay):
+                setattr(self.attn, name, NoDecay(bias.get_value()))
         self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         self.ln2 = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dtype, rngs=rngs)
         self.mlp = MlpBlock(
@@ -97,8 +104,8 @@ class Block(nnx.Module):
         )  # fmt: skip
         self.ls1_D, self.ls2_D = nnx.data(None), nnx.data(None)  # data: Params with LayerScale
         if layer_scale is not None:
-            self.ls1_D = nnx.Param(jnp.full((width,), layer_scale, jnp.float32))
-            self.ls2_D = nnx.Param(jnp.full((width,), layer_scale, jnp.float32))
+            self.ls1_D = NoDecay(jnp.full((width,), layer_scale, jnp.float32))
+            self.ls2_D = NoDecay(jnp.full((width,), layer_scale, jnp.float32))
 
     def _scaled(self, y_BTD: jax.Array, ls_D: nnx.Param | None) -> jax.Array:
         return y_BTD if ls_D is None else y_BTD * ls_D[...].astype(y_BTD.dtype)

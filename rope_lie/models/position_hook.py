@@ -9,8 +9,8 @@ goes through one contract (``docs/encoders.md``, ``encodings/state.py``):
 - ``fold_projection``: the state's position-independent ``fold_NHH`` (Cayley-STRING's P)
   folded into the q/k projection weights; the attention then applies ``state.rotate`` to q and
   k and adds ``state.bias_BNTS`` to the logits, the same calls for every family;
-- ``init_pe_params``: the family's parameters as ``PositionParam`` variables (an ``nnx.Param``
-  subclass, so that the optimiser can exclude them from weight decay by type).
+- ``init_pe_params``: the family's parameters as ``PositionParam`` variables (a ``NoDecay``
+  parameter type, so that the optimiser excludes them from weight decay by type).
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from flax import nnx
 
 from rope_lie import encodings
 from rope_lie.encodings.state import State
+from rope_lie.models.variables import NoDecay
 
 
-class PositionParam(nnx.Param):
+class PositionParam(NoDecay):
     """A position-encoding parameter (rotary frequencies/generators, ALiBi slopes, APE tables).
 
-    A subclass of ``nnx.Param`` so that ``nnx.state(model, PositionParam)`` selects exactly the
-    encoder parameters (e.g. to exclude them from weight decay).
+    A ``NoDecay`` (so an ``nnx.Param``): ``nnx.state(model, PositionParam)`` selects exactly the
+    encoder parameters, and weight decay leaves them alone.
     """
 
 

@@ -45,6 +45,7 @@ from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
 from rope_lie.models import attention, blocks, position_hook, tokens
 from rope_lie.models.position_hook import PositionParam
+from rope_lie.models.variables import NoDecay
 from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_variant: public)
     DIM_KEYS,
     VARIANTS,
@@ -64,6 +65,35 @@ def token_grid(spatial: Sequence[int], patch: Sequence[int], what: str) -> tuple
     return tuple(s // p for s, p in zip(spatial, patch, strict=True))
 
 
+def patch_blocks(images_BXC, patch: Sequence[int]):
+    """Split images into non-overlapping patches (tubelets in 3D), one block per grid cell.
+
+    Works on numpy and jax arrays alike (only ``reshape`` and ``transpose``).
+
+    Args:
+      images_BXC: (B, *spatial, C), spatial divisible by ``patch``.
+      patch: patch size per spatial axis.
+
+    Returns:
+      (B, *grid, *patch, C) with grid = spatial // patch: a patch's pixels on the trailing axes.
+    """
+    batch, *spatial, channels = images_BXC.shape
+    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
+    split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
+    rank = len(grid)
+    order = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
+    return images_BXC.reshape(split).transpose(order)
+
+
+def unpatch_blocks(blocks, patch: Sequence[int]):
+    """The inverse of ``patch_blocks``: (B, *grid, *patch, C) -> (B, *spatial, C)."""
+    rank = len(patch)
+    batch, *grid = blocks.shape[: 1 + rank]
+    order = [0] + [i for a in range(rank) for i in (1 + a, 1 + rank + a)] + [2 * rank + 1]
+    spatial = [g * p for g, p in zip(grid, patch, strict=True)]
+    return blocks.transpose(order).reshape(batch, *spatial, blocks.shape[-1])
+
+
 def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
     """Non-overlapping patches (tubelets in 3D) flattened in token order.
 
@@ -75,13 +105,9 @@ def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
       (B, T, P) with T = prod(spatial // patch) row-major and P = prod(patch) * C ordered
       (*patch, C), the layout of a flattened convolution kernel.
     """
-    batch, *spatial, channels = images_BXC.shape
-    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
-    split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
-    x = images_BXC.reshape(split)
-    rank = len(grid)
-    order = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
-    return x.transpose(order).reshape(batch, math.prod(grid), math.prod(patch) * channels)
+    blocks = patch_blocks(images_BXC, patch)
+    batch, num_tokens = blocks.shape[0], math.prod(blocks.shape[1 : 1 + len(patch)])
+    return blocks.reshape(batch, num_tokens, -1)
 
 
 def additive_names() -> list[str]:
@@ -245,7 +271,7 @@ class ViT(nnx.Module):
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
         num_axes = len(self.image_shape)
         self.embed = nnx.Linear(math.prod(self.patch) * channels, width, dtype=dt, rngs=rngs)
-        self.cls_1D = nnx.Param(jnp.zeros((1, width))) if num_prefix else None
+        self.cls_1D = NoDecay(jnp.zeros((1, width))) if num_prefix else None
         self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
             additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
@@ -400,7 +426,7 @@ class ViT(nnx.Module):
         emb_TD = encodings.ADDITIVE[self.additive].table(
             params, grid_shape=grid, width=x_BTD.shape[-1], num_prefix=num_prefix
         )
-        return x_BTD + emb_TD.astype(x_BTD.dtype)
+        return x_BTD + emb_TD.astype(x_BTD.dtype)[None]
 
     def positions(self, grid: Sequence[int]) -> jax.Array:
         """pos_TA of a token grid under ``position_convention``, prefix tokens at 0."""

@@ -120,7 +120,7 @@ def test_translation_invariant():
     pos_TA = positions.grid_positions((3, 4), "integer")
     out = alibi.bias({}, pos_TA, pos_TA, num_heads=2)
     shifted = alibi.bias(
-        {}, pos_TA + jnp.array([2.0, -5.0]), pos_TA + jnp.array([2.0, -5.0]), num_heads=2
+        {}, pos_TA + jnp.array([[2.0, -5.0]]), pos_TA + jnp.array([[2.0, -5.0]]), num_heads=2
     )
     np.testing.assert_allclose(np.asarray(shifted), np.asarray(out), atol=1e-5)
 

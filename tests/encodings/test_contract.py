@@ -119,8 +119,8 @@ def test_bfloat16_in_bfloat16_out(name, hparams, rank):
     ref = module.apply(params, x_BTNH, pos_TA, **kw)
     out = module.apply(params, x_BTNH.astype(jnp.bfloat16), pos_TA, **kw)
     chex.assert_type(out, jnp.bfloat16)
-    # Only the input rounding (~4e-3 relative) shows: phases stay in float32.
-    np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=0, atol=4e-2)
+    # Only the input and output rounding (~4e-3 relative each) shows: phases stay in float32.
+    np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=0, atol=2e-2)
 
 
 @pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
@@ -152,9 +152,9 @@ def _scores(module, params, kw, q_BTNH, k_BTNH, pos_q_TA, pos_k_TA):
 def test_translation_invariance_where_the_math_gives_it(name, hparams, rank):
     module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
     k_BTNH = jax.random.normal(jax.random.key(7), x_BTNH.shape)
-    shift_A = jnp.asarray([1.5, -2.0, 0.75][:rank])
+    shift_1A = jnp.asarray([[1.5, -2.0, 0.75][:rank]])
     base = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA, pos_TA)
-    moved = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA + shift_A, pos_TA + shift_A)
+    moved = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA + shift_1A, pos_TA + shift_1A)
     commuting = name in RELATIVE or rank == 1 or hparams.get("block_size") == 2
     if commuting:
         np.testing.assert_allclose(moved, base, rtol=1e-4, atol=2e-4)
@@ -188,7 +188,7 @@ def test_bad_inputs_name_the_value(name, hparams, ranks):
         module.apply(params, x_BTNH, pos_TA[0], **kw)
     with pytest.raises(ValueError, match=f"T={pos_TA.shape[0] - 1}"):
         module.apply(params, x_BTNH, pos_TA[1:], **kw)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not_an_hparam"):
         module.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=rank, not_an_hparam=1)
     with pytest.raises(ValueError, match="head_dim"):
         module.init(jax.random.key(0), num_heads=N, head_dim=0, num_axes=rank, **hparams)

@@ -8,12 +8,7 @@ import pytest
 import scipy.linalg
 
 from rope_lie.encodings import expm_combination
-
-
-def _random_skew(rng, batch, h, norm):
-    w = rng.normal(size=(batch, h, h))
-    a = w - np.swapaxes(w, -1, -2)
-    return a / np.linalg.norm(a, axis=(-2, -1), keepdims=True) * norm
+from tests.encodings.reference import random_skew
 
 
 def _combination_reference(coef, gen):
@@ -30,7 +25,7 @@ def test_expm_skew_combination_matches_scipy_float64(num_axes, h):
     # Per-axis generator norms from 0.1 to 60 and coefficients of both signs (axes partly
     # cancel); 130 rows x 2 generator sets exercise the per-core chunks of H = 40 on CPU.
     norms = np.logspace(-1, np.log10(60.0), 2 * num_axes)
-    gen = np.stack([_random_skew(rng, 1, h, n)[0] for n in norms]).reshape(num_axes, 2, h, h)
+    gen = np.stack([random_skew(rng, 1, h, n)[0] for n in norms]).reshape(num_axes, 2, h, h)
     coef = rng.uniform(-1.5, 1.5, size=(130, num_axes))
     coef[0] = 0.0
     r = np.asarray(expm_combination.expm_skew_combination(coef, gen), np.float64)
@@ -41,14 +36,14 @@ def test_expm_skew_combination_matches_scipy_float64(num_axes, h):
 
 def test_expm_skew_combination_finite_at_huge_norms_and_zero_generators():
     rng = np.random.default_rng(11)
-    gen = np.stack([_random_skew(rng, 2, 8, 1e6), np.zeros((2, 8, 8))])
+    gen = np.stack([random_skew(rng, 2, 8, 1e6), np.zeros((2, 8, 8))])
     coef = np.array([[1.0, 3.0], [-2.0, 0.5]])
     r = np.asarray(expm_combination.expm_skew_combination(coef, gen))
     assert np.isfinite(r).all()
     # Each squaring doubles the rounding error, so after s ~ 19 squarings orthogonality holds to
     # about 2^s u (u = 2^-24 ~ 6e-8): ~3e-2 here (measured 0.6-1.7 x 2^s u over seeds).
     # Jitted: one compiled program instead of hundreds of eagerly dispatched operations.
-    squarings = jax.jit(lambda c, g: expm_combination._combination_setup(c, g)[0])
+    squarings = jax.jit(expm_combination.num_squarings)
     s = np.asarray(squarings(jnp.asarray(coef, jnp.float32), jnp.asarray(gen, jnp.float32)))
     assert s.max() >= 17
     ortho = np.abs(np.swapaxes(r, -1, -2) @ r - np.eye(8)).max(axis=(-2, -1))
@@ -62,7 +57,7 @@ def test_expm_skew_combination_finite_at_huge_norms_and_zero_generators():
 @pytest.mark.parametrize("h", [4, 6])
 def test_expm_skew_combination_vjp_matches_finite_differences(h):
     rng = np.random.default_rng(12)
-    gen = np.stack([_random_skew(rng, 3, h, 5.0), _random_skew(rng, 3, h, 2.0)])
+    gen = np.stack([random_skew(rng, 3, h, 5.0), random_skew(rng, 3, h, 2.0)])
     coef = rng.uniform(-1.0, 1.0, size=(4, 2))
     w = rng.normal(size=(4, 3, h, h))
 
@@ -71,7 +66,7 @@ def test_expm_skew_combination_vjp_matches_finite_differences(h):
 
     grad_c, grad_g = jax.grad(loss, (0, 1))(jnp.asarray(coef, jnp.float32),
                                              jnp.asarray(gen, jnp.float32))  # fmt: skip
-    d_c, d_g = rng.normal(size=coef.shape), np.stack([_random_skew(rng, 3, h, 1.0)] * 2)
+    d_c, d_g = rng.normal(size=coef.shape), np.stack([random_skew(rng, 3, h, 1.0)] * 2)
     eps = 1e-6
 
     def loss64(c, g):
@@ -88,7 +83,7 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
     # of at most 8 (uneven, padded) must give the ungrouped values and gradients, for broadcast
     # products (H = 5: grouped in the backward only) and dot products (H = 16: both passes).
     rng = np.random.default_rng(13)
-    gen = jnp.asarray(np.stack([_random_skew(rng, 2, h, 3.0), _random_skew(rng, 2, h, 1.0)]),
+    gen = jnp.asarray(np.stack([random_skew(rng, 2, h, 3.0), random_skew(rng, 2, h, 1.0)]),
                       jnp.float32)  # fmt: skip
     coef = jnp.asarray(rng.uniform(-1.0, 1.0, size=(37, 2)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(37, 2, h, h)), jnp.float32)

@@ -11,12 +11,7 @@ import numpy as np
 import pytest
 
 from rope_lie.encodings import lie
-
-
-def _random_skew(rng, batch, h, norm):
-    w = rng.normal(size=(batch, h, h))
-    a = w - np.swapaxes(w, -1, -2)
-    return a / np.linalg.norm(a, axis=(-2, -1), keepdims=True) * norm
+from tests.encodings.reference import random_skew
 
 
 def test_skew_from_upper_uses_only_the_strict_upper_triangle():
@@ -28,7 +23,7 @@ def test_skew_from_upper_uses_only_the_strict_upper_triangle():
 
 @pytest.mark.parametrize("h, norm", [(7, 4.0), (64, 0.1), (64, 1.0), (64, 30.0), (64, 1e3)])
 def test_cayley_against_float64_formula(h, norm):
-    s = _random_skew(np.random.default_rng(6), 3, h, norm).astype(np.float32)
+    s = random_skew(np.random.default_rng(6), 3, h, norm).astype(np.float32)
     eye = np.eye(h)
     expected = np.stack([(eye - m) @ np.linalg.inv(eye + m) for m in s.astype(np.float64)])
     p = np.asarray(lie.cayley(s), np.float64)
@@ -50,7 +45,7 @@ def test_cayley_needs_pivoting_and_gets_it():
 @pytest.mark.parametrize("h", [5, 16])
 def test_cayley_vjp_matches_finite_differences(h):
     rng = np.random.default_rng(16)
-    s, d = _random_skew(rng, 2, h, 3.0), _random_skew(rng, 2, h, 1.0)
+    s, d = random_skew(rng, 2, h, 3.0), random_skew(rng, 2, h, 1.0)
     w = rng.normal(size=(2, h, h))
     grad = jax.grad(lambda x: jnp.sum(jnp.asarray(w, jnp.float32) * lie.cayley(x)))(
         jnp.asarray(s, jnp.float32)

@@ -340,11 +340,6 @@ def test_partial_blocks_leave_the_remainder_unrotated_when_asked():
     assert np.max(np.abs(out[..., :8] - x_BTNH[..., :8])) > 1e-3
 
 
-def test_init_rejects_unknown_hparam():
-    with pytest.raises(TypeError):
-        liere.init(jax.random.key(0), num_heads=N, head_dim=8, num_axes=2, base=10.0)
-
-
 def test_init_errors_head_dim_one_dense():
     with pytest.raises(ValueError, match="head_dim=1"):
         liere.init(jax.random.key(0), num_heads=N, head_dim=1, num_axes=2)
@@ -405,18 +400,6 @@ def test_precompute_then_apply_equals_apply(block_size, pos_shape):
     pre = liere.precompute(params, pos, num_heads=N, head_dim=8)
     assert type(pre) is (state.PairAngles if block_size == 2 else state.BlockRotations)
     np.testing.assert_allclose(pre.rotate(x), _apply(params, x, pos), atol=1e-6)
-
-
-@pytest.mark.parametrize("block_size", [None, 4, 2])
-def test_one_head_of_rotations_applies_to_every_head(block_size):
-    params = _params(43, block_size=block_size)
-    one_head = {"gen_ANKbb": params["gen_ANKbb"][:, :1]}
-    pos, x = _pos(44, (T, 2)), _x(45, 8)
-    tiled = {"gen_ANKbb": jnp.repeat(one_head["gen_ANKbb"], N, axis=1)}
-    np.testing.assert_allclose(
-        liere.precompute(one_head, pos, num_heads=1, head_dim=8).rotate(x), _apply(tiled, x, pos),
-        atol=1e-6,
-    )  # fmt: skip
 
 
 def test_precompute_errors():

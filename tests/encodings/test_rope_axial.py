@@ -8,29 +8,9 @@ import numpy as np
 import pytest
 
 from rope_lie.encodings import positions, rope, rope_axial
+from tests.encodings.reference import axial_angles, normal, rotate_pairs, scores_from_phases
 
 KEY = jax.random.key(0)
-
-
-def rotate_ref(x, angle):
-    """Float64 rotation of interleaved pairs as complex numbers (the form of rope-vit)."""
-    x = np.asarray(x, np.float64)
-    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * angle)
-    out = np.empty(x.shape)
-    out[..., 0::2], out[..., 1::2] = z.real, z.imag
-    return out
-
-
-def angles_ref(pos_XA, head_dim, base):
-    """Pair a*F/A + i rotates by p_a * base^(-2A*i/H), written as loops, float64 (..., F)."""
-    pos_XA = np.asarray(pos_XA, np.float64)
-    num_axes = pos_XA.shape[-1]
-    per_axis = head_dim // 2 // num_axes
-    angle = np.zeros(pos_XA.shape[:-1] + (head_dim // 2,))
-    for a in range(num_axes):
-        for i in range(per_axis):
-            angle[..., a * per_axis + i] = pos_XA[..., a] * base ** (-2.0 * num_axes * i / head_dim)
-    return angle
 
 
 def rope_vit_axial_angles(t_x, t_y, dim, theta=100.0):
@@ -39,20 +19,16 @@ def rope_vit_axial_angles(t_x, t_y, dim, theta=100.0):
     return np.concatenate([np.outer(t_x, freqs), np.outer(t_y, freqs)], axis=-1)
 
 
-def _x(shape, seed=0, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
-
-
 @pytest.mark.parametrize("num_axes, head_dim", [(1, 8), (2, 8), (2, 16), (3, 12), (3, 24)])
 @pytest.mark.parametrize("base", [100.0, 10000.0])
 def test_matches_float64_reference(num_axes, head_dim, base):
-    x = _x((2, 9, 3, head_dim))
+    x = normal((2, 9, 3, head_dim))
     pos_TA = np.random.default_rng(1).uniform(-3.0, 12.0, (9, num_axes))
     params = rope_axial.init(KEY, num_heads=3, head_dim=head_dim, num_axes=num_axes, base=base)
     assert params == {}
     out = rope_axial.apply(params, x, jnp.asarray(pos_TA, jnp.float32), base=base)
     chex.assert_shape(out, x.shape)
-    ref = rotate_ref(x, angles_ref(pos_TA, head_dim, base)[:, None, :])
+    ref = rotate_pairs(x, axial_angles(pos_TA, head_dim, base)[:, None, :])
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -61,22 +37,24 @@ def test_matches_rope_vit_up_to_swapping_axes(head_dim):
     """Ours at (row, col) = rope-vit at (t_x=row, t_y=col); on rope-vit's own grid
     (t_x = column, t_y = row) ours needs the axes swapped. Default base is rope-vit's 100."""
     rows, cols = 3, 4
-    x = _x((2, rows * cols, 2, head_dim))
+    x = normal((2, rows * cols, 2, head_dim))
     pos_TA = np.asarray(positions.grid_positions((rows, cols), "integer"))
     ours = rope_axial.apply({}, x, jnp.asarray(pos_TA))
     ref_rowfirst = rope_vit_axial_angles(pos_TA[:, 0], pos_TA[:, 1], head_dim)
-    np.testing.assert_allclose(ours, rotate_ref(x, ref_rowfirst[:, None, :]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        ours, rotate_pairs(x, ref_rowfirst[:, None, :]), rtol=1e-5, atol=1e-5
+    )
 
     t = np.arange(rows * cols)
     t_x, t_y = t % cols, t // cols  # rope-vit's init_t_xy: x is the column
     ours_swapped = rope_axial.apply({}, x, jnp.asarray(pos_TA[:, ::-1].copy()))
-    ref = rotate_ref(x, rope_vit_axial_angles(t_x, t_y, head_dim)[:, None, :])
+    ref = rotate_pairs(x, rope_vit_axial_angles(t_x, t_y, head_dim)[:, None, :])
     np.testing.assert_allclose(ours_swapped, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_axis_zero_owns_the_first_pairs():
     """H=8, A=2: the row rotates channels 0-3 only, the column channels 4-7 only."""
-    x = _x((1, 3, 2, 8))
+    x = normal((1, 3, 2, 8))
     row_only = rope_axial.apply({}, x, jnp.array([[1.0, 0.0], [2.0, 0.0], [5.0, 0.0]]))
     col_only = rope_axial.apply({}, x, jnp.array([[0.0, 1.0], [0.0, 2.0], [0.0, 5.0]]))
     np.testing.assert_array_equal(row_only[..., 4:], x[..., 4:])
@@ -87,7 +65,7 @@ def test_axis_zero_owns_the_first_pairs():
 
 @pytest.mark.parametrize("base", [100.0, 10000.0])
 def test_one_axis_equals_rope(base):
-    x = _x((2, 6, 2, 16))
+    x = normal((2, 6, 2, 16))
     pos_TA = jnp.asarray(np.random.default_rng(2).uniform(0, 50, (6, 1)), jnp.float32)
     np.testing.assert_allclose(
         rope_axial.apply({}, x, pos_TA, base=base),
@@ -101,36 +79,14 @@ def test_one_axis_equals_rope(base):
 def test_relative_position_property(num_axes, head_dim):
     """q.k at (p, p') equals q.k at (p + t, p' + t) and the float64 difference-only ref."""
     rng = np.random.default_rng(3)
-    q, k = _x((2, 6, 2, head_dim), seed=4), _x((2, 6, 2, head_dim), seed=5)
+    q, k = normal((2, 6, 2, head_dim), seed=4), normal((2, 6, 2, head_dim), seed=5)
     pos_q, pos_k = rng.uniform(0, 8, (6, num_axes)), rng.uniform(0, 8, (6, num_axes))
-    zq = np.asarray(q, np.float64)[..., 0::2] + 1j * np.asarray(q, np.float64)[..., 1::2]
-    zk = np.asarray(k, np.float64)[..., 0::2] + 1j * np.asarray(k, np.float64)[..., 1::2]
-    phase_TSF = np.exp(1j * angles_ref(pos_q[:, None] - pos_k[None], head_dim, 100.0))
-    ref = np.einsum("btnf,bsnf,tsf->bnts", zq, np.conj(zk), phase_TSF).real
+    ref = scores_from_phases(q, k, axial_angles(pos_q[:, None] - pos_k[None], head_dim, 100.0))
     for t in rng.uniform(-15, 15, (4, num_axes)):
         qr = rope_axial.apply({}, q, jnp.asarray(pos_q + t, jnp.float32))
         kr = rope_axial.apply({}, k, jnp.asarray(pos_k + t, jnp.float32))
         scores = jnp.einsum("btnh,bsnh->bnts", qr, kr)
         np.testing.assert_allclose(scores, ref, rtol=1e-4, atol=1e-4)
-
-
-def test_bfloat16_in_bfloat16_out():
-    x = _x((2, 6, 2, 8), dtype=jnp.bfloat16)
-    pos_TA = positions.grid_positions((2, 3), "integer")
-    out = rope_axial.apply({}, x, pos_TA)
-    assert out.dtype == jnp.bfloat16
-    ref = rotate_ref(np.asarray(x, np.float32), angles_ref(pos_TA, 8, 100.0)[:, None, :])
-    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("num_axes", [2, 3])
-def test_per_example_positions_equal_separate_application(num_axes):
-    x = _x((3, 5, 2, 12))
-    pos_BTA = jnp.asarray(np.random.default_rng(6).uniform(0, 9, (3, 5, num_axes)), jnp.float32)
-    out = rope_axial.apply({}, x, pos_BTA)
-    for b in range(3):
-        np.testing.assert_allclose(out[b : b + 1], rope_axial.apply({}, x[b : b + 1], pos_BTA[b]))
-    assert not np.allclose(out[1], rope_axial.apply({}, x, pos_BTA[0])[1])
 
 
 @pytest.mark.parametrize(
@@ -171,11 +127,6 @@ def test_apply_rejects_parameters_of_another_family():
         rope_axial.apply(
             {"freqs_ANF": jnp.zeros((2, 2, 4))}, jnp.zeros((2, 5, 2, 8)), jnp.zeros((5, 2))
         )
-
-
-def test_unknown_hparam_is_a_type_error():
-    with pytest.raises(TypeError, match="theta"):
-        rope_axial.init(KEY, num_heads=2, head_dim=8, num_axes=2, theta=100.0)
 
 
 def test_apply_hparams():

@@ -9,22 +9,9 @@ import pytest
 import scipy.stats
 
 from rope_lie.encodings import rope_axial, rope_mixed, state
+from tests.encodings.reference import mixed_angles, normal, rotate_pairs, scores_from_phases
 
 KEY = jax.random.key(0)
-
-
-def rotate_ref(x, angle):
-    """Float64 rotation of interleaved pairs as complex numbers (rope-vit's torch.polar form)."""
-    x = np.asarray(x, np.float64)
-    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * angle)
-    out = np.empty(x.shape)
-    out[..., 0::2], out[..., 1::2] = z.real, z.imag
-    return out
-
-
-def angles_ref(pos, freqs_ANF):
-    """theta[.., t, n, j] = sum_a p[.., t, a] f[a, n, j], float64."""
-    return np.einsum("...ta,anf->...tnf", np.asarray(pos, np.float64), np.asarray(freqs_ANF))
 
 
 def rope_vit_init(phi_N, dim, theta=10.0):
@@ -50,10 +37,6 @@ def group_magnitudes_ref(head_dim, num_axes, base):
     sizes = [len(g) for g in np.array_split(np.arange(head_dim // 2), num_axes)]
     within = np.concatenate([np.arange(s) for s in sizes])
     return base ** (-2.0 * num_axes * within / head_dim), np.cumsum([0] + sizes[:-1])
-
-
-def _x(shape, seed=0, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
 @pytest.mark.parametrize("num_heads, head_dim, num_axes", [(3, 8, 2), (2, 16, 3), (4, 6, 1)])
@@ -143,12 +126,12 @@ def test_1d_init_is_rope_frequencies_with_a_random_sign_per_head():
 @pytest.mark.parametrize("per_example", [False, True])
 def test_apply_matches_float64_reference(num_axes, head_dim, per_example):
     rng = np.random.default_rng(1)
-    x = _x((2, 7, 2, head_dim))
+    x = normal((2, 7, 2, head_dim))
     params = rope_mixed.init(KEY, num_heads=2, head_dim=head_dim, num_axes=num_axes)
     pos = rng.uniform(-4, 12, (2, 7, num_axes) if per_example else (7, num_axes))
     out = rope_mixed.apply(params, x, jnp.asarray(pos, jnp.float32))
     chex.assert_shape(out, x.shape)
-    ref = rotate_ref(x, angles_ref(pos, params["freqs_ANF"]))
+    ref = rotate_pairs(x, mixed_angles(pos, params["freqs_ANF"]))
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -158,7 +141,7 @@ def test_apply_matches_float64_reference(num_axes, head_dim, per_example):
 )
 def test_axis_aligned_frequencies_reduce_to_rope_axial(num_axes, head_dim, base):
     rng = np.random.default_rng(2)
-    x = _x((2, 8, 2, head_dim))
+    x = normal((2, 8, 2, head_dim))
     pos_TA = jnp.asarray(rng.uniform(-5, 30, (8, num_axes)), jnp.float32)
     params = rope_mixed.params_from_freqs(axial_freqs_ref(2, head_dim, num_axes, base))
     np.testing.assert_allclose(
@@ -174,12 +157,9 @@ def test_relative_position_property(num_axes, head_dim):
     """q.k at (p, p') equals q.k at (p + t, p' + t) and the float64 difference-only ref."""
     rng = np.random.default_rng(3)
     params = rope_mixed.init(KEY, num_heads=2, head_dim=head_dim, num_axes=num_axes)
-    q, k = _x((2, 6, 2, head_dim), seed=4), _x((2, 6, 2, head_dim), seed=5)
+    q, k = normal((2, 6, 2, head_dim), seed=4), normal((2, 6, 2, head_dim), seed=5)
     pos_q, pos_k = rng.uniform(0, 8, (6, num_axes)), rng.uniform(0, 8, (6, num_axes))
-    zq = np.asarray(q, np.float64)[..., 0::2] + 1j * np.asarray(q, np.float64)[..., 1::2]
-    zk = np.asarray(k, np.float64)[..., 0::2] + 1j * np.asarray(k, np.float64)[..., 1::2]
-    phase_TSNF = np.exp(1j * angles_ref(pos_q[:, None] - pos_k[None], params["freqs_ANF"]))
-    ref = np.einsum("btnf,bsnf,tsnf->bnts", zq, np.conj(zk), phase_TSNF).real
+    ref = scores_from_phases(q, k, mixed_angles(pos_q[:, None] - pos_k[None], params["freqs_ANF"]))
     for t in rng.uniform(-15, 15, (4, num_axes)):
         qr = rope_mixed.apply(params, q, jnp.asarray(pos_q + t, jnp.float32))
         kr = rope_mixed.apply(params, k, jnp.asarray(pos_k + t, jnp.float32))
@@ -189,12 +169,12 @@ def test_relative_position_property(num_axes, head_dim):
 
 def test_gradient_wrt_freqs_matches_float64_finite_differences():
     rng = np.random.default_rng(7)
-    x, w = _x((2, 5, 2, 8), seed=8), rng.normal(size=(2, 5, 2, 8))
+    x, w = normal((2, 5, 2, 8), seed=8), rng.normal(size=(2, 5, 2, 8))
     pos_TA = rng.uniform(0, 4, (5, 2))
     freqs = np.asarray(rope_mixed.init(KEY, num_heads=2, head_dim=8, num_axes=2)["freqs_ANF"])
 
     def loss_ref(f):
-        return np.sum(w * rotate_ref(x, angles_ref(pos_TA, f)))
+        return np.sum(w * rotate_pairs(x, mixed_angles(pos_TA, f)))
 
     def loss(f):
         out = rope_mixed.apply({"freqs_ANF": f}, x, jnp.asarray(pos_TA, jnp.float32))
@@ -207,28 +187,6 @@ def test_gradient_wrt_freqs_matches_float64_finite_differences():
         step[idx] = eps
         fd[idx] = (loss_ref(freqs + step) - loss_ref(freqs - step)) / (2 * eps)
     np.testing.assert_allclose(grad, fd, rtol=1e-3, atol=1e-3)
-
-
-def test_bfloat16_in_bfloat16_out():
-    params = rope_mixed.init(KEY, num_heads=2, head_dim=8, num_axes=2)
-    x = _x((2, 6, 2, 8), dtype=jnp.bfloat16)
-    pos_TA = np.random.default_rng(9).uniform(0, 10, (6, 2))
-    out = rope_mixed.apply(params, x, jnp.asarray(pos_TA, jnp.float32))
-    assert out.dtype == jnp.bfloat16
-    ref = rotate_ref(np.asarray(x, np.float32), angles_ref(pos_TA, params["freqs_ANF"]))
-    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("num_axes", [2, 3])
-def test_per_example_positions_equal_separate_application(num_axes):
-    params = rope_mixed.init(KEY, num_heads=2, head_dim=12, num_axes=num_axes)
-    x = _x((3, 5, 2, 12))
-    pos_BTA = jnp.asarray(np.random.default_rng(6).uniform(0, 9, (3, 5, num_axes)), jnp.float32)
-    out = rope_mixed.apply(params, x, pos_BTA)
-    for b in range(3):
-        separate = rope_mixed.apply(params, x[b : b + 1], pos_BTA[b])
-        np.testing.assert_allclose(out[b : b + 1], separate, rtol=1e-6, atol=1e-6)
-    assert not np.allclose(out[1], rope_mixed.apply(params, x, pos_BTA[0])[1])
 
 
 def test_params_from_freqs_casts_to_float32():
@@ -282,11 +240,6 @@ def test_init_errors_name_the_bad_value(kwargs, match):
         rope_mixed.init(KEY, **kwargs)
 
 
-def test_unknown_hparam_is_a_type_error():
-    with pytest.raises(TypeError, match="theta"):
-        rope_mixed.init(KEY, num_heads=2, head_dim=8, num_axes=2, theta=10.0)
-
-
 def test_apply_hparams():
     assert rope_mixed.APPLY_HPARAMS == ("rotary_fraction",)
 
@@ -296,24 +249,12 @@ def test_precompute_then_apply_matches_float64_reference(per_example):
     params = rope_mixed.init(KEY, num_heads=3, head_dim=8, num_axes=2)
     rng = np.random.default_rng(7)
     pos = rng.uniform(-3, 3, size=(2, 5, 2) if per_example else (5, 2)).astype(np.float32)
-    x = _x((2, 5, 3, 8), seed=8)
+    x = normal((2, 5, 3, 8), seed=8)
     pre = rope_mixed.precompute(params, pos, num_heads=3, head_dim=8)
     assert isinstance(pre, state.PairAngles) and pre.fold_NHH is None
     chex.assert_shape(pre.angle_TNF, (*pos.shape[:-1], 3, 4))
-    expected = rotate_ref(x, angles_ref(pos, params["freqs_ANF"]))
+    expected = rotate_pairs(x, mixed_angles(pos, params["freqs_ANF"]))
     np.testing.assert_allclose(pre.rotate(x), expected, atol=2e-5)
-
-
-def test_one_head_of_angles_applies_to_every_head():
-    params = rope_mixed.init(KEY, num_heads=1, head_dim=8, num_axes=2)
-    pos = np.random.default_rng(9).uniform(0, 1, size=(5, 2)).astype(np.float32)
-    x = _x((2, 5, 3, 8), seed=10)
-    tiled = {"freqs_ANF": jnp.repeat(params["freqs_ANF"], 3, axis=1)}
-    np.testing.assert_allclose(
-        rope_mixed.precompute(params, pos, num_heads=1, head_dim=8).rotate(x),
-        rope_mixed.apply(tiled, x, pos),
-        atol=1e-6,
-    )
 
 
 def test_precompute_errors():

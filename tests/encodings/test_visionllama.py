@@ -8,57 +8,34 @@ import numpy as np
 import pytest
 
 from rope_lie.encodings import positions, rope, visionllama
+from tests.encodings.reference import alternating_angles, normal, rotate_pairs, scores_from_phases
 
 KEY = jax.random.key(0)
-
-
-def rotate_ref(x, angle):
-    """Float64 rotation of interleaved pairs as complex numbers."""
-    x = np.asarray(x, np.float64)
-    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * angle)
-    out = np.empty(x.shape)
-    out[..., 0::2], out[..., 1::2] = z.real, z.imag
-    return out
-
-
-def angles_ref(pos_XA, head_dim, base):
-    """Pair j rotates by p_{j mod A} * base^(-2A*floor(j/A)/H), as a loop, float64 (..., F)."""
-    pos_XA = np.asarray(pos_XA, np.float64)
-    num_axes = pos_XA.shape[-1]
-    angle = np.zeros(pos_XA.shape[:-1] + (head_dim // 2,))
-    for j in range(head_dim // 2):
-        freq = base ** (-2.0 * num_axes * (j // num_axes) / head_dim)
-        angle[..., j] = pos_XA[..., j % num_axes] * freq
-    return angle
-
-
-def _x(shape, seed=0, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
 @pytest.mark.parametrize("num_axes, head_dim", [(1, 8), (2, 8), (2, 16), (3, 12), (3, 24)])
 @pytest.mark.parametrize("base", [10000.0, 100.0])
 def test_matches_float64_reference(num_axes, head_dim, base):
-    x = _x((2, 9, 3, head_dim))
+    x = normal((2, 9, 3, head_dim))
     pos_TA = np.random.default_rng(1).uniform(-3.0, 12.0, (9, num_axes))
     params = visionllama.init(KEY, num_heads=3, head_dim=head_dim, num_axes=num_axes, base=base)
     assert params == {}
     out = visionllama.apply(params, x, jnp.asarray(pos_TA, jnp.float32), base=base)
     chex.assert_shape(out, x.shape)
-    ref = rotate_ref(x, angles_ref(pos_TA, head_dim, base)[:, None, :])
+    ref = rotate_pairs(x, alternating_angles(pos_TA, head_dim, base)[:, None, :])
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_default_base_is_10000_on_a_3d_grid():
-    x = _x((2, 2 * 3 * 4, 2, 12))
+    x = normal((2, 2 * 3 * 4, 2, 12))
     pos_TA = positions.grid_positions((2, 3, 4), "integer")
-    ref = rotate_ref(x, angles_ref(pos_TA, 12, 10000.0)[:, None, :])
+    ref = rotate_pairs(x, alternating_angles(pos_TA, 12, 10000.0)[:, None, :])
     np.testing.assert_allclose(visionllama.apply({}, x, pos_TA), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_pairs_alternate_between_axes():
     """H=8, A=2: the row rotates pairs 0 and 2 (channels 0,1,4,5), the column pairs 1 and 3."""
-    x = _x((1, 3, 2, 8))
+    x = normal((1, 3, 2, 8))
     row_only = visionllama.apply({}, x, jnp.array([[1.0, 0.0], [2.0, 0.0], [5.0, 0.0]]))
     col_only = visionllama.apply({}, x, jnp.array([[0.0, 1.0], [0.0, 2.0], [0.0, 5.0]]))
     row_channels, col_channels = np.array([0, 1, 4, 5]), np.array([2, 3, 6, 7])
@@ -70,7 +47,7 @@ def test_pairs_alternate_between_axes():
 
 def test_autoscaled_positions_are_just_positions():
     """Auto-scale lives in the positions: apply on autoscale positions = apply on scaled ints."""
-    x = _x((1, 16, 2, 8))
+    x = normal((1, 16, 2, 8))
     pos_auto = positions.grid_positions((4, 4), "autoscale", anchor_grid=(2, 2))
     pos_int = positions.grid_positions((4, 4), "integer") * 0.5
     np.testing.assert_allclose(
@@ -79,7 +56,7 @@ def test_autoscaled_positions_are_just_positions():
 
 
 def test_one_axis_equals_rope():
-    x = _x((2, 6, 2, 16))
+    x = normal((2, 6, 2, 16))
     pos_TA = jnp.asarray(np.random.default_rng(2).uniform(0, 50, (6, 1)), jnp.float32)
     np.testing.assert_allclose(
         visionllama.apply({}, x, pos_TA), rope.apply({}, x, pos_TA), rtol=1e-6, atol=1e-6
@@ -90,36 +67,16 @@ def test_one_axis_equals_rope():
 def test_relative_position_property(num_axes, head_dim):
     """q.k at (p, p') equals q.k at (p + t, p' + t) and the float64 difference-only ref."""
     rng = np.random.default_rng(3)
-    q, k = _x((2, 6, 2, head_dim), seed=4), _x((2, 6, 2, head_dim), seed=5)
+    q, k = normal((2, 6, 2, head_dim), seed=4), normal((2, 6, 2, head_dim), seed=5)
     pos_q, pos_k = rng.uniform(0, 8, (6, num_axes)), rng.uniform(0, 8, (6, num_axes))
-    zq = np.asarray(q, np.float64)[..., 0::2] + 1j * np.asarray(q, np.float64)[..., 1::2]
-    zk = np.asarray(k, np.float64)[..., 0::2] + 1j * np.asarray(k, np.float64)[..., 1::2]
-    phase_TSF = np.exp(1j * angles_ref(pos_q[:, None] - pos_k[None], head_dim, 10000.0))
-    ref = np.einsum("btnf,bsnf,tsf->bnts", zq, np.conj(zk), phase_TSF).real
+    ref = scores_from_phases(
+        q, k, alternating_angles(pos_q[:, None] - pos_k[None], head_dim, 10000.0)
+    )
     for t in rng.uniform(-15, 15, (4, num_axes)):
         qr = visionllama.apply({}, q, jnp.asarray(pos_q + t, jnp.float32))
         kr = visionllama.apply({}, k, jnp.asarray(pos_k + t, jnp.float32))
         scores = jnp.einsum("btnh,bsnh->bnts", qr, kr)
         np.testing.assert_allclose(scores, ref, rtol=1e-4, atol=1e-4)
-
-
-def test_bfloat16_in_bfloat16_out():
-    x = _x((2, 6, 2, 8), dtype=jnp.bfloat16)
-    pos_TA = positions.grid_positions((2, 3), "integer")
-    out = visionllama.apply({}, x, pos_TA)
-    assert out.dtype == jnp.bfloat16
-    ref = rotate_ref(np.asarray(x, np.float32), angles_ref(pos_TA, 8, 10000.0)[:, None, :])
-    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("num_axes", [2, 3])
-def test_per_example_positions_equal_separate_application(num_axes):
-    x = _x((3, 5, 2, 12))
-    pos_BTA = jnp.asarray(np.random.default_rng(6).uniform(0, 9, (3, 5, num_axes)), jnp.float32)
-    out = visionllama.apply({}, x, pos_BTA)
-    for b in range(3):
-        np.testing.assert_allclose(out[b : b + 1], visionllama.apply({}, x[b : b + 1], pos_BTA[b]))
-    assert not np.allclose(out[1], visionllama.apply({}, x, pos_BTA[0])[1])
 
 
 @pytest.mark.parametrize(
@@ -154,11 +111,6 @@ def test_init_errors_name_the_bad_value(kwargs, match):
         visionllama.init(KEY, **kwargs)
 
 
-def test_unknown_hparam_is_a_type_error():
-    with pytest.raises(TypeError, match="anchor_grid"):
-        visionllama.init(KEY, num_heads=2, head_dim=8, num_axes=2, anchor_grid=(14, 14))
-
-
 def test_apply_hparams():
     assert visionllama.APPLY_HPARAMS == ("base", "variant", "rotary_fraction")
 
@@ -180,14 +132,14 @@ def liere_angles_ref(pos_XA, head_dim):
 
 @pytest.mark.parametrize("num_axes, head_dim", [(1, 8), (2, 8), (2, 16), (2, 64), (3, 12), (3, 64)])
 def test_liere_variant_matches_the_reference_construction(num_axes, head_dim):
-    x = _x((2, 9, 3, head_dim))
+    x = normal((2, 9, 3, head_dim))
     pos_TA = np.random.default_rng(1).uniform(0.0, 1.25, (9, num_axes))
     params = visionllama.init(
         KEY, num_heads=3, head_dim=head_dim, num_axes=num_axes, variant="liere"
     )
     assert params == {}
     out = visionllama.apply(params, x, jnp.asarray(pos_TA, jnp.float32), variant="liere")
-    ref = rotate_ref(x, liere_angles_ref(pos_TA, head_dim)[:, None, :])
+    ref = rotate_pairs(x, liere_angles_ref(pos_TA, head_dim)[:, None, :])
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -197,7 +149,7 @@ def test_liere_variant_layout_and_leftover_channels():
     axis_F, freq_F = visionllama.liere_pair_frequencies(14, 3)
     np.testing.assert_array_equal(axis_F[:6], [0, 0, 1, 1, 2, 2])
     np.testing.assert_allclose(freq_F, [1, np.exp(-4), 1, np.exp(-4), 1, np.exp(-4), 0])
-    x = _x((1, 4, 2, 14))
+    x = normal((1, 4, 2, 14))
     pos = jnp.asarray(np.random.default_rng(2).uniform(0, 1, (4, 3)), jnp.float32)
     out = visionllama.apply({}, x, pos, variant="liere")
     np.testing.assert_array_equal(out[..., 12:], x[..., 12:])
@@ -207,7 +159,7 @@ def test_liere_variant_layout_and_leftover_channels():
 
 
 def test_liere_variant_differs_from_visionllama():
-    x = _x((1, 3, 1, 16))
+    x = normal((1, 3, 1, 16))
     pos = jnp.array([[0.0, 0.0], [0.5, 0.25], [1.0, 1.0]])
     assert not np.allclose(
         visionllama.apply({}, x, pos), visionllama.apply({}, x, pos, variant="liere"), atol=1e-3
