@@ -141,6 +141,9 @@ def model_config(
     m.share_pe_layers = False  # ... and per layer
     m.head_zero_init = True  # zero-initialised classifier
     m.dtype = dtype  # activation dtype; parameters stay float32
+    # Attention backend (models/attention.py): "xla" (plain formula), "cudnn" (GPU, bf16/fp16),
+    # "pallas" (TPU flash kernel) or "chunked" (exact, O(T x block) memory, any platform).
+    m.attention = "xla"
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
     m.dims = {}  # width / depth / num_heads / mlp_dim overriding the variant's
     m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off

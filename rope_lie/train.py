@@ -43,7 +43,7 @@ from tqdm import tqdm
 from rope_lie import checkpoint as ckpt
 from rope_lie import evaluate, finetune, job, metrics, optim, sharding
 from rope_lie.job import say
-from rope_lie.models import ViT
+from rope_lie.models import ViT, attention, vit
 
 TRAIN_KEYS = ("image", "label", "soft_label")
 
@@ -175,11 +175,19 @@ def make_train_step(setup: Setup):
     )
 
 
-def make_eval_fn(setup: Setup, other: nnx.State) -> evaluate.EvalStep:
-    """Eval step whose encoder states are precomputed once per resolution (``pe_cache``)."""
+def make_eval_fn(
+    setup: Setup, other: nnx.State, chunk_plan: attention.ChunkPlan | None = None
+) -> evaluate.EvalStep:
+    """Eval step whose encoder states are precomputed once per resolution (``pe_cache``).
+
+    The attention's inference chunks are planned here, outside ``jit``: ``chunk_plan``, or
+    None for this host's (``attention.chunk_plan`` over the mesh's devices).
+    """
+    plan = chunk_plan or attention.chunk_plan(device_count=setup.mesh.size)
 
     def apply_fn(params, images, cache):
-        return merge_model(setup, params, other)(images, train=False, pe_cache=cache)
+        model = merge_model(setup, params, other)
+        return model(images, train=False, pe_cache=cache, chunk_plan=plan)
 
     def precompute_fn(params, spatial_shape):
         model = merge_model(setup, params, other)
@@ -253,6 +261,7 @@ class Run:
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first checkpoint
     nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))  # bad model: fail now
+    vit.check_model_attention(config.model)  # an attention this platform lacks: fail now
     sharding.check_batch_size(config.batch_size, mesh)  # eval batches are padded to the mesh
     from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read
 

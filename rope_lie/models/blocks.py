@@ -103,8 +103,17 @@ class Block(nnx.Module):
     def _scaled(self, y_BTD: jax.Array, ls_D: nnx.Param | None) -> jax.Array:
         return y_BTD if ls_D is None else y_BTD * ls_D[...].astype(y_BTD.dtype)
 
-    def __call__(self, x_BTD: jax.Array, pe_state: State, *, train: bool) -> jax.Array:
-        y_BTD = self.attn(self.ln1(x_BTD), None, pe_state=pe_state, train=train)
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        pe_state: State,
+        *,
+        train: bool,
+        chunk_plan: attention.ChunkPlan | None = None,
+    ) -> jax.Array:
+        y_BTD = self.attn(
+            self.ln1(x_BTD), None, pe_state=pe_state, train=train, chunk_plan=chunk_plan
+        )
         y_BTD = self._scaled(y_BTD, self.ls1_D)
         x_BTD = x_BTD + self.dropout(y_BTD, deterministic=not train)
         return x_BTD + self._scaled(self.mlp(self.ln2(x_BTD), train=train), self.ls2_D)
