@@ -183,7 +183,7 @@ def make_eval_fn(
     The attention's inference chunks are planned here, outside ``jit``: ``chunk_plan``, or
     None for this host's (``attention.chunk_plan`` over the mesh's devices).
     """
-    plan = chunk_plan or attention.chunk_plan(device_count=setup.mesh.size)
+    plan = attention.chunk_plan(device_count=setup.mesh.size) if chunk_plan is None else chunk_plan
 
     def apply_fn(params, images, cache):
         model = merge_model(setup, params, other)
