@@ -126,10 +126,7 @@ def test_attention_layer_backend_chunked_equals_xla(pe, hparams):
     for g, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
         np.testing.assert_allclose(g, ref, atol=1e-5, rtol=1e-4)
     assert (
-        any(
-            np.max(np.abs(g)) > 0
-            for g in jax.tree.leaves(nnx.state(grads, PositionParam))
-        )
+        any(np.max(np.abs(g)) > 0 for g in jax.tree.leaves(nnx.state(grads, PositionParam)))
         or pe != "alibi"
     )
 
@@ -218,3 +215,15 @@ def test_check_model_attention_from_a_config():
     vit.check_model_attention(model, "gpu", train=False)
     model.pool = "mean"  # 64 tokens
     vit.check_model_attention(model, "gpu")
+
+
+def test_default_backend_is_attend():
+    """The default ("xla") is today's ``attend`` on the layer's q, k, v and bias."""
+    layer = Attention(16, 2, num_axes=2, pe="alibi", num_prefix=1, rngs=nnx.Rngs(0))
+    assert layer.attention == "xla"
+    x_BTD = jnp.asarray(np.random.default_rng(8).normal(size=(2, 17, 16)), jnp.float32)
+    pos_TA = jnp.asarray(np.random.default_rng(9).uniform(size=(17, 2)), jnp.float32)
+    q, k, v, bias = layer.qkv(x_BTD, pos_TA)
+    o_BTNH = attention.attend(q, k, v, bias)
+    expected = jnp.einsum("BTNH,NHD->BTD", o_BTNH, layer.wo_NHD[...]) + layer.bo_D[...]
+    np.testing.assert_allclose(layer(x_BTD, pos_TA, train=True), expected, rtol=1e-6, atol=1e-6)
