@@ -170,6 +170,9 @@ def model_config(
     m.dims = {
         k: mc.config_dict.placeholder(int) for k in ("width", "depth", "num_heads", "mlp_dim")
     }
+    # Attention backend (models/attention.py): "xla" (plain formula), "cudnn" (GPU, bf16/fp16),
+    # "pallas" (TPU flash kernel) or "chunked" (exact, O(T x block) memory, any platform).
+    m.attention = "xla"
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
     m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off
     m.gelu_approximate = True  # tanh GELU; False = exact (erf)

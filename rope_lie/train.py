@@ -46,7 +46,7 @@ from tqdm import tqdm
 from rope_lie import checkpoint as ckpt
 from rope_lie import config_check, evaluate, finetune, job, metrics, optim, run_config, sharding
 from rope_lie.job import say
-from rope_lie.models import ViT, tokens
+from rope_lie.models import ViT, attention, tokens, vit
 
 TRAIN_KEYS = ("image", "label", "soft_label", *evaluate.TOKEN_KEYS)
 # fold_in data of the patch-dropout key, derived from a step's dropout key (the model's RNG
@@ -189,14 +189,21 @@ def make_train_step(setup: Setup):
     )
 
 
-def make_eval_fn(setup: Setup, other: nnx.State) -> evaluate.EvalStep:
-    """Eval step whose encoder states are precomputed once per resolution (``pe_cache``)."""
+def make_eval_fn(
+    setup: Setup, other: nnx.State, chunk_plan: attention.ChunkPlan | None = None
+) -> evaluate.EvalStep:
+    """Eval step whose encoder states are precomputed once per resolution (``pe_cache``).
+
+    The attention's inference chunks are planned here, outside ``jit``: ``chunk_plan``, or
+    None for this host's (``attention.chunk_plan`` over the mesh's devices).
+    """
+    plan = attention.chunk_plan(device_count=setup.mesh.size) if chunk_plan is None else chunk_plan
 
     def apply_fn(params, images, cache):
         model = merge_model(setup, params, other)
         if isinstance(images, tokens.Tokens):  # a NaFlex batch
             return model.classify_tokens(images)
-        return model(images, train=False, pe_cache=cache)
+        return model(images, train=False, pe_cache=cache, chunk_plan=plan)
 
     def precompute_fn(params, spatial_shape):
         model = merge_model(setup, params, other)
@@ -292,6 +299,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     with job.user_errors():
         # The model first: a bad model fails before the workdir is created.
         nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
+        vit.check_model_attention(config.model)  # an attention this platform lacks: fail now
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
         from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read

@@ -15,7 +15,6 @@ chunks are faster).
 from __future__ import annotations
 
 import argparse
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +45,11 @@ def forward_calls(side: int, batch: int) -> tuple[dict, int, tuple[int, int], bo
     heads, tokens = model.blocks[0].attn.num_heads, grid[0] * grid[1] + 1
     chunks = attention.cpu_chunks(batch, heads, tokens, tokens)
     calls = {}
-    for name, rule in (("none", lambda *_: (1, 1)), ("chunks", attention.cpu_chunks)):
-        with mock.patch.object(attention, "cpu_chunks", rule):  # read while tracing
-            fn = jax.jit(lambda s, x, c: nnx.merge(graphdef, s)(x, pe_cache=c))
-            compiled = fn.lower(state, images, cache).compile()
+    for name, plan in (("none", attention.ChunkPlan()), ("chunks", attention.ChunkPlan(True))):
+        fn = jax.jit(
+            lambda s, x, c, plan=plan: nnx.merge(graphdef, s)(x, pe_cache=c, chunk_plan=plan)
+        )
+        compiled = fn.lower(state, images, cache).compile()
         calls[name] = lambda compiled=compiled: compiled(state, images, cache)
     equal = bool(jnp.all(calls["none"]() == calls["chunks"]()))
     return calls, tokens, chunks, equal

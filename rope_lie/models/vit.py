@@ -44,6 +44,7 @@ from rope_lie import encodings
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
 from rope_lie.models import attention, blocks, position_hook, tokens
+from rope_lie.models.attention import xavier_uniform
 from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.variables import NoDecay
 from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_variant: public)
@@ -160,6 +161,39 @@ def _activation_dtype(dtype: Any) -> jnp.dtype:
     return jnp.dtype(name)
 
 
+def check_model_attention(
+    model_cfg: Mapping[str, Any], platform: str | None = None, *, train: bool = True
+) -> None:
+    """Check ``model_cfg["attention"]`` against a platform, the dtype, head_dim and the bias.
+
+    Call it outside ``jit``, before the first step: an unsupported choice fails with an error
+    that names ``model.attention`` and what it needs (``attention.check_attention``).
+
+    Args:
+      model_cfg: ``config.model`` (the ``ViT`` keyword arguments).
+      platform: where the steps run; None: ``jax.default_backend()``.
+      train: whether the model is trained (cuDNN's biased backward pass needs an even T).
+    """
+    cfg = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
+    name = cfg.get("attention", "xla")
+    attention.check_attention_name(name)
+    image_shape = _check_image_shape(cfg.get("image_shape", (224, 224)))
+    dims, patch = model_dims(
+        cfg.get("variant", "Ti/16"), cfg.get("dims"), cfg.get("patch_size"), len(image_shape)
+    )
+    grid = token_grid(image_shape, patch, "image_shape")
+    tokens = math.prod(grid) + (1 if cfg.get("pool", "cls") == "cls" else 0)
+    attention.check_attention(
+        name,
+        platform=jax.default_backend() if platform is None else platform,
+        dtype=_activation_dtype(cfg.get("dtype", "float32")),
+        head_dim=dims["width"] // dims["num_heads"],
+        tokens=tokens,
+        has_bias=cfg.get("pe", "nope") in encodings.BIAS,
+        train=train,
+    )
+
+
 def init_additive_params(
     additive: str,
     rngs: nnx.Rngs,
@@ -219,6 +253,7 @@ class ViT(nnx.Module):
         qkv_bias: bool = True,
         additive_prefix: bool = True,
         patch_dropout: float = 0.0,
+        attention: str = "xla",
         dtype: Any = "float32",
         rngs: nnx.Rngs,
     ):
@@ -253,6 +288,9 @@ class ViT(nnx.Module):
           qkv_bias: biases on the q, k and v projections (the output projection always has one).
           additive_prefix: the class token gets its own row of the additive table (ViT); False:
             the table covers the grid only (timm's ``no_embed_class``).
+          attention: the attention backend, ``attention.ATTENTIONS``: ``"xla"`` (the plain
+            formula), ``"cudnn"`` (GPU), ``"pallas"`` (TPU) or ``"chunked"`` (exact, O(T x
+            block) memory, anywhere); ``check_model_attention`` checks it against a platform.
           dtype: activation dtype, ``"float32"`` or ``"bfloat16"``; parameters are float32.
           rngs: ``nnx.Rngs``: ``params`` (or default) stream, and ``dropout`` when dropout > 0.
         """
@@ -287,6 +325,7 @@ class ViT(nnx.Module):
         attention_kwargs = dict(
             num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
             own_pe=not share_pe_layers, num_prefix=num_prefix, qkv_bias=qkv_bias,
+            attention=attention,
         )  # fmt: skip
         block_kwargs = dict(
             norm_eps=norm_eps, gelu_approximate=gelu_approximate, layer_scale=layer_scale
@@ -297,7 +336,7 @@ class ViT(nnx.Module):
             for _ in range(dims["depth"])
         )  # fmt: skip
         self.norm = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
-        head_init = jax.nn.initializers.zeros if head_zero_init else attention.xavier_uniform(0, 1)
+        head_init = jax.nn.initializers.zeros if head_zero_init else xavier_uniform(0, 1)
         self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
         self.position_augment = _check_augment(position_augment)
         self.augment_rngs = nnx.data(None)
@@ -483,6 +522,7 @@ class ViT(nnx.Module):
         *,
         train: bool = False,
         pe_cache: Sequence[State] | None = None,
+        chunk_plan: attention.ChunkPlan | None = None,
     ) -> jax.Array:
         """Classify a batch at any resolution divisible by the patch size.
 
@@ -491,6 +531,8 @@ class ViT(nnx.Module):
           train: apply dropout (uses the ``dropout`` RNG stream).
           pe_cache: ``precompute_pe(self.input_grid(images))`` computed beforehand, or None to
             compute the encoder states here.
+          chunk_plan: how the ``"xla"`` attention cuts an inference batch
+            (``attention.chunk_plan()``, decided outside ``jit`` from host facts); None: none.
 
         Returns:
           float32 logits (B, V).
@@ -513,7 +555,7 @@ class ViT(nnx.Module):
             )
         x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):
-            x_BTD = block(x_BTD, state, train=train)
+            x_BTD = block(x_BTD, state, train=train, chunk_plan=chunk_plan)
         x_BTD = self.norm(x_BTD)
         pooled_BD = x_BTD[:, 0] if self.pool == "cls" else jnp.mean(x_BTD, axis=1)
         return self.head(pooled_BD).astype(jnp.float32)

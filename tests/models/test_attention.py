@@ -277,45 +277,63 @@ def test_attend_chunks_must_divide_the_batch():
         attention.attend(q, q, q, batch_chunks=0)
 
 
-def test_cpu_chunks_rule(monkeypatch):
+def test_cpu_chunks_rule():
     """Two concurrent chunks for an even batch, and the fewest loop groups whose logits fit
-    GROUP_LOGITS_BYTES with two examples per chunk or more; nothing off a single CPU device."""
-    monkeypatch.setattr(jax, "device_count", lambda: 1)
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    monkeypatch.setattr(attention, "GROUP_LOGITS_BYTES", 1000 * 4)  # 1000 float32 logits
-    assert attention.cpu_chunks(8, 1, 10, 10) == (1, 2)  # 8 x 100 logits fit: no loop
-    assert attention.cpu_chunks(8, 2, 10, 10) == (2, 2)  # 1600 do not, 4 x 200 do
+    the budget with two examples per chunk or more."""
+    rule = functools.partial(attention.cpu_chunks, group_logits_bytes=1000 * 4)  # 1000 logits
+    assert rule(8, 1, 10, 10) == (1, 2)  # 8 x 100 logits fit: no loop
+    assert rule(8, 2, 10, 10) == (2, 2)  # 1600 do not, 4 x 200 do
     # At least two examples per chunk, even where a group's logits then exceed the budget:
-    assert attention.cpu_chunks(12, 1, 20, 20) == (3, 2)  # 4 x 400 per group, the fewest
-    assert attention.cpu_chunks(7, 1, 20, 20) == (1, 1)  # odd, and 7 is prime
-    assert attention.cpu_chunks(4, 1, 40, 40) == (1, 2)
-    assert attention.cpu_chunks(2, 1, 5, 5) == (1, 1)  # two chunks would hold one each
-    monkeypatch.setattr(jax, "device_count", lambda: 8)
-    assert attention.cpu_chunks(8, 2, 10, 10) == (1, 1)
-    monkeypatch.setattr(jax, "device_count", lambda: 1)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert attention.cpu_chunks(8, 2, 10, 10) == (1, 1)
+    assert rule(12, 1, 20, 20) == (3, 2)  # 4 x 400 per group, the fewest
+    assert rule(7, 1, 20, 20) == (1, 1)  # odd, and 7 is prime
+    assert rule(4, 1, 40, 40) == (1, 2)
+    assert rule(2, 1, 5, 5) == (1, 1)  # two chunks would hold one each
+    assert attention.cpu_chunks(8, 2, 10, 10) == (1, 2)  # GROUP_LOGITS_BYTES: 12 MiB fit
+
+
+def test_chunk_plan_from_host_facts():
+    """The plan chunks on one CPU device only; its chunks are ``cpu_chunks``'s."""
+    assert attention.chunk_plan("cpu", 1) == attention.ChunkPlan(chunk=True)
+    for platform, devices in (("cpu", 8), ("gpu", 1), ("tpu", 1)):
+        plan = attention.chunk_plan(platform, devices)
+        assert not plan.chunk and plan.chunks(8, 2, 10, 10) == (1, 1)
+    plan = attention.ChunkPlan(chunk=True, group_logits_bytes=1000 * 4)
+    assert plan.chunks(8, 2, 10, 10) == (2, 2)
+    assert attention.ChunkPlan().chunks(8, 2, 10, 10) == (1, 1)
+    hash(plan)  # static: usable as a jit static argument
 
 
 def test_inference_in_chunks_equals_training_path(monkeypatch):
-    """``Attention`` chunks only outside training, and the chunked call gives the same result
-    to float32 rounding."""
+    """``Attention`` chunks only outside training, as the plan passed in says, with the same
+    result to float32 rounding; without a plan it does not chunk."""
     attn = Attention(WIDTH, HEADS, num_axes=AXES, pe="liere", rngs=nnx.Rngs(0))
     x_BTD = jnp.asarray(np.random.default_rng(5).normal(size=(8, TOKENS, WIDTH)), jnp.float32)
     pos_TA = jnp.asarray(np.random.default_rng(6).uniform(size=(TOKENS, AXES)), jnp.float32)
     graphdef, state = nnx.split(attn)
     calls = []
-    monkeypatch.setattr(attention, "cpu_chunks", lambda *a: calls.append(a) or (2, 2))
 
-    @functools.partial(jax.jit, static_argnums=1)
-    def call(state, train: bool):
-        return nnx.merge(graphdef, state)(x_BTD, pos_TA, train=train)
+    class Plan(attention.ChunkPlan):
+        def chunks(self, *shape):
+            calls.append(shape)
+            return 2, 2
 
-    inference = call(state, False)
+    # The model reads no host facts while tracing: poisoned, they would raise.
+    def no_host(*_):
+        raise AssertionError("read while tracing")
+
+    monkeypatch.setattr(jax, "default_backend", no_host)
+    monkeypatch.setattr(jax, "device_count", no_host)
+
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def call(state, train: bool, plan):
+        return nnx.merge(graphdef, state)(x_BTD, pos_TA, train=train, chunk_plan=plan)
+
+    inference = call(state, False, Plan(chunk=True))
     assert calls == [(8, HEADS, TOKENS, TOKENS)]
-    training = call(state, True)
+    training = call(state, True, Plan(chunk=True))
     assert len(calls) == 1  # not asked in training
     np.testing.assert_allclose(inference, training, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(call(state, False, None), training, atol=1e-6, rtol=1e-6)  # none
 
 
 def test_bfloat16_activations():

@@ -1,0 +1,188 @@
+"""Step time and model FLOP utilisation per attention backend and encoder, ViT-B/16, one device.
+
+For a GPU or TPU (runs on CPU too, slowly, to check the path). For every attention backend that
+``check_attention`` accepts on this platform ("xla", "chunked", and "cudnn" on NVIDIA GPUs or
+"pallas" on TPUs) and every encoder, the jitted train step of ``rope_lie/train.py`` (AdamW,
+the ImageNet recipe's model: ViT-B/16 at 224 px, bfloat16 activations by default) is compiled,
+warmed up and timed over ``--steps`` steps on random images. A case the check refuses (e.g.
+cuDNN with ALiBi and a class token: 197 tokens, odd) is listed with the check's message.
+
+MFU = model FLOPs per step / step time / the device's peak. Model FLOPs are XLA's cost
+analysis of the "xla" backend's train step for the same encoder (the same arithmetic for every
+backend: a fused kernel's custom call has no cost XLA can see, and "chunked" recomputes the
+logits in its backward pass, which MFU does not count). The peak is looked up from the device
+kind (dense bfloat16 TFLOP/s of the datasheets, ``PEAK_TFLOPS``) or given with
+``--peak_tflops``.
+
+    python -m experiments.benchmarks.device [--batch 64] [--steps 20] [--dtype bfloat16]
+        [--encoders nope,rope_mixed,liere,alibi] [--out device.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import numpy as np
+
+from rope_lie import sharding, train
+from rope_lie.models import attention, vit
+
+# Dense bfloat16 peak TFLOP/s per device kind (substring of ``jax.devices()[0].device_kind``).
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,  # SXM; the PCIe card is 756
+    "A100": 312.0,
+    "L4": 121.0,
+    "TPU v6": 918.0,
+    "TPU v5p": 459.0,
+    "TPU v5 lite": 197.0,
+    "TPU v5e": 197.0,
+    "TPU v4": 275.0,
+}
+ENCODERS = ("nope", "rope_mixed", "liere", "cayley_string", "circulant_string", "alibi")
+
+
+def peak_flops(device_kind: str, override: float | None) -> float | None:
+    """The device's peak FLOP/s, or None when unknown and not given."""
+    if override:
+        return override * 1e12
+    for key, tflops in PEAK_TFLOPS.items():
+        if key.lower() in device_kind.lower():
+            return tflops * 1e12
+    return None
+
+
+def backends(platform: str) -> list[str]:
+    """The backends that may run on this platform."""
+    return [n for n in attention.ATTENTIONS if platform in attention.ATTENTION_PLATFORMS[n]]
+
+
+def make_config(encoder: str, backend: str, dtype: str, variant: str):
+    """The ImageNet recipe's model with this encoder, backend and activation dtype."""
+    from configs import imagenet
+
+    config = imagenet.get_config(f"pe={encoder},variant={variant}")
+    config.model.attention = backend
+    config.model.dtype = dtype
+    config.model.dropout = 0.0
+    config.mesh.data, config.mesh.fsdp = 1, 1
+    return config
+
+
+def time_step(config, batch: int, steps: int) -> dict:
+    """Compile and time the train step; its XLA FLOP count per step."""
+    devices = jax.devices()[:1]
+    mesh = sharding.make_mesh(config.mesh, devices)
+    setup, _, init, _ = train.create_setup_and_state(config, mesh, 1000)
+    state, other = init(jax.random.key(0))
+    shape = (batch, *config.model.image_shape, config.model.channels)
+    rng = np.random.default_rng(0)
+    data = sharding.shard_batch(
+        {
+            "image": rng.normal(size=shape).astype(np.float32),
+            "label": rng.integers(0, config.model.num_classes, size=batch).astype(np.int32),
+        },
+        mesh,
+    )
+    step = train.make_train_step(setup)
+    key = jax.random.key(1)
+    start = time.perf_counter()
+    compiled = step.lower(state, data, other, key).compile()
+    compile_s = time.perf_counter() - start
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops = float((cost or {}).get("flops", 0.0))
+    for _ in range(2):  # warm-up
+        state, m = compiled(state, data, other, key)
+    jax.block_until_ready(m)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        state, m = compiled(state, data, other, key)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - start)
+    return dict(
+        step_ms_min=1e3 * min(times),
+        step_ms_median=1e3 * float(np.median(times)),
+        compile_s=compile_s,
+        xla_flops=flops,
+        loss=float(m["loss"]),
+    )
+
+
+def run(args) -> list[dict]:
+    platform = jax.default_backend()
+    kind = jax.devices()[0].device_kind
+    peak = peak_flops(kind, args.peak_tflops)
+    print(f"device: {kind} ({platform}), peak {peak and peak / 1e12} TFLOP/s", flush=True)
+    rows = []
+    for encoder in args.encoders.split(","):
+        model_flops = None
+        for backend in backends(platform):
+            config = make_config(encoder, backend, args.dtype, args.variant)
+            row = dict(device=kind, encoder=encoder, attention=backend, batch=args.batch,
+                       dtype=args.dtype)  # fmt: skip
+            try:
+                vit.check_model_attention(config.model, platform)
+            except ValueError as e:
+                rows.append(row | dict(skipped=str(e)))
+                print(f"  {encoder:16s} {backend:8s} skipped: {e}", flush=True)
+                continue
+            row |= time_step(config, args.batch, args.steps)
+            if backend == "xla":
+                model_flops = row["xla_flops"]
+            row["model_flops"] = model_flops
+            seconds = row["step_ms_min"] / 1e3
+            row["mfu"] = model_flops / seconds / peak if (model_flops and peak) else None
+            row["images_per_s"] = args.batch / seconds
+            rows.append(row)
+            mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f} %"
+            print(
+                f"  {encoder:16s} {backend:8s} {row['step_ms_min']:8.1f} ms "
+                f"(median {row['step_ms_median']:.1f}), {row['images_per_s']:.0f} img/s, "
+                f"MFU {mfu}, compile {row['compile_s']:.0f} s",
+                flush=True,
+            )
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table of the rows."""
+    lines = [
+        "| encoder | attention | step ms (min / median) | images/s | MFU |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['encoder']} | {r['attention']} | skipped: {r['skipped']} | | |")
+            continue
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
+        lines.append(
+            f"| {r['encoder']} | {r['attention']} | {r['step_ms_min']:.1f} / "
+            f"{r['step_ms_median']:.1f} | {r['images_per_s']:.0f} | {mfu} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=64, help="images per step")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--dtype", default="bfloat16", help="activation dtype")
+    parser.add_argument("--variant", default="B", help="ViT variant (patch 16 from the recipe)")
+    parser.add_argument("--encoders", default=",".join(ENCODERS))
+    parser.add_argument("--peak_tflops", type=float, default=None, help="device peak TFLOP/s")
+    parser.add_argument("--out", default="", help="write the rows as JSON here")
+    args = parser.parse_args()
+    rows = run(args)
+    print(table(rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

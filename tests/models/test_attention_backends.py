@@ -1,0 +1,229 @@
+"""The attention backends behind ``Attention``'s one seam (``attention.ATTENTIONS``), on CPU.
+
+"chunked" (online softmax over key blocks, custom VJP) must equal "xla" (``attend``) to float32
+rounding in values and gradients, with and without a bias, at 2D and 3D token counts; the Pallas
+TPU kernel runs here in its interpret mode; the checks run before a step name the setting.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rope_lie.models import attention, vit
+from rope_lie.models.attention import Attention
+from rope_lie.models.position_hook import PositionParam
+
+BATCH, HEADS, HEAD_DIM = 3, 2, 8
+# A class token and a 4x4 grid (2D), and a 2x3x3 grid (3D).
+TOKENS = {"2d": 1 + 4 * 4, "3d": 1 + 2 * 3 * 3}
+BIAS_SHAPES = {
+    "none": None,
+    "shared": lambda t: (1, HEADS, t, t),
+    "heads": lambda t: (HEADS, t, t),  # as ALiBi's state gives it
+    "per_example": lambda t: (BATCH, HEADS, t, t),
+}
+
+
+def _qkv(tokens: int, dtype=jnp.float32, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    shape = (BATCH, tokens, HEADS, HEAD_DIM)
+    return tuple(jnp.asarray(2 * rng.normal(size=shape), dtype) for _ in "qkv")
+
+
+def _bias(kind: str, tokens: int, seed: int = 1):
+    if BIAS_SHAPES[kind] is None:
+        return None
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.normal(size=BIAS_SHAPES[kind](tokens)), jnp.float32)
+
+
+def _values_and_grads(fn, q, k, v, bias):
+    """fn's output and the gradients of a random projection of it w.r.t. q, k, v (and bias)."""
+    w = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
+    args = (q, k, v) if bias is None else (q, k, v, bias)
+
+    def loss(*a):
+        return jnp.sum(w * fn(*a[:3], a[3] if len(a) > 3 else None).astype(jnp.float32))
+
+    out = jax.jit(fn)(q, k, v, bias)
+    return out, jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
+
+
+@pytest.mark.parametrize("bias_kind", sorted(BIAS_SHAPES))
+@pytest.mark.parametrize("grid", sorted(TOKENS))
+def test_chunked_equals_xla_in_values_and_gradients(grid, bias_kind):
+    """Blocks of 8 keys: 17 or 19 keys make three blocks, the last padded and masked."""
+    tokens = TOKENS[grid]
+    q, k, v = _qkv(tokens)
+    bias = _bias(bias_kind, tokens)
+    chunked = lambda q, k, v, b: attention.attend_chunked(q, k, v, b, block=8)  # noqa: E731
+    xla = lambda q, k, v, b: attention.attend(q, k, v, b)  # noqa: E731
+    out, grads = _values_and_grads(chunked, q, k, v, bias)
+    ref_out, ref_grads = _values_and_grads(xla, q, k, v, bias)
+    assert out.shape == ref_out.shape and out.dtype == ref_out.dtype
+    np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
+    assert len(grads) == len(ref_grads) == (3 if bias is None else 4)
+    for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
+        assert g.shape == ref.shape, name
+        np.testing.assert_allclose(g, ref, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("block", [1, 5, 17, 64])
+def test_chunked_any_block_size(block):
+    """One key per block, uneven blocks, exactly S, more than S: the same attention."""
+    q, k, v = _qkv(TOKENS["2d"], seed=3)
+    bias = _bias("heads", TOKENS["2d"])
+    ref = attention.attend(q, k, v, bias)
+    out = attention.attend_chunked(q, k, v, bias, block=block)
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="block=0"):
+        attention.attend_chunked(q, k, v, block=0)
+
+
+def test_chunked_bfloat16_close_to_xla():
+    """bfloat16 q, k, v: float32 statistics in both, so they agree to bfloat16 rounding."""
+    q, k, v = _qkv(TOKENS["3d"], jnp.bfloat16, seed=4)
+    bias = _bias("heads", TOKENS["3d"]).astype(jnp.bfloat16)
+    out = attention.attend_chunked(q, k, v, bias, block=8)
+    ref = attention.attend(q, k, v, bias)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.float32(out), np.float32(ref), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("pe, hparams", [("alibi", {"learnable": True}), ("liere", {})])
+def test_attention_layer_backend_chunked_equals_xla(pe, hparams):
+    """The whole layer: the same parameters give the same output and parameter gradients
+    (ALiBi's learnable slopes through the bias's gradient) with either backend."""
+    x_BTD = jnp.asarray(np.random.default_rng(5).normal(size=(2, 17, 16)), jnp.float32)
+    pos_TA = jnp.asarray(np.random.default_rng(6).uniform(size=(17, 2)), jnp.float32)
+    layers = {
+        name: Attention(
+            16,
+            2,
+            num_axes=2,
+            pe=pe,
+            pe_hparams=hparams,
+            attention=name,
+            num_prefix=1,
+            rngs=nnx.Rngs(0),
+        )  # fmt: skip
+        for name in ("xla", "chunked")
+    }
+    results = {}
+    for name, layer in layers.items():
+        graphdef, state = nnx.split(layer)
+
+        def loss(state, graphdef=graphdef):
+            return jnp.sum(jnp.sin(nnx.merge(graphdef, state)(x_BTD, pos_TA, train=True)))
+
+        results[name] = jax.jit(jax.value_and_grad(loss))(state)
+    (value, grads), (ref_value, ref_grads) = results["chunked"], results["xla"]
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    for g, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(g, ref, atol=1e-5, rtol=1e-4)
+    assert (
+        any(np.max(np.abs(g)) > 0 for g in jax.tree.leaves(nnx.state(grads, PositionParam)))
+        or pe != "alibi"
+    )
+
+
+def test_unknown_attention_is_named():
+    with pytest.raises(ValueError, match=r"unknown attention='flash'; expected one of"):
+        Attention(16, 2, num_axes=2, attention="flash", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_pallas_tpu_kernel_in_interpret_mode(with_bias):
+    """The Pallas TPU flash kernel, interpreted on CPU: 17 tokens padded to its 128-token block
+    and masked with segment ids; the bias through its ``ab`` input (divided by the scale it
+    multiplies). Values, and with the bias the gradients, equal ``attend``'s."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    q, k, v = (x[:1] for x in _qkv(TOKENS["2d"], seed=7))
+    bias = _bias("heads", TOKENS["2d"]) if with_bias else None
+    with pltpu.force_tpu_interpret_mode():
+        if with_bias:
+            out, grads = _values_and_grads(attention.attend_pallas, q, k, v, bias)
+        else:
+            out, grads = jax.jit(attention.attend_pallas)(q, k, v, None), ()
+    ref_out, ref_grads = _values_and_grads(attention.attend, q, k, v, bias)
+    np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
+    for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
+        np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+CHECK = dict(platform="gpu", dtype=jnp.bfloat16, head_dim=64, tokens=196, has_bias=False)
+
+
+@pytest.mark.parametrize(
+    "name, changes, message",
+    [
+        ("cudnn", dict(platform="cpu"), r"model.attention='cudnn' needs platform in \['gpu'"),
+        ("cudnn", dict(platform="tpu"), "needs platform"),
+        (
+            "cudnn",
+            dict(dtype=jnp.float32),
+            "needs model.dtype 'bfloat16' or 'float16'; got float32",
+        ),
+        ("cudnn", dict(head_dim=12), "multiple of 8 and <= 128 .*got 12"),
+        ("cudnn", dict(has_bias=True, tokens=197), "even token count to train; got 197"),
+        ("pallas", dict(platform="gpu"), r"model.attention='pallas' needs platform in \['tpu'\]"),
+        ("pallas", dict(platform="tpu", head_dim=192), "multiple of 128 .*got 192"),
+        ("bogus", {}, "unknown attention='bogus'"),
+    ],
+)
+def test_check_attention_names_the_setting_and_its_needs(name, changes, message):
+    with pytest.raises(ValueError, match=message):
+        attention.check_attention(name, **(CHECK | changes))
+
+
+@pytest.mark.parametrize(
+    "name, changes",
+    [
+        ("xla", dict(platform="cpu", dtype=jnp.float32)),
+        ("chunked", dict(platform="tpu", dtype=jnp.float32, tokens=197, has_bias=True)),
+        ("cudnn", {}),
+        ("cudnn", dict(platform="cuda", dtype=jnp.float16, has_bias=True)),
+        ("cudnn", dict(has_bias=True, tokens=197, train=False)),  # inference: odd T is fine
+        ("pallas", dict(platform="tpu", dtype=jnp.float32, head_dim=256, has_bias=True)),
+    ],
+)
+def test_check_attention_accepts_what_runs(name, changes):
+    attention.check_attention(name, **(CHECK | changes))
+
+
+def test_check_model_attention_from_a_config():
+    """From ``config.model``: head_dim from the variant, tokens from the grid and the class
+    token, the bias from the family."""
+    from configs import quickstart
+
+    model = quickstart.get_config("pe=alibi").model  # mu/8: H = 16; 8x8 grid + class token
+    assert model.attention == "xla"
+    vit.check_model_attention(model, "cpu")
+    model.attention = "cudnn"
+    with pytest.raises(ValueError, match="model.attention='cudnn' needs platform"):
+        vit.check_model_attention(model, "cpu")
+    with pytest.raises(ValueError, match="model.dtype 'bfloat16'"):
+        vit.check_model_attention(model, "gpu")
+    model.dtype = "bfloat16"
+    with pytest.raises(ValueError, match="even token count to train; got 65"):
+        vit.check_model_attention(model, "gpu")
+    vit.check_model_attention(model, "gpu", train=False)
+    model.pool = "mean"  # 64 tokens
+    vit.check_model_attention(model, "gpu")
+
+
+def test_default_backend_is_attend():
+    """The default ("xla") is today's ``attend`` on the layer's q, k, v and bias."""
+    layer = Attention(16, 2, num_axes=2, pe="alibi", num_prefix=1, rngs=nnx.Rngs(0))
+    assert layer.attention == "xla"
+    x_BTD = jnp.asarray(np.random.default_rng(8).normal(size=(2, 17, 16)), jnp.float32)
+    pos_TA = jnp.asarray(np.random.default_rng(9).uniform(size=(17, 2)), jnp.float32)
+    q, k, v, bias = layer.qkv(x_BTD, pos_TA)
+    o_BTNH = attention.attend(q, k, v, bias)
+    expected = jnp.einsum("BTNH,NHD->BTD", o_BTNH, layer.wo_NHD[...]) + layer.bo_D[...]
+    np.testing.assert_allclose(layer(x_BTD, pos_TA, train=True), expected, rtol=1e-6, atol=1e-6)
