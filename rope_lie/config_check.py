@@ -1,7 +1,7 @@
 """Checks of a run's config before anything runs: every field with a range says what it expects.
 
 ``validate(config)`` raises ``ValueError`` naming the first bad field, its value and the valid
-range, e.g. ``optim.lr=nan: expected a finite number > 0``. ``train.train_and_evaluate`` calls
+range, e.g. ``optim.lr=nan: expected a finite number >= 0``. ``train.train_and_evaluate`` calls
 it first, so a bad value fails in a second instead of at step 2 (a NaN learning rate) or after
 an epoch (``total_steps=0``). Fields a config does not have are skipped (user configs may be
 smaller than the recipes'); the model's own arguments are checked where the model is built
@@ -51,7 +51,10 @@ _check("an integer >= 1", lambda v: _is_int(v) and v >= 1,
 _check("an integer >= 0", lambda v: _is_int(v) and v >= 0,
        "eval_every_steps", "optim.warmup_steps", "data_shards", "fsdp_min_size")  # fmt: skip
 _check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0,
-       "optim.lr", "optim.eps")  # fmt: skip
+       "optim.eps")  # fmt: skip
+# lr = 0 keeps the parameters as they are (a fine-tune's start evaluated at a new size, say)
+_check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+       "optim.lr")  # fmt: skip
 _check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
        "num_epochs", "eval_every_epochs", "optim.weight_decay",
        "optim.grad_clip")  # fmt: skip

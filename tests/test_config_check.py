@@ -22,8 +22,8 @@ def test_every_recipe_passes(recipe, arg):
 @pytest.mark.parametrize(
     "key, value, message",
     [
-        ("optim.lr", float("nan"), "optim.lr=nan: expected a finite number > 0"),
-        ("optim.lr", 0.0, "optim.lr=0.0: expected a finite number > 0"),
+        ("optim.lr", float("nan"), "optim.lr=nan: expected a finite number >= 0"),
+        ("optim.lr", -1e-3, "optim.lr=-0.001: expected a finite number >= 0"),
         ("optim.lr", float("inf"), "optim.lr=inf"),
         ("total_steps", -5, "total_steps=-5: expected an integer >= 1, or 0 to train num_epochs"),
         ("batch_size", 0, "batch_size=0: expected an integer >= 1"),

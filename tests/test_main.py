@@ -58,7 +58,7 @@ CASES = {
     ),
     "not an int": ([SMOKE, "--config.total_steps=abc"], ["--config.total_steps=abc"]),
     "negative steps": ([SMOKE, "--config.total_steps=-5"], ["total_steps=-5: expected", ">= 1"]),
-    "nan lr": ([SMOKE, "--config.optim.lr=nan"], ["optim.lr=nan: expected a finite number > 0"]),
+    "nan lr": ([SMOKE, "--config.optim.lr=nan"], ["optim.lr=nan: expected a finite number >= 0"]),
     "bad image shape": (
         [SMOKE, "--config.model.image_shape=(9,9)"],
         ["image_shape=(9, 9) is not divisible by patch_size=(2, 2)"],

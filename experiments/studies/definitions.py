@@ -635,6 +635,7 @@ _add(
         # grid's scenes at more pixels (the NaFlex runs also record naflex_sNN).
         evals=(*ARROWS_EVALS, "px080", "px096", "px128"),
         comparisons=tuple((f"{base.name}_naflex", base.name) for base in _NAFLEX_ARROWS),
+        paper_scale=dict(evals=ARROWS_PAPER_EVALS),  # res=paper: larger grids only
     )
 )
 _NAFLEX_FASHION = (F_LIERE_B8, F_MIXED_HEO, F_APE, F_ALIBI)

@@ -75,7 +75,7 @@ def project(x_BTD: jax.Array, w_DNH: jax.Array, b_NH: jax.Array) -> jax.Array:
       (B, T, N, H) array in x's dtype.
     """
     w_DNH, b_NH = w_DNH.astype(x_BTD.dtype), b_NH.astype(x_BTD.dtype)
-    return jnp.einsum("BTD,DNH->BTNH", x_BTD, w_DNH) + b_NH
+    return jnp.einsum("BTD,DNH->BTNH", x_BTD, w_DNH) + b_NH[None, None]
 
 
 def attend(
@@ -254,7 +254,7 @@ def attention_probs(
     logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q_BTNH, k_BTNH, preferred_element_type=jnp.float32)
     logits_BNTS = logits_BNTS * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
     if bias is not None:
-        logits_BNTS = (logits_BNTS + bias).astype(jnp.float32)
+        logits_BNTS = (logits_BNTS + _bias_4d(bias)).astype(jnp.float32)
     return jax.nn.softmax(logits_BNTS, axis=-1)
 
 
@@ -758,7 +758,7 @@ class Attention(nnx.Module):
             chunks = chunk_plan.chunks(batch, heads, tokens, keys)
         o_BTNH = ATTENTIONS[self.attention](q_BTNH, k_BTNH, v_BTNH, bias, chunks)
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
-        return y_BTD + self.bo_D[...].astype(self.dtype)
+        return y_BTD + self.bo_D[...].astype(self.dtype)[None, None]
 
     def probs(self, x_BTD: jax.Array, pe_state: State) -> jax.Array:
         """The attention weights (B, N, T, T) of ``__call__`` (float32), e.g. for attention maps."""
