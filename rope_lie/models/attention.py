@@ -93,7 +93,7 @@ def attend(
     float32 logits, scale, bias, float32 softmax, probabilities cast to v's dtype), written
     out without its grouped-query ``vmap``: XLA:CPU fused the size-1 group axis into slow
     five-dimensional kernels, and this form made a ViT train step 5-9 % faster on CPU
-    (``experiments/benchmarks/vs_pytorch.py``, issue 14). With ``implementation=None``,
+    (``experiments/benchmarks/vs_pytorch.py``). With ``implementation=None``,
     jax 0.10's dot_product_attention takes this same XLA path on every platform (its cuDNN
     kernel only when asked for), so nothing is lost on GPU.
 
