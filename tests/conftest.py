@@ -40,6 +40,9 @@ if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+# Implicit rank promotion (adding (N, H) to (B, T, N, H), say) is an error in the suite and in
+# the runs its tests start: broadcasting is written out, so a shape slip cannot pass silently.
+os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 
 import jax  # noqa: E402  (after the environment above: jax reads it when first imported)
 import pytest  # noqa: E402
@@ -47,6 +50,7 @@ import pytest  # noqa: E402
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)  # in case jax was imported earlier
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:

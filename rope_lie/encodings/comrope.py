@@ -253,7 +253,8 @@ def _precompute(gen_NKbb, scale_AK, pos, variant: str) -> state.PairAngles:
         fold = jnp.einsum("NKij,KL->NKiLj", q_t, eye_KK).reshape(gen_NKbb.shape[0], *(2 * (
             num_blocks * block,)))  # fmt: skip
     t_XK = _coefficients(scale_AK, pos, num_blocks, variant)
-    angle = t_XK[..., None, :, None] * lam_NKJ  # (..., N, K, J)
+    lam_XNKJ = lam_NKJ.reshape((1,) * (t_XK.ndim - 1) + lam_NKJ.shape)
+    angle = t_XK[..., None, :, None] * lam_XNKJ  # (..., N, K, J)
     return state.PairAngles(angle.reshape(*angle.shape[:-2], -1), mix_NHH=fold)
 
 
@@ -288,9 +289,9 @@ def generators(params: dict[str, jax.Array], *, variant: str = "ld") -> jax.Arra
     num_axes = _num_axes(params, variant)
     skew = gen_NKbb - jnp.swapaxes(gen_NKbb, -1, -2)
     if variant == "ld":
-        return scale_AK[:, None, :, None, None] * skew
+        return scale_AK[:, None, :, None, None] * skew[None]
     mask_AK = np.arange(skew.shape[1])[None] % num_axes == np.arange(num_axes)[:, None]
-    return jnp.asarray(mask_AK, jnp.float32)[:, None, :, None, None] * skew
+    return jnp.asarray(mask_AK, jnp.float32)[:, None, :, None, None] * skew[None]
 
 
 def rotations_expm(params: dict[str, jax.Array], pos: jax.Array, *, variant: str = "ld"):

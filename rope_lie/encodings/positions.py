@@ -248,6 +248,7 @@ def index_positions(
     ref = jnp.asarray(_check_grid(ref, "train_grid/anchor_grid"), jnp.float32)
     if ref.shape[0] != index.shape[-1]:
         raise ValueError(f"reference grid has rank {ref.shape[0]}, positions {index.shape[-1]}")
+    ref = ref.reshape((1,) * (n.ndim - 1) + ref.shape)  # broadcast against n, written out
     if convention == "sequential":  # linspace(0, n / n_ref, n)[i]
         return index * (n / ref) / jnp.maximum(n - 1, 1)
     return index * (ref / n)  # autoscale

@@ -141,7 +141,7 @@ def gather(
     _check_args((1,) * num_axes, width, num_prefix)
     dim = width // num_axes
     omega_F = jnp.asarray(10000.0 ** (-np.arange(dim // 2) / (dim / 2.0)), jnp.float32)
-    angle_BTAF = index_BTA.astype(jnp.float32)[..., None] * omega_F
+    angle_BTAF = index_BTA.astype(jnp.float32)[..., None] * omega_F[None, None, None]
     blocks = [
         jnp.concatenate([jnp.sin(angle_BTAF[..., a, :]), jnp.cos(angle_BTAF[..., a, :])], -1)
         for a in reversed(range(num_axes))  # MAE's channel order: the last axis first

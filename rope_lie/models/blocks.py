@@ -108,7 +108,7 @@ class Block(nnx.Module):
             self.ls2_D = NoDecay(jnp.full((width,), layer_scale, jnp.float32))
 
     def _scaled(self, y_BTD: jax.Array, ls_D: nnx.Param | None) -> jax.Array:
-        return y_BTD if ls_D is None else y_BTD * ls_D[...].astype(y_BTD.dtype)
+        return y_BTD if ls_D is None else y_BTD * ls_D[...].astype(y_BTD.dtype)[None, None]
 
     def __call__(
         self,

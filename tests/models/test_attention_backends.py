@@ -225,5 +225,5 @@ def test_default_backend_is_attend():
     pos_TA = jnp.asarray(np.random.default_rng(9).uniform(size=(17, 2)), jnp.float32)
     q, k, v, bias = layer.qkv(x_BTD, pos_TA)
     o_BTNH = attention.attend(q, k, v, bias)
-    expected = jnp.einsum("BTNH,NHD->BTD", o_BTNH, layer.wo_NHD[...]) + layer.bo_D[...]
+    expected = jnp.einsum("BTNH,NHD->BTD", o_BTNH, layer.wo_NHD[...]) + layer.bo_D[...][None, None]
     np.testing.assert_allclose(layer(x_BTD, pos_TA, train=True), expected, rtol=1e-6, atol=1e-6)

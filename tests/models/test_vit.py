@@ -367,5 +367,5 @@ def test_attention_maps_are_the_weights_the_model_uses(pe):
     x_BTD = model.blocks[0].ln1(model.embed_tokens(images, grid))
     _, _, v_BTNH, _ = attn.qkv(x_BTD, None, pe_state=state)
     o_BTNH = jnp.einsum("BNTS,BSNH->BTNH", maps[0], v_BTNH)
-    y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, attn.wo_NHD[...]) + attn.bo_D[...]
+    y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, attn.wo_NHD[...]) + attn.bo_D[...][None, None]
     np.testing.assert_allclose(y_BTD, attn(x_BTD, None, pe_state=state), rtol=1e-5, atol=1e-5)

@@ -68,7 +68,7 @@ def test_comrope_model_is_translation_invariant_in_its_positions(share_heads):
     grid = model.input_grid(images)
     pos_TA = model.positions(grid)
     base = model(images, pe_cache=model.pe_states(pos_TA))
-    moved = model(images, pe_cache=model.pe_states(pos_TA + jnp.asarray([0.5, -0.25])))
+    moved = model(images, pe_cache=model.pe_states(pos_TA + jnp.asarray([[0.5, -0.25]])))
     np.testing.assert_allclose(moved, base, rtol=1e-4, atol=1e-4)
     assert (
         float(jnp.max(jnp.abs(model(images, pe_cache=model.pe_states(2 * pos_TA)) - base))) > 1e-4
