@@ -113,6 +113,21 @@ def _check_params(params: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array | 
     return grid_GD, prefix_PD
 
 
+def _check_call(prefix_PD, dim: int, width, num_prefix, method, rank: int) -> str:
+    """``table``'s and ``gather``'s shared argument checks; returns the resize method."""
+    stored_prefix = 0 if prefix_PD is None else prefix_PD.shape[0]
+    if width is not None and width != dim:
+        raise ValueError(f"{_FAMILY}: width={width!r} but the stored table has width D={dim}")
+    if num_prefix is not None and num_prefix != stored_prefix:
+        raise ValueError(
+            f"{_FAMILY}: num_prefix={num_prefix!r} but the table stores {stored_prefix} prefix rows"
+        )
+    method = DEFAULT_METHODS[rank] if method is None else method
+    if method not in _METHODS:
+        raise ValueError(f"{_FAMILY}: method={method!r} must be one of {_METHODS}")
+    return method
+
+
 def table(
     params: dict[str, jax.Array],
     *,
@@ -143,16 +158,7 @@ def table(
             f"{_FAMILY}: grid_shape={grid} has rank {len(grid)} but the table was trained on "
             f"grid {stored} of rank {len(stored)}"
         )
-    stored_prefix = 0 if prefix_PD is None else prefix_PD.shape[0]
-    if width is not None and width != dim:
-        raise ValueError(f"{_FAMILY}: width={width!r} but the stored table has width D={dim}")
-    if num_prefix is not None and num_prefix != stored_prefix:
-        raise ValueError(
-            f"{_FAMILY}: num_prefix={num_prefix!r} but the table stores {stored_prefix} prefix rows"
-        )
-    method = DEFAULT_METHODS[len(grid)] if method is None else method
-    if method not in _METHODS:
-        raise ValueError(f"{_FAMILY}: method={method!r} must be one of {_METHODS}")
+    method = _check_call(prefix_PD, dim, width, num_prefix, method, len(grid))
     grid_GD = grid_GD.astype(jnp.float32)
     if grid != stored:
         grid_GD = jax.image.resize(grid_GD, (*grid, dim), method=method, antialias=True)
@@ -217,16 +223,7 @@ def gather(
             f"{_FAMILY}: grid_BA has shape {tuple(grid_BA.shape)}; expected "
             f"({index_BTA.shape[0]}, {len(stored)})"
         )
-    stored_prefix = 0 if prefix_PD is None else prefix_PD.shape[0]
-    if width is not None and width != dim:
-        raise ValueError(f"{_FAMILY}: width={width!r} but the stored table has width D={dim}")
-    if num_prefix is not None and num_prefix != stored_prefix:
-        raise ValueError(
-            f"{_FAMILY}: num_prefix={num_prefix!r} but the table stores {stored_prefix} prefix rows"
-        )
-    method = DEFAULT_METHODS[len(stored)] if method is None else method
-    if method not in _METHODS:
-        raise ValueError(f"{_FAMILY}: method={method!r} must be one of {_METHODS}")
+    method = _check_call(prefix_PD, dim, width, num_prefix, method, len(stored))
     emb_BTD = grid_GD.astype(jnp.float32)
     for axis, n_in in enumerate(stored):  # contract one stored axis after the other
         weights = jax.vmap(jax.vmap(_axis_weights, (None, None, 0, None)), (None, 0, 0, None))
