@@ -56,3 +56,26 @@ def test_plot_writes_a_png(tmp_path):
     out = str(tmp_path / "training.png")
     training_curves.plot(STUDY, training_curves.collect(STUDY, root, seeds=1), out)
     assert os.path.getsize(out) > 1000
+
+
+def test_held_out_accuracy_along_the_way_round_trips_and_plots(tmp_path):
+    root = str(tmp_path / "runs")
+    _fake_run(root, STUDY.arms[0], 0)
+    workdir = lib.run_dir(root, STUDY.arms[0], 0, "cpu")
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:  # a later evaluation
+        f.write(json.dumps({"step": 60, "loss": 0.1, "size8/accuracy": 0.75}) + "\n")
+    held_out = training_curves.collect_held_out(STUDY, root, seeds=1)
+    assert [(r["step"], r["eval"], r["accuracy"]) for r in held_out] == [
+        (30, "size8", 0.5),
+        (60, "size8", 0.75),
+    ]
+    assert training_curves.has_curve(held_out)
+    assert not training_curves.has_curve(held_out[:1])  # one point per run is no curve
+    path = str(tmp_path / "held_out.csv")
+    training_curves.write_csv(held_out, path, training_curves.HELD_OUT_COLUMNS)
+    back = training_curves.read_csv(path)
+    assert [(r["step"], r["accuracy"]) for r in back] == [(30, 0.5), (60, 0.75)]
+    pytest.importorskip("matplotlib")
+    out = str(tmp_path / "held_out.png")
+    training_curves.plot_held_out(STUDY, back, out)
+    assert os.path.getsize(out) > 1000

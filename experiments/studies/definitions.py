@@ -391,6 +391,39 @@ _add(
     )
 )
 
+V_LONG_STEPS = 2400  # 4x the volumes recipe's 600 steps
+
+
+def _volume_long(base: Arm) -> Arm:
+    """The volumes arm at 4x the steps, held-out evaluations every 300 steps along the way."""
+    return dataclasses.replace(
+        base,
+        arg=f"{base.arg},steps={V_LONG_STEPS}",
+        overrides=base.overrides + (("eval_every_steps", 300),),
+        paper_arg=base.paper_arg,  # the paper scale (UCF101) has its own schedule
+    )
+
+
+_V_ARMS = {arm.name: arm for arm in STUDIES["volumes"].arms}
+_V_LONG_ARMS = ("liere_b8", "liere_b2", "ape")
+_add(
+    dataclasses.replace(
+        STUDIES["volumes"],
+        name="volumes_long",
+        title=f"Spatial arrows in volumes at {V_LONG_STEPS} steps (4x): does the 3D task lift off?",
+        # LieRE 8x8 is the pilot; 2x2 and APE follow at this length if the pilot lifts off.
+        arms=tuple(_volume_long(_V_ARMS[name]) for name in _V_LONG_ARMS),
+        paper_scale=dict(
+            evals=CIFAR_EVALS,
+            paper={
+                k: v
+                for k, v in STUDIES["volumes"].paper_scale["paper"].items()
+                if k in _V_LONG_ARMS
+            },  # fmt: skip
+        ),
+    )
+)
+
 # --------------------------------------------------------------------------- Fashion-MNIST
 
 

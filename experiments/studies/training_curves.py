@@ -24,6 +24,7 @@ from experiments.studies import lib
 from experiments.studies.definitions import STUDIES
 
 COLUMNS = ("arm", "seed", "step", "epoch", "loss", "train_accuracy")
+HELD_OUT_COLUMNS = ("arm", "seed", "step", "eval", "accuracy")
 
 
 def read_run(workdir: str) -> list[dict]:
@@ -39,23 +40,46 @@ def read_run(workdir: str) -> list[dict]:
     return rows
 
 
-def collect(study: lib.Study, root: str, seeds: int) -> list[dict]:
+def read_held_out(workdir: str, evals: tuple[str, ...]) -> list[dict]:
+    """The held-out accuracies (``<eval>/accuracy``) of one run at every step it evaluated."""
     rows = []
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            rows += [{"step": record["step"], "eval": name, "accuracy": record[f"{name}/accuracy"]}
+                     for name in evals if f"{name}/accuracy" in record]  # fmt: skip
+    return rows
+
+
+def _finished_runs(study: lib.Study, root: str, seeds: int):
     for arm in study.arms:
         for seed in range(seeds):
             workdir = lib.run_dir(root, arm, seed, "cpu")
             if lib.is_finished(workdir):
-                rows += [{"arm": arm.name, "seed": seed, **r} for r in read_run(workdir)]
-    return rows
+                yield arm, seed, workdir
 
 
-def write_csv(rows: list[dict], path: str) -> None:
+def collect(study: lib.Study, root: str, seeds: int) -> list[dict]:
+    return [{"arm": arm.name, "seed": seed, **r}
+            for arm, seed, workdir in _finished_runs(study, root, seeds)
+            for r in read_run(workdir)]  # fmt: skip
+
+
+def collect_held_out(study: lib.Study, root: str, seeds: int) -> list[dict]:
+    return [{"arm": arm.name, "seed": seed, **r}
+            for arm, seed, workdir in _finished_runs(study, root, seeds)
+            for r in read_held_out(workdir, study.evals)]  # fmt: skip
+
+
+def write_csv(rows: list[dict], path: str, columns: tuple[str, ...] = COLUMNS) -> None:
     with open(path + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
             writer.writerow({k: f"{row[k]:.6g}" if isinstance(row[k], float) else row[k]
-                             for k in COLUMNS})  # fmt: skip
+                             for k in columns})  # fmt: skip
     os.replace(path + ".tmp", path)
 
 
@@ -64,9 +88,51 @@ def read_csv(path: str) -> list[dict]:
         rows = list(csv.DictReader(f))
     for row in rows:
         row["seed"], row["step"] = int(row["seed"]), int(row["step"])
-        for key in ("epoch", "loss", "train_accuracy"):
-            row[key] = float(row[key])
+        for key in ("epoch", "loss", "train_accuracy", "accuracy"):
+            if key in row:
+                row[key] = float(row[key])
     return rows
+
+
+def has_curve(held_out: list[dict]) -> bool:
+    """Whether some run evaluated at more than one step (one end-of-run point is no curve)."""
+    steps = defaultdict(set)
+    for row in held_out:
+        steps[(row["arm"], row["seed"], row["eval"])].add(row["step"])
+    return any(len(s) > 1 for s in steps.values())
+
+
+def plot_held_out(study: lib.Study, rows: list[dict], path: str) -> None:
+    """Held-out accuracy against the training step: one panel per evaluation, a line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = [name for name in study.evals if any(r["eval"] == name for r in rows)]
+    fig, axes = plt.subplots(1, len(evals), figsize=(4.2 * len(evals), 3.6), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, name in zip(axes[0], evals, strict=True):
+        for i, arm in enumerate(study.arms):
+            for seed in sorted({r["seed"] for r in rows if r["arm"] == arm.name}):
+                key = (arm.name, seed, name)
+                run = sorted(
+                    (r["step"], r["accuracy"])
+                    for r in rows
+                    if (r["arm"], r["seed"], r["eval"]) == key
+                )
+                if run:
+                    steps, accuracy = zip(*run, strict=True)
+                    ax.plot(steps, 100 * np.array(accuracy), "o-", ms=3, color=colors(i),
+                            label=f"{arm.label}, seed {seed}")  # fmt: skip
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out accuracy (%)")
+    axes[0][0].legend(fontsize=6, loc="lower right")
+    fig.suptitle(f"{study.title}: held-out accuracy along the way", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
 
 
 def plot(study: lib.Study, rows: list[dict], path: str) -> None:
@@ -114,16 +180,24 @@ def main(argv: list[str] | None = None) -> int:
     study = STUDIES[args.study]
     directory = os.path.join(args.results, study.name)
     path = os.path.join(directory, "training.csv")
+    held_out_path = os.path.join(directory, "held_out.csv")
     if args.from_csv:
         rows = read_csv(path)
+        held_out = read_csv(held_out_path) if os.path.exists(held_out_path) else []
     else:
         rows = collect(study, args.root, args.seeds)
         if not rows:
             raise SystemExit(f"{study.name}: no finished runs under {args.root}")
         os.makedirs(directory, exist_ok=True)
         write_csv(rows, path)
+        held_out = collect_held_out(study, args.root, args.seeds)
+        if has_curve(held_out):
+            write_csv(held_out, held_out_path, HELD_OUT_COLUMNS)
     plot(study, rows, os.path.join(directory, "training.png"))
     print(f"wrote {path} and training.png ({len({(r['arm'], r['seed']) for r in rows})} runs)")
+    if has_curve(held_out):
+        plot_held_out(study, held_out, os.path.join(directory, "held_out.png"))
+        print(f"wrote {held_out_path} and held_out.png")
     return 0
 
 
