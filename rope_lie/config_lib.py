@@ -179,6 +179,7 @@ def model_config(
     m.norm_eps = 1e-6  # LayerNorm epsilon
     m.qkv_bias = True  # biases on the q, k, v projections
     m.additive_prefix = True  # the class token has its own row of the additive table
+    m.num_registers = 0  # learned register tokens after the class token (DINOv3: 4)
     return m
 
 
