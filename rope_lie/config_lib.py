@@ -158,6 +158,8 @@ def model_config(
     m.additive = additive  # absolute table added to the tokens ("none", "ape", "sincos")
     m.additive_hparams = additive_hparams  # table init arguments
     m.position_convention = position_convention  # token positions (encodings/positions.py)
+    # the convention's arguments, e.g. dict(temporal_spacing=2.0) for "diagonal" (VideoRoPE)
+    m.position_hparams = {}
     # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training
     m.position_augment = None
     m.share_pe_heads = False  # encoder parameters per head ...

@@ -154,6 +154,23 @@ def _check_options(pe: str, pool: str, additive: str, convention: str, dropout: 
         raise ValueError(f"dropout={dropout} must be in [0, 1)")
 
 
+def _check_position_hparams(
+    convention: str, hparams: Mapping[str, Any] | None, pe_hparams: Mapping[str, Any] | None
+) -> tuple[tuple[str, Any], ...]:
+    """``position_hparams`` as sorted (name, value) pairs, checked against the convention; the
+    diagonal's delta and ``rope_axial``'s ``temporal_scale`` would both scale time: one only."""
+    hparams = positions.check_hparams(convention, hparams)
+    positions.grid_positions((1,) * 3, convention, **hparams)  # checks the values
+    temporal_scale = dict(pe_hparams or {}).get("temporal_scale", 1.0)
+    if convention == "diagonal" and temporal_scale != 1.0:
+        raise ValueError(
+            f"pe_hparams temporal_scale={temporal_scale!r} with position_convention='diagonal': "
+            "the diagonal layout's delta is position_hparams temporal_spacing (it also moves the "
+            "spatial positions); keep temporal_scale at 1"
+        )
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in hparams.items()))
+
+
 def _check_registers(num_registers: Any) -> int:
     if isinstance(num_registers, bool) or not (
         isinstance(num_registers, numbers.Integral) and num_registers >= 0
@@ -277,6 +294,7 @@ class ViT(nnx.Module):
         additive: str = "none",
         additive_hparams: Mapping[str, Any] | None = None,
         position_convention: str = "integer",
+        position_hparams: Mapping[str, Any] | None = None,
         position_augment: Mapping[str, float] | None = None,
         share_pe_heads: bool = False,
         share_pe_layers: bool = False,
@@ -309,6 +327,9 @@ class ViT(nnx.Module):
           additive: ``"none"``, ``"ape"`` or ``"sincos"``, added to the tokens.
           additive_hparams: the additive family's ``init`` keyword arguments.
           position_convention: one of ``positions.CONVENTIONS``.
+          position_hparams: the convention's keyword arguments (``positions.CONVENTION_HPARAMS``):
+            ``temporal_spacing`` (delta) of ``"diagonal"``, VideoRoPE's Diagonal Layout;
+            ``value_range`` of ``"normalized"``.
           position_augment: None, or ``positions.augment``'s ``shift``/``jitter``/``rescale``
             (DINOv3's coordinate augmentations), drawn in training (``train=True``, positions
             not from ``pe_cache``) from the model's own ``augment`` RNG stream, created after
@@ -337,6 +358,9 @@ class ViT(nnx.Module):
         _check_options(pe, pool, additive, position_convention, dropout)
         self.channels, self.pool, self.pe, self.additive = channels, pool, pe, additive
         self.position_convention = position_convention
+        self.position_hparams = _check_position_hparams(
+            position_convention, position_hparams, pe_hparams
+        )
         tokens.keep_count(1, patch_dropout)  # raises unless 0 <= patch_dropout < 1
         self.patch_dropout = float(patch_dropout)
         self.dtype = dt = _activation_dtype(dtype)
@@ -449,6 +473,7 @@ class ViT(nnx.Module):
         pos_BTA = positions.index_positions(
             batch.index_BTA, batch.grid_BA, self.position_convention,
             train_grid=self.train_grid, anchor_grid=self.train_grid,
+            **dict(self.position_hparams),
         )  # fmt: skip
         prefix_BPA = jnp.zeros((pos_BTA.shape[0], self.num_prefix, pos_BTA.shape[-1]))
         return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
@@ -520,6 +545,7 @@ class ViT(nnx.Module):
             num_prefix=self.num_prefix,
             train_grid=self.train_grid,
             anchor_grid=self.train_grid,
+            **dict(self.position_hparams),
         )
 
     def pe_states(self, pos_TA: jax.Array) -> list[State]:

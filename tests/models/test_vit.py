@@ -238,6 +238,17 @@ def test_bfloat16_activations():
         (dict(dtype="int8"), "unknown dtype='int8'"),
         (dict(variant="pico/4", patch_size=8), "disagree"),
         (dict(variant="pico"), "patch_size is None"),
+        (dict(position_hparams={"temporal_spacing": 2.0}), "'integer' does not take"),
+        (
+            dict(position_convention="diagonal", position_hparams={"temporal_spacing": -1.0}),
+            r"temporal_spacing=-1.0 must be a positive",
+        ),
+        (
+            dict(
+                pe="rope_axial", pe_hparams={"temporal_scale": 2.0}, position_convention="diagonal"
+            ),
+            "temporal_scale=2.0 with position_convention='diagonal'",
+        ),
     ],
 )
 def test_config_errors(kwargs, match):
