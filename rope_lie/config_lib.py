@@ -158,6 +158,8 @@ def model_config(
     m.additive = additive  # absolute table added to the tokens ("none", "ape", "sincos")
     m.additive_hparams = additive_hparams  # table init arguments
     m.position_convention = position_convention  # token positions (encodings/positions.py)
+    # the convention's arguments, e.g. dict(temporal_spacing=2.0) for "diagonal" (VideoRoPE)
+    m.position_hparams = {}
     # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training
     m.position_augment = None
     m.share_pe_heads = False  # encoder parameters per head ...
@@ -179,6 +181,7 @@ def model_config(
     m.norm_eps = 1e-6  # LayerNorm epsilon
     m.qkv_bias = True  # biases on the q, k, v projections
     m.additive_prefix = True  # the class token has its own row of the additive table
+    m.num_registers = 0  # learned register tokens after the class token (DINOv3: 4)
     return m
 
 

@@ -2,6 +2,8 @@
 
     python -m rope_lie.convert --from=timm --model=vit_small_patch16_rope_mixed_224 \
         --checkpoint=model.safetensors --workdir=DIR
+    python -m rope_lie.convert --from=timm --model=vit_base_patch16_dinov3 \
+        --checkpoint=model.safetensors --overrides=global_pool=token --workdir=DIR
     python -m rope_lie.convert --from=liere --model=channels=3 --checkpoint=last.ckpt \
         --workdir=DIR
 
@@ -9,9 +11,10 @@
 ``--checkpoint`` a timm-layout ``state_dict`` file (``.safetensors``/``.pth``, e.g. the
 ``naver_in1k`` weights from the Hugging Face hub) or ``none`` for timm's random
 initialisation; ``--overrides`` passes keyword arguments to ``timm.create_model``
-(``embed_dim=64,depth=2``: small models for tests); the class count is read from the
-checkpoint's head (a fine-tuned model's), and a tensor of another shape than the model's is
-named in the error. ``--from=liere``: ``--checkpoint`` is a
+(``embed_dim=64,depth=2``: small models for tests; ``global_pool=token`` for DINOv3, whose timm
+default is ``"avg"``); the class count is read from the checkpoint's head (a fine-tuned
+model's; none: a headless model, converted with an identity head), and a tensor of another
+shape than the model's is named in the error. ``--from=liere``: ``--checkpoint`` is a
 LieRE reference Lightning checkpoint (or its ``state_dict``), its architecture read from the
 tensor shapes (``--model`` may set ``channels=`` and any other ``ReferenceSpec`` field, which
 must then agree); with ``--checkpoint=none`` ``--model`` gives the whole ``ReferenceSpec``
@@ -77,7 +80,8 @@ def _from_timm(args) -> tuple[dict, dict, dict]:
         args.mean, args.std, data.get("mean", timm_eva.IMAGENET_MEAN),
         data.get("std", timm_eva.IMAGENET_STD), cfg["channels"], f"timm {args.model}",
     )  # fmt: skip
-    info = dict(versions=f"timm {timm.__version__}, torch {torch.__version__}", mean=mean, std=std)
+    info = dict(versions=f"timm {timm.__version__}, torch {torch.__version__}", mean=mean, std=std,
+                notes=timm_eva.notes(model))  # fmt: skip
     return cfg, params, info
 
 

@@ -2,10 +2,11 @@
 
 A separate process because PyTorch's triton crashes a process that has already loaded
 TensorFlow (``rope_lie/interop/_torch_first.py``), which the test session has. It builds the
-small PyTorch models (timm's own ``Eva`` and the LieRE reference re-implementation), saves
-their weights as checkpoint files, converts them with ``python -m rope_lie.convert``'s
-``main`` into ``OUT/<case>``, and writes what PyTorch computes (``OUT/<case>.npz``: images
-NCHW and logits at each side) and the conversion errors it meets (``OUT/errors.json``).
+small PyTorch models (timm's own ``Eva``, naver RoPE ViTs and DINOv3, and the LieRE reference
+re-implementation), saves their weights as checkpoint files, converts them with
+``python -m rope_lie.convert``'s ``main`` into ``OUT/<case>``, and writes what PyTorch computes
+(``OUT/<case>.npz``: images NCHW and logits at each side) and the conversion errors it meets
+(``OUT/errors.json``).
 torch is imported inside the functions: the test extra alone must import every test file
 (tests/test_dependencies.py).
 """
@@ -25,6 +26,15 @@ TIMM_CASES = {  # case: timm name
     "rope_mixed": "vit_small_patch16_rope_mixed_224",
     "rope_mixed_ape": "vit_small_patch16_rope_mixed_ape_224",
 }
+# DINOv3 (4 registers, centred coordinates, half-split pairs), with q/k/v biases or without,
+# pooling the class token as upstream DINOv3 (timm's default for them is "avg"); attention
+# sharpened (checks.scale_weights) so that a wrong position moves the logits by ~1.
+DINOV3_CASES = {
+    "dinov3": "vit_small_patch16_dinov3",
+    "dinov3_qkvb": "vit_small_patch16_dinov3_qkvb",
+}
+DINOV3_KW = dict(TINY_TIMM, global_pool="token")
+GAINS = dict(attention_gain=8.0, embed_gain=4.0)
 LIERE_CASES = {  # case: (block size b, per_layer, per_head)
     "liere_dense_per_layer_head": (64, True, True),
     "liere_8x8_per_layer_head": (8, True, True),
@@ -87,6 +97,34 @@ def _timm(out: str) -> None:
              **_logits(model, (32,), channels=1, head=model.head))  # fmt: skip
 
 
+def _dinov3(out: str) -> None:
+    import torch
+
+    for case, name in DINOV3_CASES.items():
+        torch.manual_seed(0)
+        model = timm_eva.create(name, **DINOV3_KW)
+        checks.scale_weights(model, seed=0, **GAINS)
+        path = os.path.join(out, f"{case}.pth")
+        torch.save(model.state_dict(), path)
+        convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
+                      f"--workdir={out}/{case}", _overrides(DINOV3_KW)])  # fmt: skip
+        np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48)))
+    # DINOv3's pretrained weights have no classifier (num_classes=0): converted without a class
+    # count, the head is the identity and the logits are the pooled features.
+    headless = {k: v for k, v in DINOV3_KW.items() if k != "num_classes"}
+    torch.manual_seed(1)
+    model = timm_eva.create(DINOV3_CASES["dinov3"], **headless, num_classes=0)
+    checks.scale_weights(model, seed=1, **GAINS)
+    path = os.path.join(out, "dinov3_headless.pth")
+    torch.save(model.state_dict(), path)
+    convert.main(["--from=timm", f"--model={DINOV3_CASES['dinov3']}", f"--checkpoint={path}",
+                  f"--workdir={out}/dinov3_headless", _overrides(headless)])  # fmt: skip
+    np.savez(os.path.join(out, "dinov3_headless.npz"), **_logits(model, (32, 48), seed=1))
+    # A pretrained tag selects its own input normalisation (the satellite weights' statistics).
+    convert.main(["--from=timm", "--model=vit_large_patch16_dinov3.sat493m", "--checkpoint=none",
+                  f"--workdir={out}/dinov3_sat493m", _overrides(DINOV3_KW)])  # fmt: skip
+
+
 def _liere(out: str) -> None:
     import torch
 
@@ -139,6 +177,9 @@ def _errors(out: str) -> dict[str, str]:
         TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "embed_dim": 32}))  # fmt: skip
     avg = timm_eva.create("vit_small_patch16_rope_224", global_pool="avg", **TINY_TIMM)
     record("avg_pool", lambda: timm_eva.model_config(avg))
+    dinov3_avg = timm_eva.create(DINOV3_CASES["dinov3"], **TINY_TIMM)  # timm's default pooling
+    record("dinov3_avg_pool", lambda: timm_eva.model_config(dinov3_avg))
+    record("dinov3_swiglu", lambda: timm_eva.check_name("vit_small_plus_patch16_dinov3"))
     record("not_empty", lambda: convert.main([
         "--from=timm", "--model=vit_small_patch16_rope_224", "--checkpoint=none",
         f"--workdir={out}/rope_axial", _overrides(TINY_TIMM)]))  # fmt: skip
@@ -151,6 +192,7 @@ def _errors(out: str) -> dict[str, str]:
 if __name__ == "__main__":
     out = sys.argv[1]
     _timm(out)
+    _dinov3(out)
     _liere(out)
     with open(os.path.join(out, "errors.json"), "w") as f:
         json.dump(_errors(out), f, indent=1)

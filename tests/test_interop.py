@@ -1,5 +1,6 @@
-"""rope_lie.interop: PyTorch ViTs converted with the same logits, the convert command, load, and
-fine-tuning a converted model with config.init_from.
+"""rope_lie.interop: PyTorch ViTs (timm's naver RoPE ViTs and DINOv3, the LieRE reference)
+converted with the same logits, the convert command, load, and fine-tuning a converted model
+with config.init_from.
 
 The PyTorch half runs in its own process (``tests/interop_torch_side.py``: PyTorch's triton
 crashes a process that has loaded TensorFlow, as this session has): it builds small models with
@@ -27,6 +28,7 @@ from flax import nnx
 
 from rope_lie import checkpoint, config_lib, interop, train
 from rope_lie.data.spatial_arrows import SpatialArrowsConfig
+from rope_lie.interop import timm_eva
 
 TOL = 1e-4  # |logit difference|, float32
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,6 +100,62 @@ def test_a_timm_checkpoint_with_another_class_count_converts(converted):
     assert max(diffs.values()) < TOL, diffs
 
 
+@pytest.mark.parametrize("case, qkv_bias", [("dinov3", False), ("dinov3_qkvb", True)])
+def test_timm_dinov3_vits_give_the_same_logits_at_two_resolutions(converted, case, qkv_bias):
+    """timm's DINOv3 (vit_small_patch16_dinov3{,_qkvb} at width 64, class-token pooling, 4
+    registers), converted from a checkpoint file: equal logits at 32 px and 48 px (timm
+    recomputes the centred coordinates, rope_lie too). Each part of the conversion is seen by
+    the check: timm's half-split channel order left as it is, the positions as patch indices
+    instead of pixel centres, or the registers zeroed, each moves the logits."""
+    model, config = interop.load(os.path.join(converted, case))
+    assert (config.model.pe, config.model.position_convention) == ("dinov3", "centred")
+    assert config.model.num_registers == 4 and config.model.qkv_bias is qkv_bias
+    assert config.model.norm_eps == 1e-5 and config.model.layer_scale == 1e-5
+    diffs = _max_diffs(converted, case, TIMM_SIDES, model)
+    assert max(diffs.values()) < TOL, diffs
+    model.position_convention = "integer"
+    assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
+    model, _ = interop.load(os.path.join(converted, case))
+    model.reg_RD[...] = jnp.zeros_like(model.reg_RD[...])
+    assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
+    model, _ = interop.load(os.path.join(converted, case))
+    h = model.blocks[0].attn.head_dim
+    back_H = np.argsort(timm_eva.qk_permutation(h, half_split=True, column_first=False))
+    for block in model.blocks:  # q and k channels back in timm's (j, j + H/2) order
+        for w in (block.attn.wq_DNH, block.attn.wk_DNH):
+            w[...] = w[...][..., back_H]
+    assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
+
+
+def test_a_headless_dinov3_converts_with_an_identity_head(converted):
+    """DINOv3's released weights have no classifier: converted without a class count, the model
+    returns timm's pooled features (width 64), and the config says so. A pretrained tag's input
+    normalisation is the one written (``.sat493m``: the satellite images' statistics)."""
+    diffs = _max_diffs(converted, "dinov3_headless", TIMM_SIDES)
+    assert max(diffs.values()) < TOL, diffs
+    model, config = interop.load(os.path.join(converted, "dinov3_headless"))
+    assert config.model.num_classes == 64
+    np.testing.assert_array_equal(model.head.kernel[...], np.eye(64))
+    assert any("identity" in note for note in config.interop.notes)
+    assert config.dataset.mean == (0.485, 0.456, 0.406)  # DINOv3's lvd1689m: ImageNet's
+    _, config = interop.load(os.path.join(converted, "dinov3_sat493m"))
+    assert config.dataset.mean == (0.430, 0.411, 0.296) and config.model.num_registers == 4
+
+
+def test_qk_permutation_is_the_naver_half_swap_and_dinov3s_pair_order():
+    """RoPE-Axial under "xy" swaps the halves of the channels (the converter's earlier np.roll);
+    DINOv3's half-split pair j, channels (j, j + H/2), becomes channels (2j, 2j + 1)."""
+    np.testing.assert_array_equal(
+        timm_eva.qk_permutation(16, half_split=False, column_first=True), np.roll(np.arange(16), -8)
+    )
+    np.testing.assert_array_equal(
+        timm_eva.qk_permutation(8, half_split=True, column_first=False), [0, 4, 1, 5, 2, 6, 3, 7]
+    )
+    np.testing.assert_array_equal(
+        timm_eva.qk_permutation(8, half_split=True, column_first=True), [2, 6, 3, 7, 0, 4, 1, 5]
+    )
+
+
 LIERE_CASES = ["liere_dense_per_layer_head", "liere_8x8_per_layer_head", "liere_dense_shared",
                "liere_8x8_shared"]  # fmt: skip
 
@@ -149,6 +207,8 @@ def test_conversion_errors_name_the_problem(converted):
     assert "'blocks.0.attn.qkv.weight': ((192, 64), (96, 32))" in errors["width_differs"]
     assert "vit_large_patch16_rope_mixed_ape_224" in errors["name"]  # lists the supported
     assert "global_pool='avg', expected 'token'" in errors["avg_pool"]
+    assert "--overrides=global_pool=token" in errors["dinov3_avg_pool"]
+    assert "'vit_small_plus_patch16_dinov3' is not supported" in errors["dinov3_swiglu"]
     assert errors["not_empty"].startswith("FileExistsError") and "not empty" in errors["not_empty"]
     assert "'depth': (3, 2)" in errors["spec_differs"]
     with pytest.raises(

@@ -21,8 +21,10 @@ an explicit key.
 
 Where we differ: the reference rotates half-split pairs (channels c and c + H/2,
 ``rope_rotate_half``); ours are interleaved (2c, 2c + 1), the same rotation after a fixed
-permutation of the q and k channels (a converter permutes the projection columns). The
-reference computes the angles in the periods' dtype (bf16 possible); ours are float32.
+permutation of the q and k channels (a converter permutes the projection columns:
+``interop.timm_eva.qk_permutation`` for timm's port, ``RotaryEmbeddingDinoV3``, whose ViTs
+convert with equal logits). The reference computes the angles in the periods' dtype (its
+checkpoints store bf16 periods); ours are float32, as timm's.
 
 Conventions: interleaved pairs, (a, b) -> (a cos t - b sin t, a sin t + b cos t); R(p)
 multiplies q and k from the left; no parameters (``{}``); validation and rotation are

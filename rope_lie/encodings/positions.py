@@ -22,6 +22,27 @@ Conventions (``convention=``), per axis of length n:
 - ``"unit_centred"``: (i + 0.5) / n - 1/2 in (-1/2, 1/2): ComRoPE's reference positions
   (i + 0.5) / n with the class token at 1/2, all shifted by -1/2 so that the class token is at
   our prefix position 0 (a common shift that relative encodings cannot see).
+- ``"diagonal"``: VideoRoPE's Diagonal Layout (below), for (t, h, w) grids.
+
+VideoRoPE's Diagonal Layout (Wei et al., "VideoRoPE: What Makes for Good Video Rotary Position
+Embedding?", ICML 2025, arXiv:2502.05173; github.com/Wiselnn570/VideoRoPE,
+``videorope-transformer/modeling_videorope.py``,
+``Qwen2VLForConditionalGeneration.get_t_scale_rope_index``, its "body-diagonal symmetry"):
+the integer indices (t, h, w) of a (T, H, W) grid become
+
+    (delta t,  delta t + h - floor((H - 1) / 2),  delta t + w - floor((W - 1) / 2)),
+
+each frame's spatial indices centred (by the reference's integer ``(n - 1) // 2``) and moved
+along the diagonal with its time index, so that frames advance along (1, 1, 1);
+``temporal_spacing`` = delta is the reference's ``scale_factor`` (its adjustable temporal
+spacing; the paper uses 2). Any rank: axis 0 is time and the other axes are centred and moved
+with it (rank 1: delta t). Where we differ: the reference starts the video at the position after
+its preceding text, o = ``text_len + st_idx``, adding o to all three axes; ours start at o = 0,
+so the prefix tokens at 0 sit at the centre of frame 0 (the reference's preceding text token
+sits one diagonal step earlier, at o - 1). A common shift of every patch token is invisible to
+the relative encodings among the patches; it only places the prefix tokens. With this
+convention delta lives in the positions: keep ``rope_axial``'s ``temporal_scale`` at 1 (it scales
+the time pairs only, not the spatial shift, and would apply delta twice).
 
 Evaluating at a new resolution is a change of positions only: pass the new ``grid_shape`` and
 the training grid as ``train_grid`` (sequential) or ``anchor_grid`` (autoscale).
@@ -42,8 +63,10 @@ from rope_lie.encodings import _checks
 
 CONVENTIONS = (
     "integer", "sequential", "normalized", "autoscale", "centred", "centred_max", "centred_min",
-    "unit_centred",
+    "unit_centred", "diagonal",
 )  # fmt: skip
+# The keyword arguments each convention takes beyond the grids (``grid_positions``).
+CONVENTION_HPARAMS = {"normalized": ("value_range",), "diagonal": ("temporal_spacing",)}
 
 
 def _check_grid(grid: Sequence[int], name: str) -> tuple[int, ...]:
@@ -64,13 +87,54 @@ def _axis_coords(
         return 2.0 * (np.arange(n) + 0.5) / size - 1.0
     if convention == "unit_centred":
         return (np.arange(n) + 0.5) / n - 0.5
-    if convention == "integer":
+    if convention in ("integer", "diagonal"):  # the diagonal's shear follows (``_diagonal``)
         return np.arange(n, dtype=np.float64)
     if convention == "sequential":
         return np.linspace(0.0, n / n_ref, n)
     if convention == "normalized":
         return np.linspace(value_range[0], value_range[1], n)
     return np.arange(n, dtype=np.float64) * (n_ref / n)  # autoscale
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise ValueError(
+            f"unknown position convention {convention!r}; expected one of {CONVENTIONS}"
+        )
+
+
+def check_temporal_spacing(temporal_spacing, convention: str) -> float:
+    """delta: a positive finite number, and 1 (the default) unless the convention is diagonal."""
+    spacing = _checks.check_real(temporal_spacing, "temporal_spacing", "positions", positive=True)
+    if spacing != 1.0 and convention != "diagonal":
+        raise ValueError(
+            f"positions: temporal_spacing={temporal_spacing!r} is the 'diagonal' convention's; "
+            f"got convention={convention!r} (rope_axial's temporal_scale scales time there)"
+        )
+    return spacing
+
+
+def check_hparams(convention: str, hparams) -> dict:
+    """``hparams`` (a model's ``position_hparams``) as a dict of the keyword arguments that
+    ``convention`` takes (``CONVENTION_HPARAMS``); any other key is an error naming it."""
+    _check_convention(convention)
+    hparams = dict(hparams or {})
+    allowed = CONVENTION_HPARAMS.get(convention, ())
+    unknown = sorted(set(hparams) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"position_hparams has {unknown}, which convention {convention!r} does not take; "
+            f"it takes {list(allowed)}"
+        )
+    return hparams
+
+
+def _diagonal(index_XTA, grid_XA, spacing: float, xp):
+    """VideoRoPE's Diagonal Layout of integer indices (module docstring), in ``xp`` (numpy or
+    jax.numpy): axis 0 times delta, the others centred by floor((n - 1) / 2) and moved by it."""
+    time_XT1 = spacing * index_XTA[..., :1]
+    centre_XA = xp.floor((grid_XA[..., 1:] - 1) / 2)
+    return xp.concatenate([time_XT1, index_XTA[..., 1:] - centre_XA + time_XT1], axis=-1)
 
 
 def grid_positions(
@@ -81,6 +145,7 @@ def grid_positions(
     train_grid: Sequence[int] | None = None,
     anchor_grid: Sequence[int] | None = None,
     value_range: tuple[float, float] = (-1.0, 1.0),
+    temporal_spacing: float = 1.0,
 ) -> jnp.ndarray:
     """Positions of the tokens of a grid, prefix tokens first.
 
@@ -92,15 +157,14 @@ def grid_positions(
         grid.
       anchor_grid: the anchor grid for ``"autoscale"``; None means grid_shape is the anchor.
       value_range: (lo, hi) for ``"normalized"``.
+      temporal_spacing: delta of ``"diagonal"`` (1 for every other convention).
 
     Returns:
       float32 array (num_prefix + prod(grid_shape), len(grid_shape)).
     """
     grid = _check_grid(grid_shape, "grid_shape")
-    if convention not in CONVENTIONS:
-        raise ValueError(
-            f"unknown position convention {convention!r}; expected one of {CONVENTIONS}"
-        )
+    _check_convention(convention)
+    spacing = check_temporal_spacing(temporal_spacing, convention)
     _checks.check_nonnegative_int(num_prefix, "num_prefix", None)
     ref = train_grid if convention == "sequential" else anchor_grid
     ref = grid if ref is None else _check_grid(ref, "train_grid/anchor_grid")
@@ -115,6 +179,8 @@ def grid_positions(
     ]
     mesh = np.meshgrid(*axes, indexing="ij")
     pos_TA = np.stack([m.reshape(-1) for m in mesh], axis=-1)
+    if convention == "diagonal":
+        pos_TA = _diagonal(pos_TA, np.asarray(grid, np.float64), spacing, np)
     pos_TA = np.concatenate([np.zeros((num_prefix, len(grid))), pos_TA], axis=0)
     return jnp.asarray(pos_TA, jnp.float32)
 
@@ -203,6 +269,7 @@ def index_positions(
     train_grid: Sequence[int] | None = None,
     anchor_grid: Sequence[int] | None = None,
     value_range: tuple[float, float] = (-1.0, 1.0),
+    temporal_spacing: float = 1.0,
 ) -> jnp.ndarray:
     """Positions of tokens given by their grid coordinates, each in its own example's grid.
 
@@ -218,18 +285,19 @@ def index_positions(
       train_grid: the training grid for ``"sequential"`` (required for it).
       anchor_grid: the anchor grid for ``"autoscale"`` (required for it).
       value_range: (lo, hi) for ``"normalized"``.
+      temporal_spacing: delta of ``"diagonal"`` (1 for every other convention).
 
     Returns:
       float32 (..., T, A).
     """
-    if convention not in CONVENTIONS:
-        raise ValueError(
-            f"unknown position convention {convention!r}; expected one of {CONVENTIONS}"
-        )
+    _check_convention(convention)
+    spacing = check_temporal_spacing(temporal_spacing, convention)
     index = jnp.asarray(index_XTA, jnp.float32)
     n = jnp.asarray(grid_XA, jnp.float32)[..., None, :]
     if convention == "integer":
         return index
+    if convention == "diagonal":
+        return _diagonal(index, n, spacing, jnp)
     if convention == "normalized":
         lo, hi = value_range
         if not lo < hi:

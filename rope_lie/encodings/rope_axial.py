@@ -38,10 +38,14 @@ others share one RoFormer spectrum f_j = base^(-2j/H), j < F, among the axes (``
 
 ``temporal_scale`` (delta, default 1) multiplies the axis-0 position (VideoRoPE's adjustable
 temporal spacing, ``t_index * scale_factor``; as a frequency factor here). VideoRoPE's diagonal
-layout (spatial positions shifted by the frame index, for text after the video) is not
-implemented. The references rotate half-split pairs (j, j + H/2); ours are interleaved, the
-same rotation up to a fixed channel permutation of q and k. ``rotary_fraction`` < 1 leaves the
-lowest frequencies of every axis unrotated (p-RoPE, ``fixed_frequency``).
+layout (each frame's spatial positions centred and moved with its time index, delta included)
+is a position convention, ``positions``' ``"diagonal"`` with its ``temporal_spacing``: with it,
+keep ``temporal_scale`` at 1 (the ViT raises otherwise). VideoRoPE whole is
+``layout="videorope"``, ``base=10000`` and ``position_convention="diagonal"``,
+``position_hparams=dict(temporal_spacing=2.0)``. The references rotate half-split pairs
+(j, j + H/2); ours are interleaved, the same rotation up to a fixed channel permutation of q
+and k. ``rotary_fraction`` < 1 leaves the lowest frequencies of every axis unrotated (p-RoPE,
+``fixed_frequency``).
 """
 
 from __future__ import annotations

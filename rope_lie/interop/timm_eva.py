@@ -1,4 +1,4 @@
-"""timm's naver RoPE ViTs (``timm/models/eva.py``, timm >= 1.0.20) into rope_lie's ViT, exactly.
+"""timm's naver RoPE ViTs and DINOv3 ViTs (``timm/models/eva.py``) into rope_lie's ViT, exactly.
 
 The RoPE-ViTs of Heo et al. ("Rotary Position Embedding for Vision Transformer",
 arXiv:2403.13298, github.com/naver-ai/rope-vit) are in timm as ``Eva`` models
@@ -30,18 +30,47 @@ another resolution timm (``dynamic_img_size=True``) recomputes the coordinates w
 ``arange`` (``position_convention="integer"`` here) and resizes ``pos_embed``; so does
 rope_lie.
 
-Inputs: timm takes NCHW images normalised with ``IMAGENET_DEFAULT_MEAN``/``STD`` (the
-``naver_in1k`` pretrained config); the converted model takes the same values NHWC.
+DINOv3 (Simeoni et al., arXiv:2508.10104; timm's port of github.com/facebookresearch/dinov3,
+timm >= 1.0.20): ``vit_{small,base,large}_patch16_dinov3{,_qkvb}`` and
+``vit_tiny_patch16_dinov3_qkvb``, ``Eva`` models with the same pre-LN blocks and LayerScale,
+LayerNorm epsilon 1e-5, ``EvaAttention`` (fused q/k/v without biases, or ``_qkvb``: biases on q
+and v, k's a zero buffer: rope_lie's ``bk_NH`` is 0), a class token and 4 register tokens
+(``reg_token``: rope_lie's ``num_registers``, ``reg_RD``), no APE, and ``RotaryEmbeddingDinoV3``
+(``timm/layers/pos_embed_sincos.py``):
 
-Anything else in a timm model (registers, fc_norm, attention pooling, qk-norm, SwiGLU, patch
-dropout, coordinate augmentation, ...) is an error naming it, never approximated. PyTorch and
-timm are imported only inside functions.
+- periods ``temperature^(4i/H)`` (100), i < H/4, or ``min_period (max/min)^(i/(H/4 - 1))``;
+  angle of pair j of axis a ``2 pi t_a / period_j``, angles [axis 0's H/4, axis 1's H/4]: rope_lie's
+  ``dinov3`` with the same base or periods (its ``pair_frequencies``);
+- coordinates: pixel centres ``2 (i + 0.5) / n - 1`` per axis (``grid_type="centered"``,
+  ``normalize_coords="separate"``; ``"max"``/``"min"`` divide by the longest / shortest side):
+  rope_lie's conventions ``"centred"``, ``"centred_max"``, ``"centred_min"``, recomputed at every
+  resolution as timm's ``dynamic_img_size`` does;
+- ``rotate_half=True``: pair j is channels (j, j + H/2) (``rope_rotate_half``), rope_lie's is
+  (2j, 2j + 1): the converter permutes every head's q and k channels (weights and biases) so
+  that channel 2j is timm's j and 2j + 1 timm's j + H/2, the same rotation of the same numbers;
+- every prefix token (class and registers, ``num_prefix_tokens=5``) is left unrotated: rope_lie's
+  sit at position 0, R(0) = I.
+
+timm's DINOv3 models pool by default with ``global_pool="avg"`` (the patch tokens' mean next to
+a class token that is not pooled); upstream DINOv3 uses the class token, timm's ``"token"``,
+which is what converts (``--overrides=global_pool=token``; ``"avg"`` is an error saying so). A
+model without a classifier (``num_classes=0``, the pretrained DINOv3 weights) converts with an
+identity head: the logits are the pooled features (width D); fine-tune with
+``init_head="new"``.
+
+Inputs: timm takes NCHW images normalised with ``IMAGENET_DEFAULT_MEAN``/``STD`` (the
+``naver_in1k`` and ``lvd1689m`` pretrained configs); the converted model takes the same values
+NHWC.
+
+Anything else in a timm model (fc_norm, attention pooling, qk-norm, SwiGLU, patch dropout,
+coordinate augmentation, a rope grid offset, ...) is an error naming it, never approximated.
+PyTorch and timm are imported only inside functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,7 +78,13 @@ from rope_lie.interop import _torch_first
 
 SIZES = ("small", "base", "large")
 KINDS = ("rope", "rope_mixed", "rope_ape", "rope_mixed_ape")
-SUPPORTED = tuple(f"vit_{size}_patch16_{kind}_224" for size in SIZES for kind in KINDS)
+NAVER = tuple(f"vit_{size}_patch16_{kind}_224" for size in SIZES for kind in KINDS)
+# The GELU-MLP DINOv3s (small_plus, huge_plus and 7b have SwiGLU MLPs, which rope_lie has not).
+DINOV3 = ("vit_tiny_patch16_dinov3_qkvb",) + tuple(
+    f"vit_{size}_patch16_dinov3{bias}" for size in SIZES for bias in ("", "_qkvb")
+)
+SUPPORTED = NAVER + DINOV3
+DINOV3_CONVENTIONS = {"separate": "centred", "max": "centred_max", "min": "centred_min"}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # timm.data.IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)  # timm.data.IMAGENET_DEFAULT_STD
 
@@ -63,8 +98,9 @@ def check_name(name: str) -> str:
 
 
 def create(name: str, checkpoint: str | None = None, **overrides: Any):
-    """The timm model ``name`` built with ``overrides`` (e.g. a small ``embed_dim`` for tests),
-    with the weights of ``checkpoint`` (a timm-layout ``state_dict`` file, ``.safetensors`` or
+    """The timm model ``name`` (a pretrained tag such as ``.sat493m`` picks that tag's input
+    normalisation) built with ``overrides`` (e.g. a small ``embed_dim`` for tests), with the
+    weights of ``checkpoint`` (a timm-layout ``state_dict`` file, ``.safetensors`` or
     ``.pth``; strict) or, without one, timm's random initialisation. Returns it in eval mode.
 
     The class count is read from the checkpoint's ``head.weight`` (a fine-tuned model's head
@@ -78,7 +114,8 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
     if checkpoint is not None:
         state = timm.models.load_state_dict(checkpoint, weights_only=True)
         overrides = {**overrides, **_head_of(state, overrides, checkpoint)}
-    model = timm.create_model(check_name(name), pretrained=False, **overrides)
+    check_name(name)  # the tag stays: its pretrained config holds the input normalisation
+    model = timm.create_model(name, pretrained=False, **overrides)
     if state is not None:
         wanted = model.state_dict()
         missing, unexpected = _key_differences(wanted, state)
@@ -100,10 +137,11 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
 
 
 def _head_of(state: Mapping[str, Any], overrides: Mapping[str, Any], checkpoint: str) -> dict:
-    """``{"num_classes": n}`` from the checkpoint's classifier (empty without ``head.weight``);
-    a different ``num_classes`` in ``overrides`` is an error."""
+    """``{"num_classes": n}`` from the checkpoint's classifier, ``{"num_classes": 0}`` (no
+    classifier) without ``head.weight`` unless ``overrides`` name a class count; a different
+    ``num_classes`` in ``overrides`` is an error."""
     if "head.weight" not in state:
-        return {}
+        return {} if "num_classes" in overrides else {"num_classes": 0}
     num_classes = int(state["head.weight"].shape[0])
     given = overrides.get("num_classes", num_classes)
     if given != num_classes:
@@ -123,41 +161,103 @@ def _require(ok: bool, what: str, value: Any, expected: str) -> None:
         raise ValueError(f"timm model: {what}={value!r}, expected {expected} (rope_lie.interop)")
 
 
-def _check_rope(rope) -> tuple[str, bool]:
-    """(rope_lie family, whether timm's coordinate 0 is the column) of a timm rope module."""
+class Rope(NamedTuple):
+    """How a timm rope module is held in rope_lie."""
+
+    pe: str  # the rope_lie family
+    pe_hparams: dict[str, Any]
+    convention: str  # position_convention
+    column_first: bool  # timm's coordinate 0 is the column (grid_indexing="xy")
+    half_split: bool  # timm's pair j is channels (j, j + H/2) (rotate_half), else (2j, 2j + 1)
+
+
+def _check_rope(rope) -> Rope:
+    """rope_lie's family, hparams and positions for a timm rope module (errors otherwise)."""
     from timm.layers import pos_embed_sincos as pes
 
     _require(not rope.aug_active, "rope coordinate augmentation", rope.aug_active, "off")
     _require(rope.grid_indexing in ("xy", "ij"), "rope.grid_indexing", rope.grid_indexing,
              "'xy' or 'ij'")  # fmt: skip
+    column_first = rope.grid_indexing == "xy"
     if type(rope) is pes.RotaryEmbeddingMixed:
-        return "rope_mixed", rope.grid_indexing == "xy"
+        return Rope("rope_mixed", {}, "integer", column_first, False)
+    if type(rope) is pes.RotaryEmbeddingDinoV3:
+        _require(rope.grid_offset == 0.0, "rope.grid_offset", rope.grid_offset, "0.0")
+        _require(rope.normalize_coords in DINOV3_CONVENTIONS, "rope.normalize_coords",
+                 rope.normalize_coords, f"one of {list(DINOV3_CONVENTIONS)}")  # fmt: skip
+        if rope.min_period is not None and rope.max_period is not None:  # timm's precedence
+            hparams = dict(base=None, min_period=float(rope.min_period),
+                           max_period=float(rope.max_period))  # fmt: skip
+        else:
+            hparams = dict(base=float(rope.temperature))
+        convention = DINOV3_CONVENTIONS[rope.normalize_coords]
+        return Rope("dinov3", hparams, convention, column_first, bool(rope.rotate_half))
     _require(type(rope) is pes.RotaryEmbeddingCat, "rope", type(rope).__name__,
-             "RotaryEmbeddingCat or RotaryEmbeddingMixed")  # fmt: skip
+             "RotaryEmbeddingCat, RotaryEmbeddingMixed or RotaryEmbeddingDinoV3")  # fmt: skip
     for attr, expected in (("in_pixels", False), ("grid_type", "index"), ("ref_feat_shape", None),
                            ("grid_offset", 0.0), ("rotate_half", False)):  # fmt: skip
         _require(getattr(rope, attr) == expected, f"rope.{attr}", getattr(rope, attr),
                  repr(expected))  # fmt: skip
-    return "rope_axial", rope.grid_indexing == "xy"
+    return Rope("rope_axial", dict(base=float(rope.temperature)), "integer", column_first, False)
 
 
-def _check_block(block, norm_eps: float) -> None:
-    from timm.layers import AttentionRope, LayerNorm, Mlp
+def qk_permutation(head_dim: int, half_split: bool, column_first: bool) -> np.ndarray:
+    """perm_H: rope_lie's q/k channel c is timm's channel perm_H[c], so that rope_lie's pair j
+    (channels 2j, 2j + 1) holds timm's pair src(j) and turns by its angle.
+
+    timm's pair k is channels (k, k + H/2) when ``half_split`` (``rotate_half``), else
+    (2k, 2k + 1); its F = H/2 angles are [axis 0's F/2, axis 1's F/2], so rope_lie's axis 0 (the
+    row) is timm's axis 1 when ``column_first``: src(j) = (j + F/2) mod F, else j. q.k sums over
+    the channels, so permuting q's and k's alike changes no attention logit.
+    """
+    num_pairs = head_dim // 2
+    src_F = np.arange(num_pairs)
+    if column_first:
+        src_F = (src_F + num_pairs // 2) % num_pairs
+    first_F, second_F = (src_F, src_F + num_pairs) if half_split else (2 * src_F, 2 * src_F + 1)
+    return np.stack([first_F, second_F], axis=-1).reshape(head_dim)
+
+
+def _qkv_bias(attn) -> bool:
+    """Whether an ``AttentionRope`` (``qkv.bias``) or ``EvaAttention`` (``q_bias``, ``v_bias``
+    and a zero ``k_bias`` buffer) has q/k/v biases."""
+    from timm.layers import AttentionRope
+    from timm.models.eva import EvaAttention
+
+    _require(type(attn) in (AttentionRope, EvaAttention), "block.attn", type(attn).__name__,
+             "AttentionRope or EvaAttention")  # fmt: skip
+    _require(attn.qkv is not None, "attn.qkv", None, "a fused qkv Linear")
+    if type(attn) is AttentionRope:
+        _require(attn.num_kv_groups == 1, "attn.num_kv_groups", attn.num_kv_groups, "1")
+        return attn.qkv.bias is not None
+    _require(attn.qkv.bias is None, "attn.qkv.bias", "present", "None (EvaAttention's q_bias)")
+    has_bias = attn.q_bias is not None
+    if has_bias:
+        k_zero = bool((attn.k_bias == 0).all())
+        _require(k_zero, "attn.k_bias", "non-zero", "zeros (timm's non-persistent buffer)")
+    return has_bias
+
+
+def _check_block(block, norm_eps: float, num_prefix: int, half_split: bool) -> bool:
+    """Check one block; returns whether it has q/k/v biases."""
+    from timm.layers import LayerNorm, Mlp
     from timm.models.eva import EvaBlock
     from torch import nn
 
     _require(type(block) is EvaBlock, "block", type(block).__name__, "EvaBlock (pre-norm)")
     attn = block.attn
-    _require(type(attn) is AttentionRope, "block.attn", type(attn).__name__, "AttentionRope")
-    _require(attn.qkv is not None, "attn.qkv", None, "a fused qkv Linear")
-    _require(attn.qkv.bias is not None, "attn.qkv.bias", None, "present (qkv_bias=True)")
+    qkv_bias = _qkv_bias(attn)
     for name in ("q_norm", "k_norm", "norm"):
         module = getattr(attn, name)
         _require(isinstance(module, nn.Identity), f"attn.{name}", type(module).__name__, "Identity")
-    _require(attn.gate is None and attn.num_kv_groups == 1, "attn gate / kv groups",
-             (attn.gate, attn.num_kv_groups), "(None, 1)")  # fmt: skip
+    _require(attn.gate is None, "attn.gate", attn.gate, "None")
     _require(attn.head_dim * attn.num_heads == attn.proj.in_features, "attn_head_dim",
              attn.head_dim, "dim // num_heads")  # fmt: skip
+    _require(attn.proj.bias is not None, "attn.proj.bias", None, "present")
+    _require(attn.num_prefix_tokens == num_prefix, "attn.num_prefix_tokens",
+             attn.num_prefix_tokens, f"the model's {num_prefix}")  # fmt: skip
+    _require(bool(attn.rotate_half) == half_split, "attn.rotate_half", attn.rotate_half,
+             f"the rope's rotate_half={half_split}")  # fmt: skip
     _require(type(block.mlp) is Mlp, "block.mlp", type(block.mlp).__name__, "Mlp (no SwiGLU)")
     act = block.mlp.act
     _require(type(act) is nn.GELU and act.approximate == "none", "mlp.act", act, "nn.GELU()")
@@ -168,6 +268,7 @@ def _check_block(block, norm_eps: float) -> None:
                  norm, f"timm LayerNorm with eps={norm_eps}")  # fmt: skip
     _require((block.gamma_1 is None) == (block.gamma_2 is None), "LayerScale gamma_1/gamma_2",
              (block.gamma_1 is None, block.gamma_2 is None), "both or neither")  # fmt: skip
+    return qkv_bias
 
 
 def model_config(model) -> dict[str, Any]:
@@ -180,9 +281,9 @@ def model_config(model) -> dict[str, Any]:
     from torch import nn
 
     _require(type(model) is Eva, "model", type(model).__name__, "timm.models.eva.Eva")
-    _require(model.cls_token is not None and model.reg_token is None, "prefix tokens",
-             model.num_prefix_tokens, "one class token, no registers")  # fmt: skip
-    _require(model.global_pool == "token", "global_pool", model.global_pool, "'token'")
+    _require(model.cls_token is not None, "class_token", False, "True (a class token)")
+    pool_hint = "'token' (the class token, upstream DINOv3's: --overrides=global_pool=token)"
+    _require(model.global_pool == "token", "global_pool", model.global_pool, pool_hint)
     for name in ("fc_norm", "norm_pre", "head_drop"):
         module = getattr(model, name)
         ok = isinstance(module, nn.Identity) or (name == "head_drop" and module.p == 0)
@@ -191,15 +292,18 @@ def model_config(model) -> dict[str, Any]:
              (model.attn_pool, model.patch_drop), "None")  # fmt: skip
     _require(type(model.norm) is LayerNorm, "norm", model.norm, "timm LayerNorm")
     _require(model.rope is not None, "rope", None, "a rotary embedding (use_rot_pos_emb)")
-    pe, _ = _check_rope(model.rope)
+    rope = _check_rope(model.rope)
     embed = model.patch_embed
     kernel, stride = tuple(embed.proj.kernel_size), tuple(embed.proj.stride)
     conv_ok = kernel == stride and embed.proj.bias is not None and not embed.dynamic_img_pad
     _require(conv_ok, "patch_embed", (kernel, stride), "a biased conv, stride = kernel, no pad")
     _require(isinstance(embed.norm, nn.Identity), "patch_embed.norm", embed.norm, "Identity")
     norm_eps = float(model.norm.eps)
-    for block in model.blocks:
-        _check_block(block, norm_eps)
+    biases = {_check_block(b, norm_eps, model.num_prefix_tokens, rope.half_split)
+              for b in model.blocks}  # fmt: skip
+    _require(len(biases) == 1, "qkv_bias per block", biases, "the same in every block")
+    head = model.head
+    _require(isinstance(head, (nn.Linear, nn.Identity)), "head", head, "a Linear or Identity")
     first = model.blocks[0]
     width, heads = model.embed_dim, first.attn.num_heads
     layer_scale = None if first.gamma_1 is None else float(first.init_values)  # its init value
@@ -215,46 +319,85 @@ def model_config(model) -> dict[str, Any]:
         patch_size=int(kernel[0]) if kernel[0] == kernel[1] else kernel,
         image_shape=tuple(int(s) for s in embed.img_size),
         channels=int(embed.proj.in_channels),
-        num_classes=int(model.head.out_features),
+        num_classes=int(head.out_features) if isinstance(head, nn.Linear) else width,
         pool="cls",
+        num_registers=0 if model.reg_token is None else int(model.reg_token.shape[1]),
         dropout=0.0,
-        pe=pe,
-        pe_hparams=dict(base=float(model.rope.temperature)) if pe == "rope_axial" else {},
+        pe=rope.pe,
+        pe_hparams=rope.pe_hparams,
         additive="ape" if ape else "none",
         additive_hparams={},
         additive_prefix=not (ape and model.no_embed_class),
-        position_convention="integer",
+        position_convention=rope.convention,
         share_pe_heads=False,
         share_pe_layers=False,
         head_zero_init=False,
         layer_scale=layer_scale,
         gelu_approximate=False,
         norm_eps=norm_eps,
-        qkv_bias=True,
+        qkv_bias=biases.pop(),
         dtype="float32",
     )
+
+
+def notes(model) -> list[str]:
+    """What a user of the converted model should know that its config does not say."""
+    from torch import nn
+
+    if isinstance(model.head, nn.Identity):
+        return [
+            "the timm model has no classifier (num_classes=0): the converted head is the "
+            f"identity, so the logits are the pooled features (width {model.embed_dim}); "
+            "fine-tune with --config.init_head=new and the task's num_classes"
+        ]
+    return []
 
 
 def _linear(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {"kernel": state.pop(f"{prefix}.weight").T, "bias": state.pop(f"{prefix}.bias")}
 
 
+def _head(state: dict[str, np.ndarray], num_classes: int) -> dict[str, np.ndarray]:
+    """The classifier, or for a model without one (num_classes=0) the identity (D = K)."""
+    if "head.weight" in state:
+        return _linear(state, "head")
+    return {"kernel": np.eye(num_classes, dtype=np.float32),
+            "bias": np.zeros(num_classes, np.float32)}  # fmt: skip
+
+
 def _norm(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {"scale": state.pop(f"{prefix}.weight"), "bias": state.pop(f"{prefix}.bias")}
 
 
-def _attention(state, prefix: str, heads: int, swap_halves: bool) -> dict[str, np.ndarray]:
-    """q/k/v/out of one ``AttentionRope``: ``qkv.weight`` rows are (3, N, H) (its reshape)."""
+def _qkv_bias_3NH(state, prefix: str, w_3NHD: np.ndarray) -> np.ndarray | None:
+    """The q/k/v biases (3, N, H): ``AttentionRope``'s ``qkv.bias``, or ``EvaAttention``'s
+    ``q_bias`` and ``v_bias`` with k's zero (its non-persistent ``k_bias``); None without."""
+    shape_3NH = w_3NHD.shape[:3]
+    if f"{prefix}.qkv.bias" in state:
+        return state.pop(f"{prefix}.qkv.bias").reshape(shape_3NH)
+    if f"{prefix}.q_bias" in state:
+        q_NH = state.pop(f"{prefix}.q_bias").reshape(shape_3NH[1:])
+        v_NH = state.pop(f"{prefix}.v_bias").reshape(shape_3NH[1:])
+        return np.stack([q_NH, np.zeros_like(q_NH), v_NH])
+    return None
+
+
+def _attention(state, prefix: str, heads: int, perm_H: np.ndarray | None) -> dict[str, np.ndarray]:
+    """q/k/v/out of one ``AttentionRope`` or ``EvaAttention``: ``qkv.weight`` rows are
+    (3, N, H) (their reshape); q's and k's channels permuted by ``perm_H`` (``qk_permutation``)."""
     w = state.pop(f"{prefix}.qkv.weight")  # (3 N H, D)
-    b = state.pop(f"{prefix}.qkv.bias")  # (3 N H,)
     width = w.shape[1]
     head_dim = w.shape[0] // (3 * heads)
-    w_3NHD, b_3NH = w.reshape(3, heads, head_dim, width), b.reshape(3, heads, head_dim)
+    w_3NHD = w.reshape(3, heads, head_dim, width)
+    b_3NH = _qkv_bias_3NH(state, prefix, w_3NHD)
     w_3DNH = w_3NHD.transpose(0, 3, 1, 2)
-    perm_H = np.roll(np.arange(head_dim), -head_dim // 2) if swap_halves else np.arange(head_dim)
-    out = {"wv_DNH": w_3DNH[2], "bv_NH": b_3NH[2]}
+    perm_H = np.arange(head_dim) if perm_H is None else perm_H
+    out = {"wv_DNH": w_3DNH[2]}
     for i, name in ((0, "q"), (1, "k")):  # the same channel permutation for q and k
-        out[f"w{name}_DNH"], out[f"b{name}_NH"] = w_3DNH[i][..., perm_H], b_3NH[i][..., perm_H]
+        out[f"w{name}_DNH"] = w_3DNH[i][..., perm_H]
+    if b_3NH is not None:
+        out["bv_NH"] = b_3NH[2]
+        out["bq_NH"], out["bk_NH"] = b_3NH[0][..., perm_H], b_3NH[1][..., perm_H]
     proj_w = state.pop(f"{prefix}.proj.weight")  # (D, N H)
     out["wo_NHD"] = proj_w.T.reshape(heads, head_dim, width)
     out["bo_D"] = state.pop(f"{prefix}.proj.bias")
@@ -267,7 +410,7 @@ def convert_params(model) -> dict[str, Any]:
     Every tensor of its ``state_dict`` is used; one left over is an error naming it.
     """
     cfg = model_config(model)  # checks the architecture first
-    pe, column_first = _check_rope(model.rope)
+    rope = _check_rope(model.rope)
     state = {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
     heads, depth = cfg["dims"]["num_heads"], cfg["dims"]["depth"]
     w_DCpp = state.pop("patch_embed.proj.weight")  # conv (D, C, p, p) -> (p p C, D), patchify order
@@ -278,9 +421,11 @@ def convert_params(model) -> dict[str, Any]:
         },  # fmt: skip
         "cls_1D": state.pop("cls_token").reshape(1, -1),
         "norm": _norm(state, "norm"),
-        "head": _linear(state, "head"),
+        "head": _head(state, cfg["num_classes"]),
         "blocks": {},
     }
+    if cfg["num_registers"]:
+        params["reg_RD"] = state.pop("reg_token")[0]  # (1, R, D) -> (R, D)
     if model.pos_embed is not None:
         pos_1TD = state.pop("pos_embed")
         grid = tuple(int(s) for s in model.patch_embed.grid_size)
@@ -288,19 +433,25 @@ def convert_params(model) -> dict[str, Any]:
         params["additive_params"] = {"grid_GD": pos_1TD[0, prefix:].reshape(*grid, -1)}
         if prefix:
             params["additive_params"]["prefix_PD"] = pos_1TD[0, :prefix]
-    freqs = state.pop("rope.freqs") if pe == "rope_mixed" else None  # (2, L, N, H/2)
+    freqs = state.pop("rope.freqs") if rope.pe == "rope_mixed" else None  # (2, L, N, H/2)
+    head_dim = cfg["dims"]["width"] // heads
+    perm_H = None  # rope_mixed: the frequency rows are swapped instead
+    if rope.pe in ("rope_axial", "dinov3"):
+        perm_H = qk_permutation(head_dim, rope.half_split, rope.column_first)
     for i in range(depth):
         p = f"blocks.{i}"
         block = {
             "ln1": _norm(state, f"{p}.norm1"),
             "ln2": _norm(state, f"{p}.norm2"),
-            "attn": _attention(state, f"{p}.attn", heads, pe == "rope_axial" and column_first),
+            "attn": _attention(state, f"{p}.attn", heads, perm_H),
             "mlp": {"fc1": _linear(state, f"{p}.mlp.fc1"), "fc2": _linear(state, f"{p}.mlp.fc2")},
         }
         if cfg["layer_scale"] is not None:
             block["ls1_D"], block["ls2_D"] = state.pop(f"{p}.gamma_1"), state.pop(f"{p}.gamma_2")
         if freqs is not None:  # axis 0 of rope_lie = the row = timm's coordinate 1 under "xy"
-            rows_cols = (freqs[1, i], freqs[0, i]) if column_first else (freqs[0, i], freqs[1, i])
+            rows_cols = (
+                (freqs[1, i], freqs[0, i]) if rope.column_first else (freqs[0, i], freqs[1, i])
+            )
             block["attn"]["pe_params"] = {"freqs_ANF": np.stack(rows_cols)}
         params["blocks"][i] = block
     if state:

@@ -9,10 +9,21 @@ encoding hook of ``attention.py``, GELU MLP; ``blocks.py``), a final LayerNorm, 
 linear head.
 
 Options that other codes' models need, off by default (``rope_lie/interop`` converts timm's
-naver RoPE ViTs and the LieRE reference with them): explicit ``dims`` instead of a named
-variant, LayerScale, the exact (erf) GELU, the LayerNorm epsilon (``blocks.py``), q/k/v
-projections without biases (``qkv_bias``), and an additive table that leaves the class token
-alone (``additive_prefix=False``, timm's ``no_embed_class``).
+naver RoPE ViTs, timm's DINOv3 ViTs and the LieRE reference with them): explicit ``dims``
+instead of a named variant, LayerScale, the exact (erf) GELU, the LayerNorm epsilon
+(``blocks.py``), q/k/v projections without biases (``qkv_bias``), an additive table that leaves
+the class token alone (``additive_prefix=False``, timm's ``no_embed_class``), and register
+tokens (``num_registers``).
+
+Register tokens (Darcet et al., "Vision Transformers Need Registers", arXiv:2309.16588; DINOv3's
+four "storage tokens"): R learned tokens after the class token, [cls, reg_0, ..., reg_(R-1),
+patches] as timm's ``Eva`` orders them. They are prefix tokens like the class token: position 0
+on every axis (so R(0), unrotated, for every rotary family; zero ALiBi bias), their own rows of
+an additive table when ``additive_prefix``, never pooled (``pool="cls"`` takes the class token,
+``"mean"`` the patch tokens, as timm's ``"token"`` and ``"avg"``). Drawn from N(0, 0.02), as
+timm and DINOv3 do, after every other parameter: the other parameters are those of the model
+without registers (an additive table's prefix rows aside). ``num_registers=0`` (the default)
+adds nothing.
 
 The token grid is derived from the input shape at every call, so the model runs at any
 resolution divisible by the patch size: positions are recomputed with ``position_convention``
@@ -55,6 +66,7 @@ from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_v
 )
 
 POOLS = ("cls", "mean")
+REGISTER_INIT_STD = 0.02  # timm's reg_token and DINOv3's storage tokens
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -142,6 +154,36 @@ def _check_options(pe: str, pool: str, additive: str, convention: str, dropout: 
         raise ValueError(f"dropout={dropout} must be in [0, 1)")
 
 
+def _check_position_hparams(
+    convention: str, hparams: Mapping[str, Any] | None, pe_hparams: Mapping[str, Any] | None
+) -> tuple[tuple[str, Any], ...]:
+    """``position_hparams`` as sorted (name, value) pairs, checked against the convention; the
+    diagonal's delta and ``rope_axial``'s ``temporal_scale`` would both scale time: one only."""
+    hparams = positions.check_hparams(convention, hparams)
+    positions.grid_positions((1,) * 3, convention, **hparams)  # checks the values
+    temporal_scale = dict(pe_hparams or {}).get("temporal_scale", 1.0)
+    if convention == "diagonal" and temporal_scale != 1.0:
+        raise ValueError(
+            f"pe_hparams temporal_scale={temporal_scale!r} with position_convention='diagonal': "
+            "the diagonal layout's delta is position_hparams temporal_spacing (it also moves the "
+            "spatial positions); keep temporal_scale at 1"
+        )
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in hparams.items()))
+
+
+def _check_registers(num_registers: Any) -> int:
+    if isinstance(num_registers, bool) or not (
+        isinstance(num_registers, numbers.Integral) and num_registers >= 0
+    ):
+        raise ValueError(f"num_registers={num_registers!r} must be a non-negative int")
+    return int(num_registers)
+
+
+def num_prefix_tokens(pool: str, num_registers: int) -> int:
+    """Prefix tokens before the patches: the class token (``pool="cls"``) and the registers."""
+    return (1 if pool == "cls" else 0) + _check_registers(num_registers)
+
+
 def _check_augment(augment: Mapping[str, float] | None) -> tuple[tuple[str, float], ...]:
     """``position_augment`` as sorted (name, value) pairs; () when off."""
     if augment is None:
@@ -182,7 +224,9 @@ def check_model_attention(
         cfg.get("variant", "Ti/16"), cfg.get("dims"), cfg.get("patch_size"), len(image_shape)
     )
     grid = token_grid(image_shape, patch, "image_shape")
-    tokens = math.prod(grid) + (1 if cfg.get("pool", "cls") == "cls" else 0)
+    tokens = math.prod(grid) + num_prefix_tokens(
+        cfg.get("pool", "cls"), cfg.get("num_registers", 0)
+    )
     attention.check_attention(
         name,
         platform=jax.default_backend() if platform is None else platform,
@@ -224,6 +268,13 @@ def init_additive_params(
     return nnx.Dict({name: PositionParam(value) for name, value in arrays.items()})
 
 
+def init_registers(rngs: nnx.Rngs, num_registers: int, width: int) -> NoDecay | None:
+    """R register tokens (R, D) from N(0, ``REGISTER_INIT_STD``); None (no draw) for R = 0."""
+    if not num_registers:
+        return None
+    return NoDecay(REGISTER_INIT_STD * jax.random.normal(rngs.params(), (num_registers, width)))
+
+
 class ViT(nnx.Module):
     """ViT classifier; the keyword arguments are the ``config.model`` keys."""
 
@@ -243,6 +294,7 @@ class ViT(nnx.Module):
         additive: str = "none",
         additive_hparams: Mapping[str, Any] | None = None,
         position_convention: str = "integer",
+        position_hparams: Mapping[str, Any] | None = None,
         position_augment: Mapping[str, float] | None = None,
         share_pe_heads: bool = False,
         share_pe_layers: bool = False,
@@ -252,6 +304,7 @@ class ViT(nnx.Module):
         norm_eps: float = 1e-6,
         qkv_bias: bool = True,
         additive_prefix: bool = True,
+        num_registers: int = 0,
         patch_dropout: float = 0.0,
         attention: str = "xla",
         dtype: Any = "float32",
@@ -274,6 +327,9 @@ class ViT(nnx.Module):
           additive: ``"none"``, ``"ape"`` or ``"sincos"``, added to the tokens.
           additive_hparams: the additive family's ``init`` keyword arguments.
           position_convention: one of ``positions.CONVENTIONS``.
+          position_hparams: the convention's keyword arguments (``positions.CONVENTION_HPARAMS``):
+            ``temporal_spacing`` (delta) of ``"diagonal"``, VideoRoPE's Diagonal Layout;
+            ``value_range`` of ``"normalized"``.
           position_augment: None, or ``positions.augment``'s ``shift``/``jitter``/``rescale``
             (DINOv3's coordinate augmentations), drawn in training (``train=True``, positions
             not from ``pe_cache``) from the model's own ``augment`` RNG stream, created after
@@ -288,6 +344,8 @@ class ViT(nnx.Module):
           qkv_bias: biases on the q, k and v projections (the output projection always has one).
           additive_prefix: the class token gets its own row of the additive table (ViT); False:
             the table covers the grid only (timm's ``no_embed_class``).
+          num_registers: R learned register tokens after the class token (module docstring);
+            0: none.
           attention: the attention backend, ``attention.ATTENTIONS``: ``"xla"`` (the plain
             formula), ``"cudnn"`` (GPU), ``"pallas"`` (TPU) or ``"chunked"`` (exact, O(T x
             block) memory, anywhere); ``check_model_attention`` checks it against a platform.
@@ -300,16 +358,20 @@ class ViT(nnx.Module):
         _check_options(pe, pool, additive, position_convention, dropout)
         self.channels, self.pool, self.pe, self.additive = channels, pool, pe, additive
         self.position_convention = position_convention
+        self.position_hparams = _check_position_hparams(
+            position_convention, position_hparams, pe_hparams
+        )
         tokens.keep_count(1, patch_dropout)  # raises unless 0 <= patch_dropout < 1
         self.patch_dropout = float(patch_dropout)
         self.dtype = dt = _activation_dtype(dtype)
-        self.num_prefix = num_prefix = 1 if pool == "cls" else 0
+        self.num_registers = _check_registers(num_registers)
+        self.num_prefix = num_prefix = num_prefix_tokens(pool, num_registers)
         width, num_heads = dims["width"], dims["num_heads"]
         if width % num_heads:
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
         num_axes = len(self.image_shape)
         self.embed = nnx.Linear(math.prod(self.patch) * channels, width, dtype=dt, rngs=rngs)
-        self.cls_1D = NoDecay(jnp.zeros((1, width))) if num_prefix else None
+        self.cls_1D = NoDecay(jnp.zeros((1, width))) if pool == "cls" else None
         self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
             additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
@@ -338,6 +400,8 @@ class ViT(nnx.Module):
         self.norm = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
         head_init = jax.nn.initializers.zeros if head_zero_init else xavier_uniform(0, 1)
         self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
+        # drawn last: the other parameters are those of the model without registers
+        self.reg_RD = init_registers(rngs, self.num_registers, width)
         self.position_augment = _check_augment(position_augment)
         self.augment_rngs = nnx.data(None)
         if self.position_augment:
@@ -359,16 +423,23 @@ class ViT(nnx.Module):
         return token_grid(tuple(spatial_shape), self.patch, "images spatial shape")
 
     def embed_tokens(self, images: jax.Array, grid: tuple[int, ...]) -> jax.Array:
-        """Patch embedding, class token and additive table: (B, T, D), prefix tokens first."""
+        """Patch embedding, prefix tokens and additive table: (B, T, D), prefix tokens first."""
         x_BTD = self.embed(patchify(images.astype(self.dtype), self.patch))
         if self.additive != "none" and not self.additive_prefix:
             x_BTD = self._add_table(x_BTD, grid, num_prefix=0)  # timm's no_embed_class
-        if self.cls_1D is not None:
-            cls_BPD = jnp.broadcast_to(self.cls_1D[...], (x_BTD.shape[0], *self.cls_1D.shape))
-            x_BTD = jnp.concatenate([cls_BPD.astype(x_BTD.dtype), x_BTD], axis=1)
+        x_BTD = self._with_prefix(x_BTD)
         if self.additive != "none" and self.additive_prefix:
             x_BTD = self._add_table(x_BTD, grid, num_prefix=self.num_prefix)
         return x_BTD
+
+    def _with_prefix(self, x_BTD: jax.Array) -> jax.Array:
+        """The learned prefix tokens prepended: [class token, registers, x_BTD]."""
+        rows = [v[...] for v in (self.cls_1D, self.reg_RD) if v is not None]
+        if not rows:
+            return x_BTD
+        prefix_PD = rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=0)
+        prefix_BPD = jnp.broadcast_to(prefix_PD, (x_BTD.shape[0], *prefix_PD.shape))
+        return jnp.concatenate([prefix_BPD.astype(x_BTD.dtype), x_BTD], axis=1)
 
     def embed_token_batch(self, batch: tokens.Tokens) -> jax.Array:
         """``embed_tokens`` for a padded mixed-size batch: (B, num_prefix + T, D).
@@ -381,9 +452,7 @@ class ViT(nnx.Module):
         x_BTD = self.embed(patches_BTP)
         if self.additive != "none" and not self.additive_prefix:
             x_BTD = x_BTD + self._gather_table(batch, x_BTD.shape[-1], 0).astype(x_BTD.dtype)
-        if self.cls_1D is not None:
-            cls_BPD = jnp.broadcast_to(self.cls_1D[...], (x_BTD.shape[0], *self.cls_1D.shape))
-            x_BTD = jnp.concatenate([cls_BPD.astype(x_BTD.dtype), x_BTD], axis=1)
+        x_BTD = self._with_prefix(x_BTD)
         if self.additive != "none" and self.additive_prefix:
             emb_BTD = self._gather_table(batch, x_BTD.shape[-1], self.num_prefix)
             x_BTD = x_BTD + emb_BTD.astype(x_BTD.dtype)
@@ -404,6 +473,7 @@ class ViT(nnx.Module):
         pos_BTA = positions.index_positions(
             batch.index_BTA, batch.grid_BA, self.position_convention,
             train_grid=self.train_grid, anchor_grid=self.train_grid,
+            **dict(self.position_hparams),
         )  # fmt: skip
         prefix_BPA = jnp.zeros((pos_BTA.shape[0], self.num_prefix, pos_BTA.shape[-1]))
         return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
@@ -454,10 +524,10 @@ class ViT(nnx.Module):
         x_BTD = self.norm(x_BTD)
         if self.pool == "cls":
             pooled_BD = x_BTD[:, 0]
-        else:  # mean over the real tokens only
-            weight_BT1 = mask_BS[..., None].astype(x_BTD.dtype)
+        else:  # mean over the real patch tokens only
+            weight_BT1 = mask_BT[..., None].astype(x_BTD.dtype)
             count_B1 = jnp.maximum(jnp.sum(weight_BT1, axis=1), 1)
-            pooled_BD = jnp.sum(x_BTD * weight_BT1, axis=1) / count_B1
+            pooled_BD = jnp.sum(x_BTD[:, self.num_prefix :] * weight_BT1, axis=1) / count_B1
         return self.head(pooled_BD).astype(jnp.float32)
 
     def _add_table(self, x_BTD: jax.Array, grid: tuple[int, ...], num_prefix: int) -> jax.Array:
@@ -475,6 +545,7 @@ class ViT(nnx.Module):
             num_prefix=self.num_prefix,
             train_grid=self.train_grid,
             anchor_grid=self.train_grid,
+            **dict(self.position_hparams),
         )
 
     def pe_states(self, pos_TA: jax.Array) -> list[State]:
@@ -557,5 +628,8 @@ class ViT(nnx.Module):
         for block, state in zip(self.blocks, states, strict=True):
             x_BTD = block(x_BTD, state, train=train, chunk_plan=chunk_plan)
         x_BTD = self.norm(x_BTD)
-        pooled_BD = x_BTD[:, 0] if self.pool == "cls" else jnp.mean(x_BTD, axis=1)
+        if self.pool == "cls":
+            pooled_BD = x_BTD[:, 0]
+        else:  # the patch tokens (registers are not pooled)
+            pooled_BD = jnp.mean(x_BTD[:, self.num_prefix :], axis=1)
         return self.head(pooled_BD).astype(jnp.float32)

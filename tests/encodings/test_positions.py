@@ -47,6 +47,18 @@ def test_3d_shape_and_axis_order():
         ({"grid_shape": (3, 3), "num_prefix": -1}, r"num_prefix=-1"),
         ({"grid_shape": (3, 3), "convention": "sequential", "train_grid": (3,)}, r"rank 1"),
         ({"grid_shape": (3,), "convention": "normalized", "value_range": (1, 0)}, r"lo < hi"),
+        (
+            {"grid_shape": (2, 3, 3), "temporal_spacing": 2.0},
+            r"temporal_spacing=2.0 is the 'diagonal' convention's; got convention='integer'",
+        ),
+        (
+            {"grid_shape": (2, 3, 3), "convention": "diagonal", "temporal_spacing": 0},
+            r"temporal_spacing=0 must be a positive finite number",
+        ),
+        (
+            {"grid_shape": (2, 3, 3), "convention": "diagonal", "temporal_spacing": float("nan")},
+            r"temporal_spacing=nan must be a positive finite number",
+        ),
     ],
 )
 def test_errors_name_the_value(kwargs, match):
@@ -65,6 +77,32 @@ def test_index_positions_are_grid_positions_per_example(convention, grid):
     )
     expected = positions.grid_positions(grid, convention, train_grid=ref, anchor_grid=ref)
     np.testing.assert_allclose(got[0], expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("grid", [(2, 3, 4), (3, 1, 6)])
+def test_index_positions_are_grid_positions_for_a_diagonal_with_spacing(grid):
+    """The traced centres floor((n - 1) / 2) and delta: each example of a batch at its grid."""
+    grids = np.asarray([grid, (1, 2, 2)])
+    index_BTA = np.stack([positions.grid_indices(grid)] * 2)
+    index_BTA[1] = np.minimum(index_BTA[1], grids[1] - 1)  # inside the second example's grid
+    got = positions.index_positions(index_BTA, grids, "diagonal", temporal_spacing=2.5)
+    for b in range(2):
+        expected = positions.grid_positions(tuple(grids[b]), "diagonal", temporal_spacing=2.5)
+        rows = np.ravel_multi_index(index_BTA[b].T, tuple(grids[b]))
+        np.testing.assert_array_equal(got[b], np.asarray(expected)[rows])
+    with pytest.raises(ValueError, match="temporal_spacing=2.5 is the 'diagonal'"):
+        positions.index_positions(index_BTA, grids, "centred", temporal_spacing=2.5)
+
+
+def test_convention_hparams_are_checked_against_the_convention():
+    assert positions.check_hparams("diagonal", {"temporal_spacing": 2.0}) == {
+        "temporal_spacing": 2.0
+    }
+    assert positions.check_hparams("integer", None) == {}
+    with pytest.raises(ValueError, match=r"\['temporal_spacing'\].*'centred' does not take"):
+        positions.check_hparams("centred", {"temporal_spacing": 2.0})
+    with pytest.raises(ValueError, match="unknown position convention 'spiral'"):
+        positions.check_hparams("spiral", {})
 
 
 def test_grid_indices_row_major():

@@ -1,14 +1,17 @@
 """rope_axial's axis layouts for video (t, h, w): M-RoPE sections, Qwen3-VL's interleaving and
 VideoRoPE's low-frequency temporal allocation, against transcriptions of the reference codes'
-angle tables in float64; VideoRoPE's temporal scaling; errors."""
+angle tables in float64; VideoRoPE's temporal scaling and its diagonal layout (the
+``"diagonal"`` position convention), alone and through the 3D ViT; errors."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
-from rope_lie.encodings import rope_axial
+from rope_lie.encodings import positions, rope_axial
+from rope_lie.models.vit import ViT
 
 T = 6
 
@@ -134,3 +137,70 @@ def test_bad_layouts_name_the_value(kwargs, match):
     kwargs = {"num_axes": 3, **kwargs}
     with pytest.raises(ValueError, match=match):
         rope_axial.init(jax.random.key(0), num_heads=1, head_dim=12, **kwargs)
+
+
+def _videorope_position_ids(grid_thw, scale_factor, offset=0):
+    """The vision positions of VideoRoPE's ``get_t_scale_rope_index`` (videorope-transformer/
+    modeling_videorope.py, "body-diagonal symmetry") for one video whose preceding text ends at
+    ``offset`` - 1 (``text_len + st_idx`` = offset), transcribed in float64: (T H W, 3)."""
+    t, h, w = grid_thw
+    t_index = np.repeat(np.arange(t), h * w).astype(np.float64)
+    h_index = np.tile(np.repeat(np.arange(h), w), t) - (h - 1) // 2
+    w_index = np.tile(np.arange(w), t * h) - (w - 1) // 2
+    t_index = t_index * scale_factor
+    t_index = t_index + offset
+    h_index = h_index + t_index
+    w_index = w_index + t_index
+    return np.stack([t_index, h_index, w_index], axis=-1)
+
+
+@pytest.mark.parametrize("grid", [(3, 4, 5), (2, 5, 5), (4, 2, 6), (1, 3, 3)])
+@pytest.mark.parametrize("delta", [1.0, 2.0, 0.5])
+def test_diagonal_positions_are_the_references(grid, delta):
+    """Odd and even sides (the reference centres by (n - 1) // 2), delta 1, 2 (the paper's) and
+    0.5; the prefix token first at 0, the video from 0 (the reference's offset 0)."""
+    got = positions.grid_positions(grid, "diagonal", num_prefix=1, temporal_spacing=delta)
+    want = np.concatenate([np.zeros((1, 3)), _videorope_position_ids(grid, delta)])
+    np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+
+def test_the_references_text_offset_is_a_shift_the_patches_do_not_see():
+    """The reference starts a video at offset o (its text before it); ours at 0. Every patch
+    moves by (o, o, o), so the patches' attention logits under VideoRoPE are the same."""
+    grid, head_dim = (3, 4, 4), 32
+    ours = _videorope_position_ids(grid, 2.0)
+    shifted = _videorope_position_ids(grid, 2.0, offset=7)
+    np.testing.assert_array_equal(shifted - ours, 7.0)
+    rng = np.random.default_rng(4)
+    q, k = (rng.normal(size=(1, len(ours), 1, head_dim)).astype(np.float32) for _ in range(2))
+    hp = dict(base=1e4, layout="videorope")
+
+    def logits(pos):
+        pos = pos.astype(np.float32)
+        rq, rk = (np.asarray(rope_axial.apply({}, x, pos, **hp))[0, :, 0] for x in (q, k))
+        return rq @ rk.T
+
+    np.testing.assert_allclose(logits(shifted), logits(ours), rtol=1e-4, atol=1e-4)
+
+
+def test_videorope_whole_through_the_3d_vit():
+    """The 3D ViT with VideoRoPE's three parts, low-frequency temporal allocation
+    (``layout="videorope"``), diagonal layout and temporal spacing delta = 2
+    (``position_convention="diagonal"``, ``position_hparams``): every block's angles are the
+    reference's table (``_videorope_lta``) at the reference's position ids; the class token's
+    are 0."""
+    model = ViT(
+        variant=None, dims=dict(width=32, depth=2, num_heads=2, mlp_dim=64), patch_size=(1, 2, 2),
+        image_shape=(3, 10, 8), channels=2, num_classes=3, pe="rope_axial",
+        pe_hparams=dict(layout="videorope", base=1e4, sections=(2, 3, 3)),
+        position_convention="diagonal", position_hparams=dict(temporal_spacing=2.0),
+        rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    grid = (3, 5, 4)
+    want = _videorope_lta(_videorope_position_ids(grid, 2.0), 16, 1e4, (2, 3, 3))
+    for state in model.precompute_pe(grid):
+        angle_TF = np.asarray(state.angle_TNF[:, 0], np.float64)
+        np.testing.assert_array_equal(angle_TF[0], 0.0)
+        np.testing.assert_allclose(angle_TF[1:], want, rtol=1e-6, atol=1e-5)
+    images = np.random.default_rng(5).normal(size=(2, 3, 10, 8, 2)).astype(np.float32)
+    assert np.isfinite(np.asarray(model(images))).all()

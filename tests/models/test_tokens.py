@@ -104,6 +104,24 @@ def test_padded_equals_alone_every_convention_mean_pool(convention):
     _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
 
 
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_padded_equals_alone_with_registers(pool):
+    """Registers (prefix tokens at 0, unpooled) in the padded path as in the image path; with an
+    APE table holding their rows."""
+    model = _model("rope_axial", pool=pool, num_registers=2, additive="ape")
+    _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("spacing", [1.0, 2.0])
+def test_padded_equals_alone_3d_diagonal(spacing):
+    """VideoRoPE's diagonal layout from each example's own (t, h, w) grid (traced centres)."""
+    model = _model(
+        "rope_axial", rank=3, pe_hparams=dict(layout="videorope", base=1e4),
+        position_convention="diagonal", position_hparams=dict(temporal_spacing=spacing),
+    )  # fmt: skip
+    _check_padded_equals_alone(model, ((2, 1, 3), (1, 3, 2), (2, 2, 2)), (2, 2, 2), 10)
+
+
 def test_padded_mixed_batch_equals_alone_3d():
     """Trilinear APE resized per example, and LieRE's 3D rotations."""
     model = _model("liere", rank=3, additive="ape")

@@ -238,6 +238,17 @@ def test_bfloat16_activations():
         (dict(dtype="int8"), "unknown dtype='int8'"),
         (dict(variant="pico/4", patch_size=8), "disagree"),
         (dict(variant="pico"), "patch_size is None"),
+        (dict(position_hparams={"temporal_spacing": 2.0}), "'integer' does not take"),
+        (
+            dict(position_convention="diagonal", position_hparams={"temporal_spacing": -1.0}),
+            r"temporal_spacing=-1.0 must be a positive",
+        ),
+        (
+            dict(
+                pe="rope_axial", pe_hparams={"temporal_scale": 2.0}, position_convention="diagonal"
+            ),
+            "temporal_scale=2.0 with position_convention='diagonal'",
+        ),
     ],
 )
 def test_config_errors(kwargs, match):
@@ -369,3 +380,77 @@ def test_attention_maps_are_the_weights_the_model_uses(pe):
     o_BTNH = jnp.einsum("BNTS,BSNH->BTNH", maps[0], v_BTNH)
     y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, attn.wo_NHD[...]) + attn.bo_D[...][None, None]
     np.testing.assert_allclose(y_BTD, attn(x_BTD, None, pe_state=state), rtol=1e-5, atol=1e-5)
+
+
+def _features(model, images):
+    """What enters the classifier: the head made the identity."""
+    width = model.head.in_features
+    model.head = nnx.Linear(width, width, rngs=nnx.Rngs(0))
+    model.head.kernel[...], model.head.bias[...] = jnp.eye(width), jnp.zeros(width)
+    return model(images)
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+@pytest.mark.parametrize("pe", _families())
+def test_registers_sit_with_the_class_token_for_every_family(pe, pool):
+    """Registers are prefix tokens at position 0 like the class token (R(0) for every rotary
+    family, no ALiBi bias) and are not pooled: swapping two of them changes no logit, which
+    fails if a register got a grid position or its own rotation. Changing one changes the
+    logits: they are in the sequence."""
+    model = ViT(**_config_for(pe, pool=pool, num_registers=3), rngs=nnx.Rngs(0))
+    assert model.num_prefix == 3 + (pool == "cls")
+    images = _images((2, *model.image_shape, 3))
+    np.testing.assert_array_equal(model.positions(model.input_grid(images))[: model.num_prefix], 0)
+    logits = model(images)
+    reg_RD = model.reg_RD[...]
+    model.reg_RD[...] = reg_RD[jnp.array([2, 1, 0])]
+    np.testing.assert_allclose(model(images), logits, rtol=1e-5, atol=1e-5)
+    model.reg_RD[...] = reg_RD.at[0].set(jnp.linspace(-3.0, 3.0, reg_RD.shape[1]))
+    assert np.max(np.abs(model(images) - logits)) > 1e-3
+
+
+def test_registers_are_one_parameter_drawn_after_the_others():
+    """num_registers=0 (the default) has none; with R registers every other parameter is the
+    model's without them, bit for bit, and the registers are N(0, 0.02), distinct. An APE table
+    gives them their own rows after the class token's."""
+    plain = ViT(**TINY, pe="rope_mixed", rngs=nnx.Rngs(0))
+    assert plain.reg_RD is None and plain.num_prefix == 1
+    with_reg = ViT(**TINY, pe="rope_mixed", num_registers=4, rngs=nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(with_reg, nnx.Param))
+    reg_RD = np.asarray(params.pop("reg_RD"))
+    assert reg_RD.shape == (4, 32) and 0.01 < reg_RD.std() < 0.03
+    assert len({row.tobytes() for row in reg_RD}) == 4
+    chex.assert_trees_all_equal(params, nnx.to_pure_dict(nnx.state(plain, nnx.Param)))
+    with_ape = ViT(**TINY, additive="ape", num_registers=4, rngs=nnx.Rngs(0))
+    chex.assert_shape(with_ape.additive_params["prefix_PD"][...], (5, 32))
+
+
+def test_mean_pool_averages_the_patch_tokens_not_the_registers():
+    """pool="mean" with registers: the final norm's patch rows averaged (timm's "avg" over the
+    tokens after the prefix), computed here from the blocks themselves."""
+    model = ViT(**_config_for("rope_axial", pool="mean", num_registers=2), rngs=nnx.Rngs(0))
+    images = _images((2, *TINY["image_shape"], 3))
+    grid = model.input_grid(images)
+    x_BTD = model.embed_tokens(images, grid)
+    assert x_BTD.shape[1] == 2 + 6
+    for block, state in zip(model.blocks, model.precompute_pe(grid), strict=True):
+        x_BTD = block(x_BTD, state, train=False)
+    x_BTD = model.norm(x_BTD)
+    features = _features(model, images)
+    np.testing.assert_allclose(features, x_BTD[:, 2:].mean(axis=1), rtol=1e-5, atol=1e-5)
+    assert np.max(np.abs(features - x_BTD.mean(axis=1))) > 1e-4
+
+
+def test_registers_count_in_the_attention_token_check():
+    """cuDNN's biased backward pass needs an even T: 6 patches + class token = 7 fails, one
+    register more makes 8."""
+    cfg = dict(TINY, pe="alibi", attention="cudnn", dtype="bfloat16")
+    with pytest.raises(ValueError, match="even token count to train; got 7"):
+        vit.check_model_attention(cfg, "gpu")
+    vit.check_model_attention(dict(cfg, num_registers=1), "gpu")
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5])
+def test_register_count_errors_name_the_value(value):
+    with pytest.raises(ValueError, match=f"num_registers={value!r} must be a non-negative int"):
+        ViT(**TINY, num_registers=value, rngs=nnx.Rngs(0))
