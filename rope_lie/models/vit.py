@@ -43,7 +43,7 @@ from flax import nnx
 from rope_lie import encodings
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
-from rope_lie.models import attention, blocks, position_hook, tokens
+from rope_lie.models import attention, backends, blocks, position_hook, tokens
 from rope_lie.models.attention import xavier_uniform
 from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.variables import NoDecay
@@ -167,7 +167,7 @@ def check_model_attention(
     """Check ``model_cfg["attention"]`` against a platform, the dtype, head_dim and the bias.
 
     Call it outside ``jit``, before the first step: an unsupported choice fails with an error
-    that names ``model.attention`` and what it needs (``attention.check_attention``).
+    that names ``model.attention`` and what it needs (``backends.check_attention``).
 
     Args:
       model_cfg: ``config.model`` (the ``ViT`` keyword arguments).
@@ -176,14 +176,14 @@ def check_model_attention(
     """
     cfg = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
     name = cfg.get("attention", "xla")
-    attention.check_attention_name(name)
+    backends.check_attention_name(name)
     image_shape = _check_image_shape(cfg.get("image_shape", (224, 224)))
     dims, patch = model_dims(
         cfg.get("variant", "Ti/16"), cfg.get("dims"), cfg.get("patch_size"), len(image_shape)
     )
     grid = token_grid(image_shape, patch, "image_shape")
     tokens = math.prod(grid) + (1 if cfg.get("pool", "cls") == "cls" else 0)
-    attention.check_attention(
+    backends.check_attention(
         name,
         platform=jax.default_backend() if platform is None else platform,
         dtype=_activation_dtype(cfg.get("dtype", "float32")),

@@ -1,4 +1,4 @@
-"""The attention backends behind ``Attention``'s one seam (``attention.ATTENTIONS``), on CPU.
+"""The attention backends (``backends.py``) behind ``Attention``'s one seam, on CPU.
 
 "chunked" (online softmax over key blocks, custom VJP) must equal "xla" (``attend``) to float32
 rounding in values and gradients, with and without a bias, at 2D and 3D token counts; the Pallas
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rope_lie.models import attention, vit
+from rope_lie.models import attention, backends, vit
 from rope_lie.models.attention import Attention
 from rope_lie.models.position_hook import PositionParam
 
@@ -60,7 +60,7 @@ def test_chunked_equals_xla_in_values_and_gradients(grid, bias_kind):
     tokens = TOKENS[grid]
     q, k, v = _qkv(tokens)
     bias = _bias(bias_kind, tokens)
-    chunked = lambda q, k, v, b: attention.attend_chunked(q, k, v, b, block=8)  # noqa: E731
+    chunked = lambda q, k, v, b: backends.attend_chunked(q, k, v, b, block=8)  # noqa: E731
     xla = lambda q, k, v, b: attention.attend(q, k, v, b)  # noqa: E731
     out, grads = _values_and_grads(chunked, q, k, v, bias)
     ref_out, ref_grads = _values_and_grads(xla, q, k, v, bias)
@@ -78,17 +78,17 @@ def test_chunked_any_block_size(block):
     q, k, v = _qkv(TOKENS["2d"], seed=3)
     bias = _bias("heads", TOKENS["2d"])
     ref = attention.attend(q, k, v, bias)
-    out = attention.attend_chunked(q, k, v, bias, block=block)
+    out = backends.attend_chunked(q, k, v, bias, block=block)
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="block=0"):
-        attention.attend_chunked(q, k, v, block=0)
+        backends.attend_chunked(q, k, v, block=0)
 
 
 def test_chunked_bfloat16_close_to_xla():
     """bfloat16 q, k, v: float32 statistics in both, so they agree to bfloat16 rounding."""
     q, k, v = _qkv(TOKENS["3d"], jnp.bfloat16, seed=4)
     bias = _bias("heads", TOKENS["3d"]).astype(jnp.bfloat16)
-    out = attention.attend_chunked(q, k, v, bias, block=8)
+    out = backends.attend_chunked(q, k, v, bias, block=8)
     ref = attention.attend(q, k, v, bias)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.float32(out), np.float32(ref), atol=2e-2, rtol=2e-2)
@@ -131,6 +131,12 @@ def test_attention_layer_backend_chunked_equals_xla(pe, hparams):
     )
 
 
+def test_every_backend_has_its_platforms():
+    """``attention.ATTENTIONS`` (the functions) and ``backends.ATTENTION_PLATFORMS`` (where each
+    runs, what ``check_attention_name`` accepts) name the same backends."""
+    assert set(attention.ATTENTIONS) == set(backends.ATTENTION_PLATFORMS)
+
+
 def test_unknown_attention_is_named():
     with pytest.raises(ValueError, match=r"unknown attention='flash'; expected one of"):
         Attention(16, 2, num_axes=2, attention="flash", rngs=nnx.Rngs(0))
@@ -147,9 +153,9 @@ def test_pallas_tpu_kernel_in_interpret_mode(with_bias):
     bias = _bias("heads", TOKENS["2d"]) if with_bias else None
     with pltpu.force_tpu_interpret_mode():
         if with_bias:
-            out, grads = _values_and_grads(attention.attend_pallas, q, k, v, bias)
+            out, grads = _values_and_grads(backends.attend_pallas, q, k, v, bias)
         else:
-            out, grads = jax.jit(attention.attend_pallas)(q, k, v, None), ()
+            out, grads = jax.jit(backends.attend_pallas)(q, k, v, None), ()
     ref_out, ref_grads = _values_and_grads(attention.attend, q, k, v, bias)
     np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
     for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
@@ -178,7 +184,7 @@ CHECK = dict(platform="gpu", dtype=jnp.bfloat16, head_dim=64, tokens=196, has_bi
 )
 def test_check_attention_names_the_setting_and_its_needs(name, changes, message):
     with pytest.raises(ValueError, match=message):
-        attention.check_attention(name, **(CHECK | changes))
+        backends.check_attention(name, **(CHECK | changes))
 
 
 @pytest.mark.parametrize(
@@ -193,7 +199,7 @@ def test_check_attention_names_the_setting_and_its_needs(name, changes, message)
     ],
 )
 def test_check_attention_accepts_what_runs(name, changes):
-    attention.check_attention(name, **(CHECK | changes))
+    backends.check_attention(name, **(CHECK | changes))
 
 
 def test_check_model_attention_from_a_config():
