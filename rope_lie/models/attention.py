@@ -281,16 +281,23 @@ def with_key_mask(bias: jax.Array | None, key_mask_BS: jax.Array | None) -> jax.
     return mask_bias_B11S if bias is None else bias.astype(jnp.float32) + mask_bias_B11S
 
 
-def _attend_xla(q_BTNH, k_BTNH, v_BTNH, bias, chunks):
+def _attend_xla(q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, chunks):
+    bias = with_key_mask(bias, key_mask_BS)
     return attend(q_BTNH, k_BTNH, v_BTNH, bias, loop_chunks=chunks[0], batch_chunks=chunks[1])
 
 
-# name -> (q, k, v, bias, (loop_chunks, batch_chunks)) -> o_BTNH. Only "xla" uses the chunks.
+def _attend_chunked(q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, chunks):
+    return backends.attend_chunked(q_BTNH, k_BTNH, v_BTNH, with_key_mask(bias, key_mask_BS))
+
+
+# name -> (q, k, v, bias, key_mask_BS, (loop_chunks, batch_chunks)) -> o_BTNH. "xla" and
+# "chunked" add the key mask to the bias (``with_key_mask``); "cudnn" and "pallas" take it as
+# their kernels do (sequence lengths, segment ids). Only "xla" uses the chunks.
 ATTENTIONS: dict[str, Callable[..., jax.Array]] = {
     "xla": _attend_xla,
-    "cudnn": lambda q, k, v, bias, chunks: backends.attend_cudnn(q, k, v, bias),
-    "pallas": lambda q, k, v, bias, chunks: backends.attend_pallas(q, k, v, bias),
-    "chunked": lambda q, k, v, bias, chunks: backends.attend_chunked(q, k, v, bias),
+    "cudnn": lambda q, k, v, bias, mask, chunks: backends.attend_cudnn(q, k, v, bias, mask),
+    "pallas": lambda q, k, v, bias, mask, chunks: backends.attend_pallas(q, k, v, bias, mask),
+    "chunked": _attend_chunked,
 }
 
 
@@ -419,19 +426,19 @@ class Attention(nnx.Module):
           train: a training call: attend the whole batch at once (``chunk_plan`` unused).
           chunk_plan: how the ``"xla"`` attention cuts an inference batch (``chunk_plan()``,
             decided outside ``jit``; the same result to float32 rounding); None: no chunks.
-          key_mask_BS: None, or (B, S) with 0 at padded keys (``with_key_mask``): no token
-            attends to them.
+          key_mask_BS: None, or (B, S) with 0 at padded keys: no token attends to them (a
+            logit bias for "xla" and "chunked", ``with_key_mask``; sequence lengths for
+            "cudnn", segment ids for "pallas").
 
         Returns:
           (B, T, D) array in the activation dtype.
         """
         q_BTNH, k_BTNH, v_BTNH, bias = self.qkv(x_BTD, pos, pe_params=pe_params, pe_state=pe_state)
-        bias = with_key_mask(bias, key_mask_BS)
         (batch, tokens, heads, _), keys = q_BTNH.shape, k_BTNH.shape[1]
         chunks = (1, 1)
         if not train and chunk_plan is not None:
             chunks = chunk_plan.chunks(batch, heads, tokens, keys)
-        o_BTNH = ATTENTIONS[self.attention](q_BTNH, k_BTNH, v_BTNH, bias, chunks)
+        o_BTNH = ATTENTIONS[self.attention](q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, chunks)
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
         return y_BTD + self.bo_D[...].astype(self.dtype)[None, None]
 

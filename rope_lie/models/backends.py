@@ -204,7 +204,13 @@ _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
 def attend_cudnn(
-    q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, bias: jax.Array | None = None
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    v_BTNH: jax.Array,
+    bias: jax.Array | None = None,
+    key_mask_BS: jax.Array | None = None,
+    *,
+    implementation: str = "cudnn",
 ) -> jax.Array:
     """cuDNN's fused (flash) attention, ``jax.nn.dot_product_attention(implementation="cudnn")``.
 
@@ -212,18 +218,53 @@ def attend_cudnn(
     Hopper and later); a bias (ALiBi) is passed as cuDNN's bias input, in q's dtype, and then
     needs an even token count when training. ``check_attention`` checks these before a run.
 
+    The key mask goes in as cuDNN takes it, as sequence lengths (``key_value_seq_lengths``:
+    cuDNN's padding mask, no bias array, beside ALiBi's bias in the same call). jax's other
+    way, a boolean ``mask``, is folded into a bias in q's dtype (``combine_bias_and_mask``):
+    a bias-free model would then train under the bias's even-T rule and carry a (B, 1, T, S)
+    array (a (B, 1, 1, S) mask fails cuDNN's shape check unless broadcast over T, jax issue
+    #28974). Lengths mask the keys past each example's count, so the real keys are first put
+    before the padded ones (a stable sort of each example's keys and values, and of the bias's
+    key axis; attention is a sum over keys, so the order changes nothing but the rounding, and
+    the sort is the identity for ``tokens.pack``'s and ``patch_dropout``'s batches, whose
+    padding is at the end). An example with no real key gets length 1 (finite, and unused).
+
     Args:
       q_BTNH: queries.
       k_BTNH: keys.
       v_BTNH: values.
       bias: None or a logit bias broadcastable to (B, N, T, S).
+      key_mask_BS: None, or (B, S) with 0 at padded keys, which no query then attends to.
+      implementation: ``jax.nn.dot_product_attention``'s; ``"xla"`` runs jax's reference of
+        the same call (same bias, key order and lengths) on any platform and dtype: how the
+        CPU tests check this wrapper.
 
     Returns:
       (B, T, N, H) in v's dtype.
     """
     bias = bias_4d(bias)
     bias = None if bias is None else bias.astype(q_BTNH.dtype)
-    return jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, bias=bias, implementation="cudnn")
+    lengths_B = None
+    if key_mask_BS is not None:
+        k_BTNH, v_BTNH, bias, lengths_B = _real_keys_first(k_BTNH, v_BTNH, bias, key_mask_BS)
+    return jax.nn.dot_product_attention(
+        q_BTNH, k_BTNH, v_BTNH, bias=bias, key_value_seq_lengths=lengths_B,
+        implementation=implementation,
+    )  # fmt: skip
+
+
+def _real_keys_first(k_BSNH, v_BSNH, bias, key_mask_BS):
+    """Keys, values and the bias's key axis with each example's real keys first (a stable
+    sort), and the count of real keys per example (at least 1), int32 (B,)."""
+    real_BS = key_mask_BS > 0
+    order_BS = jnp.argsort(jnp.logical_not(real_BS), axis=1, stable=True)
+    k_BSNH = jnp.take_along_axis(k_BSNH, order_BS[:, :, None, None], axis=1)
+    v_BSNH = jnp.take_along_axis(v_BSNH, order_BS[:, :, None, None], axis=1)
+    if bias is not None and bias.shape[-1] != 1:
+        bias = jnp.broadcast_to(bias, (order_BS.shape[0], *bias.shape[1:]))
+        bias = jnp.take_along_axis(bias, order_BS[:, None, None, :], axis=3)
+    lengths_B = jnp.maximum(jnp.sum(real_BS, axis=1, dtype=jnp.int32), 1)
+    return k_BSNH, v_BSNH, bias, lengths_B
 
 
 # Token blocks of the Pallas TPU kernel: sequences are padded to a multiple of this (its lane
@@ -232,7 +273,11 @@ PALLAS_BLOCK = 128
 
 
 def attend_pallas(
-    q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, bias: jax.Array | None = None
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    v_BTNH: jax.Array,
+    bias: jax.Array | None = None,
+    key_mask_BS: jax.Array | None = None,
 ) -> jax.Array:
     """Pallas's TPU flash-attention kernel (``jax.experimental.pallas.ops.tpu.flash_attention``).
 
@@ -240,15 +285,19 @@ def attend_pallas(
     other Pallas TPU kernel, splash attention (``ops.tpu.splash_attention``), takes masks but no
     bias, so it is not used here. The kernel computes ``softmax((q k^T + ab) * sm_scale)``, so
     the bias is passed divided by the scale. It needs sequence lengths divisible by its
-    blocks: T and S are padded to a multiple of ``PALLAS_BLOCK`` and the padded keys masked
-    with segment ids (real tokens segment 1, padding 0). TPU only (Mosaic); on CPU it runs
-    under ``jax.experimental.pallas.tpu.force_tpu_interpret_mode()`` (the tests do).
+    blocks: T and S are padded to a multiple of ``PALLAS_BLOCK``. Padding is masked with the
+    kernel's segment ids (a query attends to the keys of its own segment): every query of the
+    sequence is in segment 1, and so is every key except the block padding and the keys that
+    ``key_mask_BS`` marks as padded (segment 0); no bias array carries the mask. TPU only
+    (Mosaic); on CPU it runs under ``jax.experimental.pallas.tpu.force_tpu_interpret_mode()``
+    (the tests do).
 
     Args:
       q_BTNH: queries.
       k_BTNH: keys.
       v_BTNH: values.
       bias: None or a logit bias broadcastable to (B, N, T, S).
+      key_mask_BS: None, or (B, S) with 0 at padded keys, which no query then attends to.
 
     Returns:
       (B, T, N, H) in v's dtype.
@@ -271,9 +320,11 @@ def attend_pallas(
         ab = jnp.pad(ab, ((0, 0), (0, 0), (0, padded_t - tokens), (0, padded_s - keys)))
         ab = ab.astype(jnp.float32)
     segments = None
-    if (padded_t, padded_s) != (tokens, keys):
+    if key_mask_BS is not None or (padded_t, padded_s) != (tokens, keys):
         ids_q = jnp.broadcast_to(jnp.arange(padded_t) < tokens, (batch, padded_t))
         ids_kv = jnp.broadcast_to(jnp.arange(padded_s) < keys, (batch, padded_s))
+        if key_mask_BS is not None:
+            ids_kv = ids_kv & jnp.pad(key_mask_BS > 0, ((0, 0), (0, padded_s - keys)))
         segments = pallas_flash.SegmentIds(q=ids_q.astype(jnp.int32), kv=ids_kv.astype(jnp.int32))
     o_BNTH = pallas_flash.flash_attention(q, k, v, ab, segments, sm_scale=scale)
     return jnp.swapaxes(o_BNTH[:, :, :tokens], 1, 2).astype(v_BTNH.dtype)
@@ -316,8 +367,11 @@ def check_attention(
       platform: the backend the steps run on (``jax.default_backend()``, or an export target).
       dtype: the activation dtype.
       head_dim: H.
-      tokens: T = S, the sequence length of the largest grid the run uses.
-      has_bias: whether the position encoding adds a logit bias (ALiBi).
+      tokens: T = S, the sequence length the steps attend over: prefix tokens and the
+        largest grid's, or those of the padded token batches the run trains on (with patch
+        dropout, its kept count); with ``train``, the training batches'.
+      has_bias: whether the position encoding adds a logit bias (ALiBi). A key mask (padded
+        token batches) is no bias here: every backend takes it as its kernel does.
       train: whether gradients are taken (cuDNN's biased backward needs an even T).
     """
     check_attention_name(name)
@@ -339,7 +393,8 @@ def check_attention(
         if has_bias and train and tokens % 2:
             raise ValueError(
                 f"{where} with a bias (ALiBi) needs an even token count to train; got {tokens} "
-                "(a class token makes 14 x 14 + 1 = 197: use pool='mean')"
+                "(a class token makes 14 x 14 + 1 = 197, or naflex.max_tokens=100 + 1 = 101: "
+                "use pool='mean')"
             )
     if name == "pallas" and head_dim > 128 and head_dim % 128:
         raise ValueError(

@@ -41,9 +41,13 @@ def _bias(kind: str, tokens: int, seed: int = 1):
     return jnp.asarray(rng.normal(size=BIAS_SHAPES[kind](tokens)), jnp.float32)
 
 
-def _values_and_grads(fn, q, k, v, bias):
-    """fn's output and the gradients of a random projection of it w.r.t. q, k, v (and bias)."""
-    w = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
+def _values_and_grads(fn, q, k, v, bias, examples=None):
+    """fn's output and the gradients of a random projection of it w.r.t. q, k, v (and bias);
+    ``examples``: the examples the projection weighs (None: all)."""
+    w = np.random.default_rng(2).normal(size=q.shape)
+    if examples is not None:
+        w[np.setdiff1d(np.arange(len(w)), examples)] = 0.0
+    w = jnp.asarray(w, jnp.float32)
     args = (q, k, v) if bias is None else (q, k, v, bias)
 
     def loss(*a):
@@ -162,6 +166,65 @@ def test_pallas_tpu_kernel_in_interpret_mode(with_bias):
         np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
 
 
+# A key mask over the 2D token count (a class token and 16 slots): example 0 padded at the end
+# (as tokens.pack pads), example 1 with holes (a token batch may hold its slots in any order),
+# example 2 with no real key (an evaluation's zero-filled batch tail without a class token).
+KEY_MASK = np.ones((BATCH, TOKENS["2d"]), bool)
+KEY_MASK[0, 11:] = False
+KEY_MASK[1, [2, 5, 15, 16]] = False
+KEY_MASK[2, :] = False
+REAL = [0, 1]  # the examples with real keys
+
+
+def _masked_reference(bias_kind):
+    """q, k, v, the bias, and ``attend``'s output and gradients with the mask as a logit bias
+    (``with_key_mask``, the "xla" backend), the gradients of the examples in ``REAL``."""
+    q, k, v = _qkv(TOKENS["2d"], seed=10)
+    bias = _bias(bias_kind, TOKENS["2d"])
+    mask = jnp.asarray(KEY_MASK)
+
+    def xla(q, k, v, b):
+        return attention.attend(q, k, v, attention.with_key_mask(b, mask))
+
+    return (q, k, v, bias), _values_and_grads(xla, q, k, v, bias, examples=REAL)
+
+
+def _check_masked(fn, bias_kind, grads=True):
+    """``fn(q, k, v, bias, key_mask)`` equals the reference on the examples with real keys, in
+    values and (with ``grads``) gradients, and is finite on the one without."""
+    (q, k, v, bias), (ref_out, ref_grads) = _masked_reference(bias_kind)
+    masked = lambda q, k, v, b: fn(q, k, v, b, jnp.asarray(KEY_MASK))  # noqa: E731
+    if grads:
+        out, grads = _values_and_grads(masked, q, k, v, bias, examples=REAL)
+    else:
+        out, grads = jax.jit(masked)(q, k, v, bias), ()
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(
+        np.asarray(out)[REAL], np.asarray(ref_out)[REAL], atol=1e-5, rtol=1e-5
+    )
+    for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
+        np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("bias_kind", ["none", "per_example"])
+def test_pallas_takes_the_key_mask_as_segment_ids_in_interpret_mode(bias_kind):
+    """Padded keys in segment 0 (with the block padding), the rest in segment 1: equal to the
+    mask as a logit bias in values and gradients, with ALiBi's per-example bias beside it."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    with pltpu.force_tpu_interpret_mode():
+        _check_masked(backends.attend_pallas, bias_kind)
+
+
+@pytest.mark.parametrize("bias_kind", ["none", "shared", "per_example"])
+def test_cudnn_takes_the_key_mask_as_sequence_lengths(bias_kind):
+    """The cuDNN wrapper's own work, checked through jax's reference of the same call
+    (``implementation="xla"``: the same bias, key order and ``key_value_seq_lengths``): real
+    keys sorted first, the bias's key axis with them, each example's count as its length."""
+    cudnn_as_xla = lambda *a: backends.attend_cudnn(*a, implementation="xla")  # noqa: E731
+    _check_masked(cudnn_as_xla, bias_kind)
+
+
 CHECK = dict(platform="gpu", dtype=jnp.bfloat16, head_dim=64, tokens=196, has_bias=False)
 
 
@@ -221,6 +284,28 @@ def test_check_model_attention_from_a_config():
     vit.check_model_attention(model, "gpu", train=False)
     model.pool = "mean"  # 64 tokens
     vit.check_model_attention(model, "gpu")
+
+
+def test_check_model_attention_counts_the_training_token_batches():
+    """Padded token batches (NaFlex) and patch dropout change the token count the steps train
+    on; the check counts those, not the image grid's (cuDNN with ALiBi: an even count)."""
+    from configs import quickstart
+
+    model = quickstart.get_config("pe=alibi").model  # 8x8 grid + class token: 65
+    model.update(attention="cudnn", dtype="bfloat16", pool="mean")  # 64: trains
+    vit.check_model_attention(model, "gpu")
+    with pytest.raises(ValueError, match="'cudnn' with a bias .* to train; got 81"):
+        vit.check_model_attention(model, "gpu", token_length=81)  # naflex.max_tokens = 9 x 9
+    vit.check_model_attention(model, "gpu", token_length=81, train=False)
+    model.patch_dropout = 0.25  # keeps round(81 x 0.75) = 61 slots, or 48 of the 64
+    with pytest.raises(ValueError, match="got 61"):
+        vit.check_model_attention(model, "gpu", token_length=81)
+    vit.check_model_attention(model, "gpu")
+    model.pool = "cls"  # and the class token: 49
+    with pytest.raises(ValueError, match="got 49"):
+        vit.check_model_attention(model, "gpu")
+    model.pe = "rope_mixed"  # no bias: the key mask is no bias for cuDNN (sequence lengths)
+    vit.check_model_attention(model, "gpu", token_length=81)
 
 
 def test_default_backend_is_attend():

@@ -16,7 +16,7 @@ from flax import nnx
 
 from rope_lie import config_lib, encodings
 from rope_lie.encodings import positions
-from rope_lie.models import attention, tokens
+from rope_lie.models import attention, backends, tokens
 from rope_lie.models.vit import ViT
 
 # Three grids of different sizes and aspect ratios, padded to 20 tokens (16 is the largest).
@@ -245,3 +245,20 @@ def test_padded_batch_of_four_through_the_cpu_attention_chunks(pe):
     if jax.default_backend() == "cpu":
         assert attention.cpu_chunks(4, 2, 21, 21)[1] == 2
     _check_padded_equals_alone(_model(pe), GRIDS_2D[:2] * 2, PATCH_2D, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("backend", ["pallas", "cudnn"])
+def test_padded_batch_through_the_fused_backends_equals_xla(backend, monkeypatch):
+    """The key mask reaches the fused backends as they take it (Pallas: segment ids, run in its
+    TPU interpret mode; cuDNN: sequence lengths, through jax's reference of the same call, as
+    no cuDNN runs here): ALiBi's per-example bias and the mask, the same logits as "xla"."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    cudnn = backends.attend_cudnn
+    monkeypatch.setattr(backends, "attend_cudnn",
+                        lambda *a: cudnn(*a, implementation="xla"))  # fmt: skip
+    batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
+    expected = _logits_packed(_model("alibi"), batch)
+    with pltpu.force_tpu_interpret_mode():
+        logits = _logits_packed(_model("alibi", attention=backend), batch)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=2e-5)
