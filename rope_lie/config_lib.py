@@ -172,7 +172,7 @@ def model_config(
     m.dims = {
         k: mc.config_dict.placeholder(int) for k in ("width", "depth", "num_heads", "mlp_dim")
     }
-    # Attention backend (models/attention.py): "xla" (plain formula), "cudnn" (GPU, bf16/fp16),
+    # Attention backend (models/backends.py): "xla" (plain formula), "cudnn" (GPU, bf16/fp16),
     # "pallas" (TPU flash kernel) or "chunked" (exact, O(T x block) memory, any platform).
     m.attention = "xla"
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):

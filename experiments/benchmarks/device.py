@@ -1,8 +1,8 @@
 """Step time and model FLOP utilisation per attention backend and encoder, ViT-B/16, one device.
 
 For a GPU or TPU (runs on CPU too, slowly, to check the path). For every attention backend that
-``check_attention`` accepts on this platform ("xla", "chunked", and "cudnn" on NVIDIA GPUs or
-"pallas" on TPUs) and every encoder, the jitted train step of ``rope_lie/train.py`` (AdamW,
+``backends.check_attention`` accepts on this platform ("xla", "chunked", and "cudnn" on NVIDIA
+GPUs or "pallas" on TPUs) and every encoder, the jitted train step of ``rope_lie/train.py`` (AdamW,
 the ImageNet recipe's model: ViT-B/16 at 224 px, bfloat16 activations by default) is compiled,
 warmed up and timed over ``--steps`` steps on random images. A case the check refuses (e.g.
 cuDNN with ALiBi and a class token: 197 tokens, odd) is listed with the check's message.
@@ -29,6 +29,7 @@ import numpy as np
 
 from rope_lie import sharding, train
 from rope_lie.models import attention, vit
+from rope_lie.models.backends import ATTENTION_PLATFORMS
 
 # Dense bfloat16 peak TFLOP/s per device kind (substring of ``jax.devices()[0].device_kind``).
 PEAK_TFLOPS = {
@@ -57,7 +58,7 @@ def peak_flops(device_kind: str, override: float | None) -> float | None:
 
 def backends(platform: str) -> list[str]:
     """The backends that may run on this platform."""
-    return [n for n in attention.ATTENTIONS if platform in attention.ATTENTION_PLATFORMS[n]]
+    return [n for n in attention.ATTENTIONS if platform in ATTENTION_PLATFORMS[n]]
 
 
 def make_config(encoder: str, backend: str, dtype: str, variant: str):

@@ -17,6 +17,10 @@ RoPE-Mixed with learned frequencies: the block [[0, g], [-g, 0]] gives the rotat
 exponents commute, so q.k depends on p_q - p_k only; in 2D/3D with b > 2 the G_a do not commute
 and LieRE is *not* translation invariant (it also sees absolute positions).
 
+Per-example positions (pos_BTA, padded mixed-size batches) mostly repeat across examples: their
+exponentials are computed once per distinct position of the batch and gathered per token
+(``_shared_rotations``, static shapes under ``jit``; such positions take no gradient).
+
 Conventions: interleaved pairs (2j, 2j+1) for b = 2, contiguous blocks, rotation multiplies from
 the left, axis order of ``pos`` = array order of the input, prefix (class) tokens at position 0
 get R(0) = I (not rotated). Exponentials are computed in float32 by
@@ -188,7 +192,92 @@ def rotations(params: dict[str, jax.Array], pos: jax.Array) -> jax.Array:
       channels [r*b, (r+1)*b), and leftover channels past K*b are not rotated.
     """
     gen_ANKbb = _generator_blocks(params)
-    return _rotations(gen_ANKbb, _checked_pos(gen_ANKbb, pos))
+    return _token_rotations(gen_ANKbb, _checked_pos(gen_ANKbb, pos))
+
+
+def _token_rotations(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
+    """``_rotations``, by distinct position for per-example positions of several examples and
+    blocks larger than 2 (``_shared_rotations``); the shared positions pos_TA of an image batch,
+    and one example's, as always."""
+    if pos.ndim == 3 and pos.shape[0] > 1 and gen_ANKbb.shape[-1] > 2:
+        return _shared_rotations(gen_ANKbb, pos)
+    return _rotations(gen_ANKbb, pos)
+
+
+# Row counts the exponentials of per-example positions can run on: T, 4 T, 16 T, ... below B T,
+# then B T (``_row_tiers``).
+_TIER_FACTOR = 4
+
+
+def _row_tiers(batch: int, tokens: int) -> tuple[int, ...]:
+    """(T, 4 T, 16 T, ..., B T): the static row counts ``_shared_rotations`` chooses from."""
+    sizes, size = [], tokens
+    while size < batch * tokens:
+        sizes.append(size)
+        size *= _TIER_FACTOR
+    return (*sizes, batch * tokens)
+
+
+@jax.jit
+def _shared_rotations(gen_ANKbb: jax.Array, pos_BTA: jax.Array) -> jax.Array:
+    """r_BTNKbb with one exponential per distinct position of the batch, gathered per token.
+
+    A padded mixed-size batch (``ViT.classify_tokens``) repeats most positions: its examples
+    share their grids' positions (every example of a grid size the same ones, and every prefix
+    and padded slot position 0), so a NaFlex batch of 16 at sides 6-10 (1,616 slots) holds 326
+    distinct positions. The exponentials are the step's costly part (one Taylor product row and
+    its squarings per row); the gather per token is a copy.
+
+    Static shapes inside ``jit``: ``jnp.unique`` with ``size=B T`` (a batch cannot hold more
+    distinct positions than slots, so the bound is exact, nothing is ever cut off, and no host
+    round trip or recompilation per batch is needed, as computing the set outside ``jit``
+    would), then ``lax.switch`` on the actual count picks the smallest of the static row counts
+    ``_row_tiers`` (T, 4 T, 16 T, ..., B T) that holds them: the exponentials run on the first
+    that many unique rows (the rest are position 0, as filled). One branch runs per step; each
+    is compiled (about log4 B of them). Equal to the per-token exponentials to float32
+    rounding (the same rows, in a program of another shape). Data-parallel runs compute the
+    distinct rows of the global batch on every device.
+
+    Positions take no gradient here (``_no_position_gradient``): tokens at one position share
+    one exponential, so a per-token position gradient would need the per-token Jacobians this
+    path saves. The generators' gradients are exact (summed over the tokens of each row).
+    """
+    batch, tokens, num_axes = pos_BTA.shape
+    tiers = _row_tiers(batch, tokens)
+    pos_XA = _no_position_gradient(pos_BTA.reshape(-1, num_axes).astype(jnp.float32))
+    unique_UA, inverse_X, counts_U = jnp.unique(
+        pos_XA, axis=0, size=pos_XA.shape[0], fill_value=0.0, return_inverse=True,
+        return_counts=True,
+    )  # fmt: skip
+    tier = jnp.searchsorted(jnp.asarray(tiers), jnp.count_nonzero(counts_U))  # smallest >= count
+
+    def on_first(rows: int):
+        return lambda: _rotations(gen_ANKbb, unique_UA[:rows])[inverse_X.reshape(-1)]
+
+    r_XNKbb = jax.lax.switch(tier, [on_first(rows) for rows in tiers])
+    return r_XNKbb.reshape(batch, tokens, *r_XNKbb.shape[1:])
+
+
+@jax.custom_vjp
+def _no_position_gradient(pos_XA: jax.Array) -> jax.Array:
+    """The positions, with an error instead of a gradient (``_shared_rotations``)."""
+    return pos_XA
+
+
+def _no_position_gradient_fwd(pos_XA):
+    return pos_XA, None
+
+
+def _no_position_gradient_bwd(_, cotangent):
+    raise ValueError(
+        f"{_FAMILY}: per-example positions pos_BTA (B > 1, blocks larger than 2) take no "
+        "gradient: their rotations are computed once per distinct position and shared by its "
+        "tokens; differentiate with positions pos_TA shared by the batch, or one example at "
+        "a time"
+    )
+
+
+_no_position_gradient.defvjp(_no_position_gradient_fwd, _no_position_gradient_bwd)
 
 
 @jax.jit
@@ -240,7 +329,7 @@ def precompute(
     pos = _checked_pos(gen_ANKbb, pos)
     if block == 2:
         return state.PairAngles(_pair_angles(gen_ANKbb, pos))
-    return state.BlockRotations(_rotations(gen_ANKbb, pos))
+    return state.BlockRotations(_token_rotations(gen_ANKbb, pos))
 
 
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:

@@ -19,14 +19,14 @@ would share (measured: ~300 ms of a 2.5 s ViT-Ti train step on CPU, even for NoP
 
 Attention itself is one function of (q, k, v, bias), chosen by the ``attention`` argument
 (``config.model.attention``, ``ATTENTIONS``) and checked against the platform, dtype, head_dim
-and bias before the first step (``check_attention``, ``vit.check_model_attention``):
+and bias before the first step (``backends.check_attention``, ``vit.check_model_attention``):
 
 - ``"xla"`` (default): ``attend``, the XLA path of ``jax.nn.dot_product_attention`` written out;
   at inference on one CPU device it cuts the batch into chunks, as a ``ChunkPlan`` decided
   outside ``jit`` (``chunk_plan``) and passed in says;
-- ``"cudnn"``: cuDNN's fused attention (NVIDIA GPUs, bfloat16/float16), ``attend_cudnn``;
-- ``"pallas"``: the Pallas TPU flash-attention kernel, ``attend_pallas``;
-- ``"chunked"``: exact attention in O(T x block) memory on any platform, ``attend_chunked``.
+- ``"cudnn"``, ``"pallas"``, ``"chunked"``: cuDNN's fused attention (NVIDIA GPUs), the Pallas
+  TPU flash-attention kernel, and exact attention in O(T x block) memory on any platform
+  (``backends.py``: ``attend_cudnn``, ``attend_pallas``, ``attend_chunked``).
 
 Encoder parameters live in ``PositionParam`` variables (an ``nnx.Param`` subclass, so that the
 optimizer can exclude them from weight decay by type). Sharing is decided by config:
@@ -45,7 +45,6 @@ parameters passed in, or from its own.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -55,6 +54,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_lie.encodings.state import State
+from rope_lie.models import backends
 from rope_lie.models.position_hook import (
     apply_hparams,
     fold_projection,
@@ -254,7 +254,7 @@ def attention_probs(
     logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q_BTNH, k_BTNH, preferred_element_type=jnp.float32)
     logits_BNTS = logits_BNTS * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
     if bias is not None:
-        logits_BNTS = (logits_BNTS + _bias_4d(bias)).astype(jnp.float32)
+        logits_BNTS = (logits_BNTS + backends.bias_4d(bias)).astype(jnp.float32)
     return jax.nn.softmax(logits_BNTS, axis=-1)
 
 
@@ -281,342 +281,24 @@ def with_key_mask(bias: jax.Array | None, key_mask_BS: jax.Array | None) -> jax.
     return mask_bias_B11S if bias is None else bias.astype(jnp.float32) + mask_bias_B11S
 
 
-# ---------------------------------------------------------------------------------------------
-# Attention backends: (q_BTNH, k_BTNH, v_BTNH, bias) -> o_BTNH, chosen by ``ViT(attention=...)``
-# (``config.model.attention``) and checked before the first step by ``check_attention``.
-
-# Keys per block of the "chunked" attention: its logits are (B, N, T, KEY_BLOCK) at a time.
-KEY_BLOCK = 128
-
-
-def _bias_4d(bias: jax.Array | None) -> jax.Array | None:
-    """A bias broadcastable to (B, N, T, S) as a 4-dimensional array (leading axes of 1)."""
-    if bias is None or bias.ndim == 4:
-        return bias
-    return bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
-
-
-def attend_chunked(
-    q_BTNH: jax.Array,
-    k_BTNH: jax.Array,
-    v_BTNH: jax.Array,
-    bias: jax.Array | None = None,
-    *,
-    block: int = KEY_BLOCK,
-) -> jax.Array:
-    """Exact attention in O(T x block) memory: an online softmax over key blocks.
-
-    ``softmax(q k^T / sqrt(H) + bias) v`` as ``attend`` computes it, but the keys are visited
-    ``block`` at a time in a ``lax.scan`` that carries the running row maximum, the running
-    sum of exponentials and the unnormalised output (Milakov & Gimelshein, arXiv:1805.02867;
-    Rabe & Staats, arXiv:2112.05682; the FlashAttention recurrence, arXiv:2205.14135), so no
-    (B, N, T, S) array is ever formed (only the bias, when given, which the encoder state
-    already holds). Gradients are a custom VJP that saves only the output and the row
-    log-sum-exp and recomputes each block's probabilities in a second scan (FlashAttention's
-    backward pass). Logits, statistics and accumulators are float32 whatever the inputs'
-    dtype. Keys are padded to a multiple of ``block`` and the padding masked out.
-
-    Args:
-      q_BTNH: queries.
-      k_BTNH: keys (B, S, N, H).
-      v_BTNH: values (B, S, N, H).
-      bias: None or a logit bias broadcastable to (B, N, T, S).
-      block: keys per block (the whole of S when S is smaller).
-
-    Returns:
-      (B, T, N, H) in v's dtype; equal to ``attend`` to float32 rounding.
-    """
-    if block < 1:
-        raise ValueError(f"block={block} must be >= 1")
-    keys = k_BTNH.shape[1]
-    block = min(block, keys)
-    num_blocks = -(-keys // block)
-    pad = num_blocks * block - keys
-    bias = _bias_4d(bias)
-    if pad:
-        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-        k_BTNH, v_BTNH = jnp.pad(k_BTNH, widths), jnp.pad(v_BTNH, widths)
-        if bias is not None and bias.shape[-1] != 1:
-            bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, pad)))
-    return _chunked(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)
-
-
-def _key_blocks(x_BSNH: jax.Array, block: int) -> jax.Array:
-    """(B, S, N, H) -> (S / block, B, block, N, H)."""
-    b, s, n, h = x_BSNH.shape
-    return jnp.moveaxis(x_BSNH.reshape(b, s // block, block, n, h), 1, 0)
-
-
-def _bias_blocks(bias: jax.Array | None, block: int, num_blocks: int) -> jax.Array | None:
-    """(b, n, t, S) -> (S / block, b, n, t, block); a bias constant along S is kept as is."""
-    if bias is None:
-        return None
-    if bias.shape[-1] == 1:
-        return jnp.broadcast_to(bias, (num_blocks, *bias.shape))
-    b, n, t, s = bias.shape
-    return jnp.moveaxis(bias.reshape(b, n, t, s // block, block), 3, 0)
-
-
-def _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K):
-    """One key block's float32 logits (B, N, T, K), padded keys at -inf."""
-    logits_BNTK = jnp.einsum("BTNH,BKNH->BNTK", q_BTNH, k_BKNH, preferred_element_type=jnp.float32)
-    logits_BNTK = logits_BNTK * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
-    if bias_blk is not None:
-        logits_BNTK = (logits_BNTK + bias_blk).astype(jnp.float32)
-    return jnp.where(valid_K, logits_BNTK, -jnp.inf)
-
-
-def _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
-    """(o_BTNH in v's dtype, lse_BNT float32) by the online softmax."""
-    batch, tokens, heads, head_dim = q_BTNH.shape
-    num_blocks = k_BTNH.shape[1] // block
-    valid_LK = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
-
-    def step(carry, xs):
-        max_BNT, sum_BNT, acc_BTNH = carry
-        k_BKNH, v_BKNH, bias_blk, valid_K = xs
-        logits_BNTK = _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K)
-        new_max_BNT = jnp.maximum(max_BNT, jnp.max(logits_BNTK, axis=-1))
-        correction_BNT = jnp.exp(max_BNT - new_max_BNT)
-        p_BNTK = jnp.exp(logits_BNTK - new_max_BNT[..., None])
-        sum_BNT = sum_BNT * correction_BNT + jnp.sum(p_BNTK, axis=-1)
-        pv_BTNH = jnp.einsum(
-            "BNTK,BKNH->BTNH", p_BNTK.astype(v_BKNH.dtype), v_BKNH,
-            preferred_element_type=jnp.float32,
-        )  # fmt: skip
-        acc_BTNH = acc_BTNH * jnp.moveaxis(correction_BNT, 1, 2)[..., None] + pv_BTNH
-        return (new_max_BNT, sum_BNT, acc_BTNH), None
-
-    init = (
-        jnp.full((batch, heads, tokens), -jnp.inf, jnp.float32),
-        jnp.zeros((batch, heads, tokens), jnp.float32),
-        jnp.zeros((batch, tokens, heads, head_dim), jnp.float32),
-    )
-    xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
-          _bias_blocks(bias, block, num_blocks), valid_LK)  # fmt: skip
-    (max_BNT, sum_BNT, acc_BTNH), _ = jax.lax.scan(step, init, xs)
-    o_BTNH = (acc_BTNH / jnp.moveaxis(sum_BNT, 1, 2)[..., None]).astype(v_BTNH.dtype)
-    return o_BTNH, max_BNT + jnp.log(sum_BNT)
-
-
-def _sum_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Sum ``x`` over the axes that ``shape`` broadcasts (size 1 there), keeping them."""
-    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape, strict=True)) if b == 1 != a)
-    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _chunked(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
-    return _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)[0]
-
-
-def _chunked_fwd(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
-    o_BTNH, lse_BNT = _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)
-    return o_BTNH, (q_BTNH, k_BTNH, v_BTNH, bias, o_BTNH, lse_BNT)
-
-
-def _chunked_bwd(block, keys, residuals, do_BTNH):
-    q_BTNH, k_BTNH, v_BTNH, bias, o_BTNH, lse_BNT = residuals
-    num_blocks = k_BTNH.shape[1] // block
-    valid_LK = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
-    scale = jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
-    # d logits = p * (dp - rowsum(do * o)), the softmax's backward pass per row.
-    delta_BNT = jnp.einsum("BTNH,BTNH->BNT", do_BTNH, o_BTNH, preferred_element_type=jnp.float32)
-    do_BTNH = do_BTNH.astype(v_BTNH.dtype)
-
-    def step(dq_BTNH, xs):
-        k_BKNH, v_BKNH, bias_blk, valid_K = xs
-        logits_BNTK = _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K)
-        p_BNTK = jnp.exp(logits_BNTK - lse_BNT[..., None])
-        dv_BKNH = jnp.einsum("BNTK,BTNH->BKNH", p_BNTK.astype(do_BTNH.dtype), do_BTNH,
-                             preferred_element_type=jnp.float32)  # fmt: skip
-        dp_BNTK = jnp.einsum("BTNH,BKNH->BNTK", do_BTNH, v_BKNH,
-                             preferred_element_type=jnp.float32)  # fmt: skip
-        ds_BNTK = p_BNTK * (dp_BNTK - delta_BNT[..., None])
-        dbias = None if bias_blk is None else _sum_to(ds_BNTK, bias_blk.shape)
-        ds_BNTK = (ds_BNTK * scale).astype(q_BTNH.dtype)
-        dq_BTNH = dq_BTNH + jnp.einsum("BNTK,BKNH->BTNH", ds_BNTK, k_BKNH,
-                                       preferred_element_type=jnp.float32)  # fmt: skip
-        dk_BKNH = jnp.einsum("BNTK,BTNH->BKNH", ds_BNTK, q_BTNH,
-                             preferred_element_type=jnp.float32)  # fmt: skip
-        return dq_BTNH, (dk_BKNH, dv_BKNH, dbias)
-
-    xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
-          _bias_blocks(bias, block, num_blocks), valid_LK)  # fmt: skip
-    dq_BTNH, (dk_LBKNH, dv_LBKNH, dbias_L) = jax.lax.scan(
-        step, jnp.zeros(q_BTNH.shape, jnp.float32), xs
-    )
-
-    def unblock(x_LBKNH, like):
-        x_BLKNH = jnp.moveaxis(x_LBKNH, 0, 1)
-        return x_BLKNH.reshape(like.shape).astype(like.dtype)
-
-    dbias = None
-    if bias is not None:
-        if bias.shape[-1] == 1:
-            dbias = jnp.sum(dbias_L, axis=(0, -1))[..., None]
-        else:
-            dbias = jnp.moveaxis(dbias_L, 0, 3).reshape(bias.shape)
-        dbias = _sum_to(dbias, bias.shape).astype(bias.dtype)
-    return (dq_BTNH.astype(q_BTNH.dtype), unblock(dk_LBKNH, k_BTNH), unblock(dv_LBKNH, v_BTNH),
-            dbias)  # fmt: skip
-
-
-_chunked.defvjp(_chunked_fwd, _chunked_bwd)
-
-
-def attend_cudnn(
-    q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, bias: jax.Array | None = None
-) -> jax.Array:
-    """cuDNN's fused (flash) attention, ``jax.nn.dot_product_attention(implementation="cudnn")``.
-
-    NVIDIA GPUs only, float16/bfloat16 q, k, v, head_dim a multiple of 8 up to 128 (256 on
-    Hopper and later); a bias (ALiBi) is passed as cuDNN's bias input, in q's dtype, and then
-    needs an even token count when training. ``check_attention`` checks these before a run.
-
-    Args:
-      q_BTNH: queries.
-      k_BTNH: keys.
-      v_BTNH: values.
-      bias: None or a logit bias broadcastable to (B, N, T, S).
-
-    Returns:
-      (B, T, N, H) in v's dtype.
-    """
-    bias = _bias_4d(bias)
-    bias = None if bias is None else bias.astype(q_BTNH.dtype)
-    return jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, bias=bias, implementation="cudnn")
-
-
-# Token blocks of the Pallas TPU kernel: sequences are padded to a multiple of this (its lane
-# width) and the padding masked with segment ids.
-PALLAS_BLOCK = 128
-
-
-def attend_pallas(
-    q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, bias: jax.Array | None = None
-) -> jax.Array:
-    """Pallas's TPU flash-attention kernel (``jax.experimental.pallas.ops.tpu.flash_attention``).
-
-    That kernel takes a bias (its ``ab`` input, (B, N, T, S)), so ALiBi goes through it; the
-    other Pallas TPU kernel, splash attention (``ops.tpu.splash_attention``), takes masks but no
-    bias, so it is not used here. The kernel computes ``softmax((q k^T + ab) * sm_scale)``, so
-    the bias is passed divided by the scale. It needs sequence lengths divisible by its
-    blocks: T and S are padded to a multiple of ``PALLAS_BLOCK`` and the padded keys masked
-    with segment ids (real tokens segment 1, padding 0). TPU only (Mosaic); on CPU it runs
-    under ``jax.experimental.pallas.tpu.force_tpu_interpret_mode()`` (the tests do).
-
-    Args:
-      q_BTNH: queries.
-      k_BTNH: keys.
-      v_BTNH: values.
-      bias: None or a logit bias broadcastable to (B, N, T, S).
-
-    Returns:
-      (B, T, N, H) in v's dtype.
-    """
-    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
-
-    batch, tokens, heads, head_dim = q_BTNH.shape
-    keys = k_BTNH.shape[1]
-    padded_t, padded_s = (-(-n // PALLAS_BLOCK) * PALLAS_BLOCK for n in (tokens, keys))
-
-    def to_bnth(x_BTNH, padded):
-        x_BNTH = jnp.swapaxes(x_BTNH, 1, 2)
-        return jnp.pad(x_BNTH, ((0, 0), (0, 0), (0, padded - x_BNTH.shape[2]), (0, 0)))
-
-    q, k, v = to_bnth(q_BTNH, padded_t), to_bnth(k_BTNH, padded_s), to_bnth(v_BTNH, padded_s)
-    scale = 1 / math.sqrt(head_dim)
-    ab = None
-    if bias is not None:
-        ab = jnp.broadcast_to(_bias_4d(bias), (batch, heads, tokens, keys)) * (1 / scale)
-        ab = jnp.pad(ab, ((0, 0), (0, 0), (0, padded_t - tokens), (0, padded_s - keys)))
-        ab = ab.astype(jnp.float32)
-    segments = None
-    if (padded_t, padded_s) != (tokens, keys):
-        ids_q = jnp.broadcast_to(jnp.arange(padded_t) < tokens, (batch, padded_t))
-        ids_kv = jnp.broadcast_to(jnp.arange(padded_s) < keys, (batch, padded_s))
-        segments = pallas_flash.SegmentIds(q=ids_q.astype(jnp.int32), kv=ids_kv.astype(jnp.int32))
-    o_BNTH = pallas_flash.flash_attention(q, k, v, ab, segments, sm_scale=scale)
-    return jnp.swapaxes(o_BNTH[:, :, :tokens], 1, 2).astype(v_BTNH.dtype)
-
-
-def _attend_xla(q_BTNH, k_BTNH, v_BTNH, bias, chunks):
+def _attend_xla(q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, chunks):
+    bias = with_key_mask(bias, key_mask_BS)
     return attend(q_BTNH, k_BTNH, v_BTNH, bias, loop_chunks=chunks[0], batch_chunks=chunks[1])
 
 
-# name -> (q, k, v, bias, (loop_chunks, batch_chunks)) -> o_BTNH. Only "xla" uses the chunks.
+def _attend_chunked(q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, chunks):
+    return backends.attend_chunked(q_BTNH, k_BTNH, v_BTNH, with_key_mask(bias, key_mask_BS))
+
+
+# name -> (q, k, v, bias, key_mask_BS, (loop_chunks, batch_chunks)) -> o_BTNH. "xla" and
+# "chunked" add the key mask to the bias (``with_key_mask``); "cudnn" and "pallas" take it as
+# their kernels do (sequence lengths, segment ids). Only "xla" uses the chunks.
 ATTENTIONS: dict[str, Callable[..., jax.Array]] = {
     "xla": _attend_xla,
-    "cudnn": lambda q, k, v, bias, chunks: attend_cudnn(q, k, v, bias),
-    "pallas": lambda q, k, v, bias, chunks: attend_pallas(q, k, v, bias),
-    "chunked": lambda q, k, v, bias, chunks: attend_chunked(q, k, v, bias),
+    "cudnn": lambda q, k, v, bias, mask, chunks: backends.attend_cudnn(q, k, v, bias, mask),
+    "pallas": lambda q, k, v, bias, mask, chunks: backends.attend_pallas(q, k, v, bias, mask),
+    "chunked": _attend_chunked,
 }
-# The platforms (``jax.default_backend()`` names) each backend runs on.
-ATTENTION_PLATFORMS = {
-    "xla": ("cpu", "gpu", "cuda", "rocm", "tpu"),
-    "cudnn": ("gpu", "cuda"),
-    "pallas": ("tpu",),
-    "chunked": ("cpu", "gpu", "cuda", "rocm", "tpu"),
-}
-
-
-def check_attention_name(name: str) -> None:
-    """``name`` must be one of ``ATTENTIONS``."""
-    if name not in ATTENTIONS:
-        raise ValueError(f"unknown attention={name!r}; expected one of {sorted(ATTENTIONS)}")
-
-
-def check_attention(
-    name: str,
-    *,
-    platform: str,
-    dtype: Any,
-    head_dim: int,
-    tokens: int,
-    has_bias: bool,
-    train: bool = True,
-) -> None:
-    """Raise, naming ``model.attention`` and what it needs, where a backend cannot run.
-
-    Called outside ``jit`` before the first step (``vit.check_model_attention`` from a
-    config), so that a run fails at once and not in the middle of compiling.
-
-    Args:
-      name: ``ATTENTIONS`` key.
-      platform: the backend the steps run on (``jax.default_backend()``, or an export target).
-      dtype: the activation dtype.
-      head_dim: H.
-      tokens: T = S, the sequence length of the largest grid the run uses.
-      has_bias: whether the position encoding adds a logit bias (ALiBi).
-      train: whether gradients are taken (cuDNN's biased backward needs an even T).
-    """
-    check_attention_name(name)
-    where = f"model.attention={name!r}"
-    if platform not in ATTENTION_PLATFORMS[name]:
-        raise ValueError(
-            f"{where} needs platform in {list(ATTENTION_PLATFORMS[name])}; this run is on "
-            f"{platform!r} (use 'xla' or 'chunked', which run everywhere)"
-        )
-    dtype = jnp.dtype(dtype)
-    if name == "cudnn":
-        if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-            raise ValueError(f"{where} needs model.dtype 'bfloat16' or 'float16'; got {dtype.name}")
-        if head_dim % 8 or head_dim > 256:
-            raise ValueError(
-                f"{where} needs head_dim (width / num_heads) a multiple of 8 and <= 128 "
-                f"(<= 256 on Hopper and later); got {head_dim}"
-            )
-        if has_bias and train and tokens % 2:
-            raise ValueError(
-                f"{where} with a bias (ALiBi) needs an even token count to train; got {tokens} "
-                "(a class token makes 14 x 14 + 1 = 197: use pool='mean')"
-            )
-    if name == "pallas" and head_dim > 128 and head_dim % 128:
-        raise ValueError(
-            f"{where} needs head_dim (width / num_heads) <= 128 or a multiple of 128 (the "
-            f"kernel's lane width); got {head_dim}"
-        )
 
 
 def xavier_uniform(in_axis, out_axis) -> jax.nn.initializers.Initializer:
@@ -659,13 +341,13 @@ class Attention(nnx.Module):
           qkv_bias: biases on the q, k, v projections (False: none, as the LieRE reference's
             ``to_qkv``); the output projection always has one.
           attention: the attention backend, an ``ATTENTIONS`` key (``"xla"``, ``"cudnn"``,
-            ``"pallas"``, ``"chunked"``); ``check_attention`` says where each runs.
+            ``"pallas"``, ``"chunked"``); ``backends.check_attention`` says where each runs.
           dtype: activation dtype; parameters are float32.
           rngs: ``nnx.Rngs`` with a ``params`` (or default) stream.
         """
         if width % num_heads:
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
-        check_attention_name(attention)
+        backends.check_attention_name(attention)
         self.attention = attention
         self.pe = pe
         self.num_heads = num_heads
@@ -744,19 +426,19 @@ class Attention(nnx.Module):
           train: a training call: attend the whole batch at once (``chunk_plan`` unused).
           chunk_plan: how the ``"xla"`` attention cuts an inference batch (``chunk_plan()``,
             decided outside ``jit``; the same result to float32 rounding); None: no chunks.
-          key_mask_BS: None, or (B, S) with 0 at padded keys (``with_key_mask``): no token
-            attends to them.
+          key_mask_BS: None, or (B, S) with 0 at padded keys: no token attends to them (a
+            logit bias for "xla" and "chunked", ``with_key_mask``; sequence lengths for
+            "cudnn", segment ids for "pallas").
 
         Returns:
           (B, T, D) array in the activation dtype.
         """
         q_BTNH, k_BTNH, v_BTNH, bias = self.qkv(x_BTD, pos, pe_params=pe_params, pe_state=pe_state)
-        bias = with_key_mask(bias, key_mask_BS)
         (batch, tokens, heads, _), keys = q_BTNH.shape, k_BTNH.shape[1]
         chunks = (1, 1)
         if not train and chunk_plan is not None:
             chunks = chunk_plan.chunks(batch, heads, tokens, keys)
-        o_BTNH = ATTENTIONS[self.attention](q_BTNH, k_BTNH, v_BTNH, bias, chunks)
+        o_BTNH = ATTENTIONS[self.attention](q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, chunks)
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
         return y_BTD + self.bo_D[...].astype(self.dtype)[None, None]
 

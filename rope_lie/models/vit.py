@@ -54,7 +54,7 @@ from flax import nnx
 from rope_lie import encodings
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
-from rope_lie.models import attention, blocks, position_hook, tokens
+from rope_lie.models import attention, backends, blocks, position_hook, tokens
 from rope_lie.models.attention import xavier_uniform
 from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.variables import NoDecay
@@ -204,35 +204,45 @@ def _activation_dtype(dtype: Any) -> jnp.dtype:
 
 
 def check_model_attention(
-    model_cfg: Mapping[str, Any], platform: str | None = None, *, train: bool = True
+    model_cfg: Mapping[str, Any],
+    platform: str | None = None,
+    *,
+    train: bool = True,
+    token_length: int | None = None,
 ) -> None:
     """Check ``model_cfg["attention"]`` against a platform, the dtype, head_dim and the bias.
 
     Call it outside ``jit``, before the first step: an unsupported choice fails with an error
-    that names ``model.attention`` and what it needs (``attention.check_attention``).
+    that names ``model.attention`` and what it needs (``backends.check_attention``). The token
+    count checked is the one the steps attend over: the grid of ``image_shape`` or, when the
+    run trains on padded token batches, their length, after patch dropout in training, plus
+    the prefix tokens (class token and registers).
 
     Args:
       model_cfg: ``config.model`` (the ``ViT`` keyword arguments).
       platform: where the steps run; None: ``jax.default_backend()``.
       train: whether the model is trained (cuDNN's biased backward pass needs an even T).
+      token_length: the padded length of the token batches the run trains on
+        (``config.naflex.max_tokens``, ``classify_tokens``); None: it trains on images.
     """
     cfg = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
     name = cfg.get("attention", "xla")
-    attention.check_attention_name(name)
+    backends.check_attention_name(name)
     image_shape = _check_image_shape(cfg.get("image_shape", (224, 224)))
     dims, patch = model_dims(
         cfg.get("variant", "Ti/16"), cfg.get("dims"), cfg.get("patch_size"), len(image_shape)
     )
-    grid = token_grid(image_shape, patch, "image_shape")
-    tokens = math.prod(grid) + num_prefix_tokens(
-        cfg.get("pool", "cls"), cfg.get("num_registers", 0)
-    )
-    attention.check_attention(
+    length = math.prod(token_grid(image_shape, patch, "image_shape"))
+    if token_length is not None:
+        length = int(token_length)
+    if train and cfg.get("patch_dropout", 0.0) > 0:
+        length = tokens.keep_count(length, cfg["patch_dropout"])
+    backends.check_attention(
         name,
         platform=jax.default_backend() if platform is None else platform,
         dtype=_activation_dtype(cfg.get("dtype", "float32")),
         head_dim=dims["width"] // dims["num_heads"],
-        tokens=tokens,
+        tokens=length + num_prefix_tokens(cfg.get("pool", "cls"), cfg.get("num_registers", 0)),
         has_bias=cfg.get("pe", "nope") in encodings.BIAS,
         train=train,
     )
@@ -490,7 +500,8 @@ class ViT(nnx.Module):
         Every example is classified as if it were alone at its own grid (``__call__`` on its
         image): each token's position is its own example's (``token_positions``, per-example
         encoder states), its additive table is its example's grid's, padded keys get no
-        attention (``attention.with_key_mask``) and padded tokens no pooling weight.
+        attention (the key mask, which each backend takes as its kernel does:
+        ``Attention.__call__``) and padded tokens no pooling weight.
 
         Args:
           batch: ``tokens.Tokens`` of length T (prefix tokens are prepended here).

@@ -118,6 +118,81 @@ def test_per_example_positions_match_shared(block_size):
         np.testing.assert_allclose(got[i : i + 1], want, atol=1e-6)
 
 
+# Per-example positions of 8 examples of 5 tokens: their exponentials run on 5, 20 or 40 rows
+# (``liere._row_tiers``), the first count that holds the batch's distinct positions.
+SHARED_B, SHARED_T = 8, 5
+
+
+def _positions_with_distinct(count: int, seed: int) -> jax.Array:
+    """(SHARED_B, SHARED_T, 2) positions that take exactly ``count`` distinct values."""
+    rng = _rng(seed)
+    points = rng.uniform(-2.0, 2.0, (count, 2))
+    slots = SHARED_B * SHARED_T
+    which = np.concatenate([np.arange(count), rng.integers(0, count, slots - count)])
+    pos = points[rng.permutation(which)].reshape(SHARED_B, SHARED_T, 2)
+    return jnp.asarray(pos, jnp.float32)
+
+
+def test_row_tiers_are_t_times_powers_of_4_then_every_slot():
+    assert liere._row_tiers(8, 5) == (5, 20, 40)
+    assert liere._row_tiers(16, 101) == (101, 404, 1616)
+    assert liere._row_tiers(4, 3) == (3, 12)
+    assert liere._row_tiers(1, 7) == (7,)
+
+
+@pytest.mark.parametrize("block_size", [None, 4])
+@pytest.mark.parametrize("distinct", [3, 5, 17, 40])  # the rows run on: 5, 5, 20, 40
+def test_per_example_rotations_once_per_distinct_position_equal_per_token(block_size, distinct):
+    """Rotations computed once per distinct position and gathered equal one exponential per
+    token (``liere._rotations`` on every slot, the path before), to float32 rounding, in the
+    rotations, the rotated q or k, and the generators' gradients, whichever row count holds
+    the batch's distinct positions (a count equal to a tier's included)."""
+    params = _params(3, block_size=block_size)
+    gen = params["gen_ANKbb"]
+    pos_BTA = _positions_with_distinct(distinct, seed=distinct)
+    assert len(np.unique(np.asarray(pos_BTA).reshape(-1, 2), axis=0)) == distinct
+    per_token = lambda gen, pos: state.BlockRotations(liere._rotations(gen, pos))  # noqa: E731
+    np.testing.assert_allclose(
+        _rotations(params, pos_BTA), liere._rotations(gen, pos_BTA), atol=2e-6
+    )
+    x = _rng(4).standard_normal((SHARED_B, SHARED_T, N, 8)).astype(np.float32)
+    w = _rng(5).standard_normal(x.shape).astype(np.float32)
+
+    def loss(state_fn):
+        return jax.jit(jax.value_and_grad(lambda g: jnp.sum(w * state_fn(g, pos_BTA).rotate(x))))
+
+    shared = lambda gen, pos: liere.precompute(  # noqa: E731
+        {"gen_ANKbb": gen}, pos, num_heads=N, head_dim=8
+    )
+    (value, grad), (ref_value, ref_grad) = loss(shared)(gen), loss(per_token)(gen)
+    np.testing.assert_allclose(shared(gen, pos_BTA).rotate(x), per_token(gen, pos_BTA).rotate(x),
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(value, ref_value, atol=1e-4)  # a sum of 640 terms
+    np.testing.assert_allclose(grad, ref_grad, atol=1e-4, rtol=1e-5)
+
+
+def test_shared_positions_and_one_example_keep_the_per_token_path():
+    """An image batch's positions pos_TA (and a single example's) are not deduplicated: the
+    same jitted computation as before, so the same numbers."""
+    params = _params(6, block_size=4)
+    pos_TA = _pos(7, (T, 2), 0.0, 3.0)
+    for pos in (pos_TA, pos_TA[None]):
+        np.testing.assert_array_equal(
+            liere.rotations(params, pos), liere._rotations(params["gen_ANKbb"], jnp.asarray(pos))
+        )
+
+
+def test_per_example_positions_take_no_gradient():
+    """Tokens at one position share one exponential: a position gradient is an error that
+    says what to do instead, not a silently wrong one."""
+    params = _params(8, block_size=4)
+    pos_BTA = _positions_with_distinct(6, seed=9)
+    with pytest.raises(ValueError, match="per-example positions pos_BTA .* take no gradient"):
+        jax.grad(lambda pos: jnp.sum(liere.rotations(params, pos)))(pos_BTA)
+    grad = jax.grad(lambda pos: jnp.sum(liere.rotations(params, pos)))(pos_BTA[0])  # pos_TA
+    assert np.isfinite(grad).all()
+
+
 @pytest.mark.parametrize("block_size", [None, 4, 2])
 def test_group_properties(block_size):
     params = _params(3, block_size=block_size)

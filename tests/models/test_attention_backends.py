@@ -1,4 +1,4 @@
-"""The attention backends behind ``Attention``'s one seam (``attention.ATTENTIONS``), on CPU.
+"""The attention backends (``backends.py``) behind ``Attention``'s one seam, on CPU.
 
 "chunked" (online softmax over key blocks, custom VJP) must equal "xla" (``attend``) to float32
 rounding in values and gradients, with and without a bias, at 2D and 3D token counts; the Pallas
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rope_lie.models import attention, vit
+from rope_lie.models import attention, backends, vit
 from rope_lie.models.attention import Attention
 from rope_lie.models.position_hook import PositionParam
 
@@ -41,9 +41,13 @@ def _bias(kind: str, tokens: int, seed: int = 1):
     return jnp.asarray(rng.normal(size=BIAS_SHAPES[kind](tokens)), jnp.float32)
 
 
-def _values_and_grads(fn, q, k, v, bias):
-    """fn's output and the gradients of a random projection of it w.r.t. q, k, v (and bias)."""
-    w = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
+def _values_and_grads(fn, q, k, v, bias, examples=None):
+    """fn's output and the gradients of a random projection of it w.r.t. q, k, v (and bias);
+    ``examples``: the examples the projection weighs (None: all)."""
+    w = np.random.default_rng(2).normal(size=q.shape)
+    if examples is not None:
+        w[np.setdiff1d(np.arange(len(w)), examples)] = 0.0
+    w = jnp.asarray(w, jnp.float32)
     args = (q, k, v) if bias is None else (q, k, v, bias)
 
     def loss(*a):
@@ -60,7 +64,7 @@ def test_chunked_equals_xla_in_values_and_gradients(grid, bias_kind):
     tokens = TOKENS[grid]
     q, k, v = _qkv(tokens)
     bias = _bias(bias_kind, tokens)
-    chunked = lambda q, k, v, b: attention.attend_chunked(q, k, v, b, block=8)  # noqa: E731
+    chunked = lambda q, k, v, b: backends.attend_chunked(q, k, v, b, block=8)  # noqa: E731
     xla = lambda q, k, v, b: attention.attend(q, k, v, b)  # noqa: E731
     out, grads = _values_and_grads(chunked, q, k, v, bias)
     ref_out, ref_grads = _values_and_grads(xla, q, k, v, bias)
@@ -78,17 +82,17 @@ def test_chunked_any_block_size(block):
     q, k, v = _qkv(TOKENS["2d"], seed=3)
     bias = _bias("heads", TOKENS["2d"])
     ref = attention.attend(q, k, v, bias)
-    out = attention.attend_chunked(q, k, v, bias, block=block)
+    out = backends.attend_chunked(q, k, v, bias, block=block)
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="block=0"):
-        attention.attend_chunked(q, k, v, block=0)
+        backends.attend_chunked(q, k, v, block=0)
 
 
 def test_chunked_bfloat16_close_to_xla():
     """bfloat16 q, k, v: float32 statistics in both, so they agree to bfloat16 rounding."""
     q, k, v = _qkv(TOKENS["3d"], jnp.bfloat16, seed=4)
     bias = _bias("heads", TOKENS["3d"]).astype(jnp.bfloat16)
-    out = attention.attend_chunked(q, k, v, bias, block=8)
+    out = backends.attend_chunked(q, k, v, bias, block=8)
     ref = attention.attend(q, k, v, bias)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.float32(out), np.float32(ref), atol=2e-2, rtol=2e-2)
@@ -131,6 +135,12 @@ def test_attention_layer_backend_chunked_equals_xla(pe, hparams):
     )
 
 
+def test_every_backend_has_its_platforms():
+    """``attention.ATTENTIONS`` (the functions) and ``backends.ATTENTION_PLATFORMS`` (where each
+    runs, what ``check_attention_name`` accepts) name the same backends."""
+    assert set(attention.ATTENTIONS) == set(backends.ATTENTION_PLATFORMS)
+
+
 def test_unknown_attention_is_named():
     with pytest.raises(ValueError, match=r"unknown attention='flash'; expected one of"):
         Attention(16, 2, num_axes=2, attention="flash", rngs=nnx.Rngs(0))
@@ -147,13 +157,72 @@ def test_pallas_tpu_kernel_in_interpret_mode(with_bias):
     bias = _bias("heads", TOKENS["2d"]) if with_bias else None
     with pltpu.force_tpu_interpret_mode():
         if with_bias:
-            out, grads = _values_and_grads(attention.attend_pallas, q, k, v, bias)
+            out, grads = _values_and_grads(backends.attend_pallas, q, k, v, bias)
         else:
-            out, grads = jax.jit(attention.attend_pallas)(q, k, v, None), ()
+            out, grads = jax.jit(backends.attend_pallas)(q, k, v, None), ()
     ref_out, ref_grads = _values_and_grads(attention.attend, q, k, v, bias)
     np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
     for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
         np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+# A key mask over the 2D token count (a class token and 16 slots): example 0 padded at the end
+# (as tokens.pack pads), example 1 with holes (a token batch may hold its slots in any order),
+# example 2 with no real key (an evaluation's zero-filled batch tail without a class token).
+KEY_MASK = np.ones((BATCH, TOKENS["2d"]), bool)
+KEY_MASK[0, 11:] = False
+KEY_MASK[1, [2, 5, 15, 16]] = False
+KEY_MASK[2, :] = False
+REAL = [0, 1]  # the examples with real keys
+
+
+def _masked_reference(bias_kind):
+    """q, k, v, the bias, and ``attend``'s output and gradients with the mask as a logit bias
+    (``with_key_mask``, the "xla" backend), the gradients of the examples in ``REAL``."""
+    q, k, v = _qkv(TOKENS["2d"], seed=10)
+    bias = _bias(bias_kind, TOKENS["2d"])
+    mask = jnp.asarray(KEY_MASK)
+
+    def xla(q, k, v, b):
+        return attention.attend(q, k, v, attention.with_key_mask(b, mask))
+
+    return (q, k, v, bias), _values_and_grads(xla, q, k, v, bias, examples=REAL)
+
+
+def _check_masked(fn, bias_kind, grads=True):
+    """``fn(q, k, v, bias, key_mask)`` equals the reference on the examples with real keys, in
+    values and (with ``grads``) gradients, and is finite on the one without."""
+    (q, k, v, bias), (ref_out, ref_grads) = _masked_reference(bias_kind)
+    masked = lambda q, k, v, b: fn(q, k, v, b, jnp.asarray(KEY_MASK))  # noqa: E731
+    if grads:
+        out, grads = _values_and_grads(masked, q, k, v, bias, examples=REAL)
+    else:
+        out, grads = jax.jit(masked)(q, k, v, bias), ()
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(
+        np.asarray(out)[REAL], np.asarray(ref_out)[REAL], atol=1e-5, rtol=1e-5
+    )
+    for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
+        np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("bias_kind", ["none", "per_example"])
+def test_pallas_takes_the_key_mask_as_segment_ids_in_interpret_mode(bias_kind):
+    """Padded keys in segment 0 (with the block padding), the rest in segment 1: equal to the
+    mask as a logit bias in values and gradients, with ALiBi's per-example bias beside it."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    with pltpu.force_tpu_interpret_mode():
+        _check_masked(backends.attend_pallas, bias_kind)
+
+
+@pytest.mark.parametrize("bias_kind", ["none", "shared", "per_example"])
+def test_cudnn_takes_the_key_mask_as_sequence_lengths(bias_kind):
+    """The cuDNN wrapper's own work, checked through jax's reference of the same call
+    (``implementation="xla"``: the same bias, key order and ``key_value_seq_lengths``): real
+    keys sorted first, the bias's key axis with them, each example's count as its length."""
+    cudnn_as_xla = lambda *a: backends.attend_cudnn(*a, implementation="xla")  # noqa: E731
+    _check_masked(cudnn_as_xla, bias_kind)
 
 
 CHECK = dict(platform="gpu", dtype=jnp.bfloat16, head_dim=64, tokens=196, has_bias=False)
@@ -178,7 +247,7 @@ CHECK = dict(platform="gpu", dtype=jnp.bfloat16, head_dim=64, tokens=196, has_bi
 )
 def test_check_attention_names_the_setting_and_its_needs(name, changes, message):
     with pytest.raises(ValueError, match=message):
-        attention.check_attention(name, **(CHECK | changes))
+        backends.check_attention(name, **(CHECK | changes))
 
 
 @pytest.mark.parametrize(
@@ -193,7 +262,7 @@ def test_check_attention_names_the_setting_and_its_needs(name, changes, message)
     ],
 )
 def test_check_attention_accepts_what_runs(name, changes):
-    attention.check_attention(name, **(CHECK | changes))
+    backends.check_attention(name, **(CHECK | changes))
 
 
 def test_check_model_attention_from_a_config():
@@ -215,6 +284,28 @@ def test_check_model_attention_from_a_config():
     vit.check_model_attention(model, "gpu", train=False)
     model.pool = "mean"  # 64 tokens
     vit.check_model_attention(model, "gpu")
+
+
+def test_check_model_attention_counts_the_training_token_batches():
+    """Padded token batches (NaFlex) and patch dropout change the token count the steps train
+    on; the check counts those, not the image grid's (cuDNN with ALiBi: an even count)."""
+    from configs import quickstart
+
+    model = quickstart.get_config("pe=alibi").model  # 8x8 grid + class token: 65
+    model.update(attention="cudnn", dtype="bfloat16", pool="mean")  # 64: trains
+    vit.check_model_attention(model, "gpu")
+    with pytest.raises(ValueError, match="'cudnn' with a bias .* to train; got 81"):
+        vit.check_model_attention(model, "gpu", token_length=81)  # naflex.max_tokens = 9 x 9
+    vit.check_model_attention(model, "gpu", token_length=81, train=False)
+    model.patch_dropout = 0.25  # keeps round(81 x 0.75) = 61 slots, or 48 of the 64
+    with pytest.raises(ValueError, match="got 61"):
+        vit.check_model_attention(model, "gpu", token_length=81)
+    vit.check_model_attention(model, "gpu")
+    model.pool = "cls"  # and the class token: 49
+    with pytest.raises(ValueError, match="got 49"):
+        vit.check_model_attention(model, "gpu")
+    model.pe = "rope_mixed"  # no bias: the key mask is no bias for cuDNN (sequence lengths)
+    vit.check_model_attention(model, "gpu", token_length=81)
 
 
 def test_default_backend_is_attend():

@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 from rope_lie import config_lib, encodings
-from rope_lie.encodings import positions
-from rope_lie.models import attention, tokens
+from rope_lie.encodings import liere, positions
+from rope_lie.models import attention, backends, tokens
 from rope_lie.models.vit import ViT
 
 # Three grids of different sizes and aspect ratios, padded to 20 tokens (16 is the largest).
@@ -263,3 +263,36 @@ def test_padded_batch_of_four_through_the_cpu_attention_chunks(pe):
     if jax.default_backend() == "cpu":
         assert attention.cpu_chunks(4, 2, 21, 21)[1] == 2
     _check_padded_equals_alone(_model(pe), GRIDS_2D[:2] * 2, PATCH_2D, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("backend", ["pallas", "cudnn"])
+def test_padded_batch_through_the_fused_backends_equals_xla(backend, monkeypatch):
+    """The key mask reaches the fused backends as they take it (Pallas: segment ids, run in its
+    TPU interpret mode; cuDNN: sequence lengths, through jax's reference of the same call, as
+    no cuDNN runs here): ALiBi's per-example bias and the mask, the same logits as "xla"."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    cudnn = backends.attend_cudnn
+    monkeypatch.setattr(backends, "attend_cudnn",
+                        lambda *a: cudnn(*a, implementation="xla"))  # fmt: skip
+    batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
+    expected = _logits_packed(_model("alibi"), batch)
+    with pltpu.force_tpu_interpret_mode():
+        logits = _logits_packed(_model("alibi", attention=backend), batch)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_liere_padded_batch_by_distinct_position_equals_per_token(rank, monkeypatch):
+    """LieRE's rotations of a padded mixed batch, once per distinct position and gathered,
+    give the logits of one exponential per token (the path before, ``liere._rotations`` on
+    every slot) to float32 rounding, in 2D and 3D."""
+    grids, patch, length = {
+        2: (GRIDS_2D, PATCH_2D, MAX_TOKENS),
+        3: (((2, 1, 3), (1, 3, 2), (2, 2, 2)), (2, 2, 2), 10),
+    }[rank]
+    model = _model("liere", rank=rank)
+    batch = tokens.pack(_images(grids, patch), patch, length)
+    shared = _logits_packed(model, batch)
+    monkeypatch.setattr(liere, "_token_rotations", liere._rotations)
+    np.testing.assert_allclose(shared, _logits_packed(model, batch), rtol=1e-5, atol=2e-5)

@@ -1,0 +1,403 @@
+"""The attention backends behind ``Attention``'s one seam (``attention.ATTENTIONS``).
+
+Each is a function of (q_BTNH, k_BTNH, v_BTNH, bias) -> o_BTNH that computes what the formula
+``attention.attend`` computes, ``softmax(q k^T / sqrt(H) + bias) v`` per head, another way:
+
+- ``attend_chunked`` (``"chunked"``): exact, an online softmax over key blocks with a custom
+  VJP; O(T x block) memory on any platform;
+- ``attend_cudnn`` (``"cudnn"``): cuDNN's fused attention (NVIDIA GPUs, bfloat16/float16);
+- ``attend_pallas`` (``"pallas"``): the Pallas TPU flash-attention kernel.
+
+``ATTENTION_PLATFORMS`` says where each backend (the default ``"xla"`` included) runs, and
+``check_attention`` (called outside ``jit`` before the first step, ``vit.check_model_attention``)
+raises, naming ``model.attention`` and what it needs, where one cannot. ``attention.py`` keeps
+the formula (``"xla"``), the CPU chunk plan and the ``Attention`` module.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# Keys per block of the "chunked" attention: its logits are (B, N, T, KEY_BLOCK) at a time.
+KEY_BLOCK = 128
+
+
+def bias_4d(bias: jax.Array | None) -> jax.Array | None:
+    """A bias broadcastable to (B, N, T, S) as a 4-dimensional array (leading axes of 1)."""
+    if bias is None or bias.ndim == 4:
+        return bias
+    return bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+
+
+def attend_chunked(
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    v_BTNH: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    block: int = KEY_BLOCK,
+) -> jax.Array:
+    """Exact attention in O(T x block) memory: an online softmax over key blocks.
+
+    ``softmax(q k^T / sqrt(H) + bias) v`` as ``attend`` computes it, but the keys are visited
+    ``block`` at a time in a ``lax.scan`` that carries the running row maximum, the running
+    sum of exponentials and the unnormalised output (Milakov & Gimelshein, arXiv:1805.02867;
+    Rabe & Staats, arXiv:2112.05682; the FlashAttention recurrence, arXiv:2205.14135), so no
+    (B, N, T, S) array is ever formed (only the bias, when given, which the encoder state
+    already holds). Gradients are a custom VJP that saves only the output and the row
+    log-sum-exp and recomputes each block's probabilities in a second scan (FlashAttention's
+    backward pass). Logits, statistics and accumulators are float32 whatever the inputs'
+    dtype. Keys are padded to a multiple of ``block`` and the padding masked out.
+
+    Args:
+      q_BTNH: queries.
+      k_BTNH: keys (B, S, N, H).
+      v_BTNH: values (B, S, N, H).
+      bias: None or a logit bias broadcastable to (B, N, T, S).
+      block: keys per block (the whole of S when S is smaller).
+
+    Returns:
+      (B, T, N, H) in v's dtype; equal to ``attend`` to float32 rounding.
+    """
+    if block < 1:
+        raise ValueError(f"block={block} must be >= 1")
+    keys = k_BTNH.shape[1]
+    block = min(block, keys)
+    num_blocks = -(-keys // block)
+    pad = num_blocks * block - keys
+    bias = bias_4d(bias)
+    if pad:
+        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+        k_BTNH, v_BTNH = jnp.pad(k_BTNH, widths), jnp.pad(v_BTNH, widths)
+        if bias is not None and bias.shape[-1] != 1:
+            bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, pad)))
+    return _chunked(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)
+
+
+def _key_blocks(x_BSNH: jax.Array, block: int) -> jax.Array:
+    """(B, S, N, H) -> (S / block, B, block, N, H)."""
+    b, s, n, h = x_BSNH.shape
+    return jnp.moveaxis(x_BSNH.reshape(b, s // block, block, n, h), 1, 0)
+
+
+def _bias_blocks(bias: jax.Array | None, block: int, num_blocks: int) -> jax.Array | None:
+    """(b, n, t, S) -> (S / block, b, n, t, block); a bias constant along S is kept as is."""
+    if bias is None:
+        return None
+    if bias.shape[-1] == 1:
+        return jnp.broadcast_to(bias, (num_blocks, *bias.shape))
+    b, n, t, s = bias.shape
+    return jnp.moveaxis(bias.reshape(b, n, t, s // block, block), 3, 0)
+
+
+def _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K):
+    """One key block's float32 logits (B, N, T, K), padded keys at -inf."""
+    logits_BNTK = jnp.einsum("BTNH,BKNH->BNTK", q_BTNH, k_BKNH, preferred_element_type=jnp.float32)
+    logits_BNTK = logits_BNTK * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
+    if bias_blk is not None:
+        logits_BNTK = (logits_BNTK + bias_blk).astype(jnp.float32)
+    return jnp.where(valid_K, logits_BNTK, -jnp.inf)
+
+
+def _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
+    """(o_BTNH in v's dtype, lse_BNT float32) by the online softmax."""
+    batch, tokens, heads, head_dim = q_BTNH.shape
+    num_blocks = k_BTNH.shape[1] // block
+    valid_LK = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
+
+    def step(carry, xs):
+        max_BNT, sum_BNT, acc_BTNH = carry
+        k_BKNH, v_BKNH, bias_blk, valid_K = xs
+        logits_BNTK = _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K)
+        new_max_BNT = jnp.maximum(max_BNT, jnp.max(logits_BNTK, axis=-1))
+        correction_BNT = jnp.exp(max_BNT - new_max_BNT)
+        p_BNTK = jnp.exp(logits_BNTK - new_max_BNT[..., None])
+        sum_BNT = sum_BNT * correction_BNT + jnp.sum(p_BNTK, axis=-1)
+        pv_BTNH = jnp.einsum(
+            "BNTK,BKNH->BTNH", p_BNTK.astype(v_BKNH.dtype), v_BKNH,
+            preferred_element_type=jnp.float32,
+        )  # fmt: skip
+        acc_BTNH = acc_BTNH * jnp.moveaxis(correction_BNT, 1, 2)[..., None] + pv_BTNH
+        return (new_max_BNT, sum_BNT, acc_BTNH), None
+
+    init = (
+        jnp.full((batch, heads, tokens), -jnp.inf, jnp.float32),
+        jnp.zeros((batch, heads, tokens), jnp.float32),
+        jnp.zeros((batch, tokens, heads, head_dim), jnp.float32),
+    )
+    xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
+          _bias_blocks(bias, block, num_blocks), valid_LK)  # fmt: skip
+    (max_BNT, sum_BNT, acc_BTNH), _ = jax.lax.scan(step, init, xs)
+    o_BTNH = (acc_BTNH / jnp.moveaxis(sum_BNT, 1, 2)[..., None]).astype(v_BTNH.dtype)
+    return o_BTNH, max_BNT + jnp.log(sum_BNT)
+
+
+def _sum_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Sum ``x`` over the axes that ``shape`` broadcasts (size 1 there), keeping them."""
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape, strict=True)) if b == 1 != a)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _chunked(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
+    return _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)[0]
+
+
+def _chunked_fwd(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
+    o_BTNH, lse_BNT = _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)
+    return o_BTNH, (q_BTNH, k_BTNH, v_BTNH, bias, o_BTNH, lse_BNT)
+
+
+def _chunked_bwd(block, keys, residuals, do_BTNH):
+    q_BTNH, k_BTNH, v_BTNH, bias, o_BTNH, lse_BNT = residuals
+    num_blocks = k_BTNH.shape[1] // block
+    valid_LK = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
+    scale = jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
+    # d logits = p * (dp - rowsum(do * o)), the softmax's backward pass per row.
+    delta_BNT = jnp.einsum("BTNH,BTNH->BNT", do_BTNH, o_BTNH, preferred_element_type=jnp.float32)
+    do_BTNH = do_BTNH.astype(v_BTNH.dtype)
+
+    def step(dq_BTNH, xs):
+        k_BKNH, v_BKNH, bias_blk, valid_K = xs
+        logits_BNTK = _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K)
+        p_BNTK = jnp.exp(logits_BNTK - lse_BNT[..., None])
+        dv_BKNH = jnp.einsum("BNTK,BTNH->BKNH", p_BNTK.astype(do_BTNH.dtype), do_BTNH,
+                             preferred_element_type=jnp.float32)  # fmt: skip
+        dp_BNTK = jnp.einsum("BTNH,BKNH->BNTK", do_BTNH, v_BKNH,
+                             preferred_element_type=jnp.float32)  # fmt: skip
+        ds_BNTK = p_BNTK * (dp_BNTK - delta_BNT[..., None])
+        dbias = None if bias_blk is None else _sum_to(ds_BNTK, bias_blk.shape)
+        ds_BNTK = (ds_BNTK * scale).astype(q_BTNH.dtype)
+        dq_BTNH = dq_BTNH + jnp.einsum("BNTK,BKNH->BTNH", ds_BNTK, k_BKNH,
+                                       preferred_element_type=jnp.float32)  # fmt: skip
+        dk_BKNH = jnp.einsum("BNTK,BTNH->BKNH", ds_BNTK, q_BTNH,
+                             preferred_element_type=jnp.float32)  # fmt: skip
+        return dq_BTNH, (dk_BKNH, dv_BKNH, dbias)
+
+    xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
+          _bias_blocks(bias, block, num_blocks), valid_LK)  # fmt: skip
+    dq_BTNH, (dk_LBKNH, dv_LBKNH, dbias_L) = jax.lax.scan(
+        step, jnp.zeros(q_BTNH.shape, jnp.float32), xs
+    )
+
+    def unblock(x_LBKNH, like):
+        x_BLKNH = jnp.moveaxis(x_LBKNH, 0, 1)
+        return x_BLKNH.reshape(like.shape).astype(like.dtype)
+
+    dbias = None
+    if bias is not None:
+        if bias.shape[-1] == 1:
+            dbias = jnp.sum(dbias_L, axis=(0, -1))[..., None]
+        else:
+            dbias = jnp.moveaxis(dbias_L, 0, 3).reshape(bias.shape)
+        dbias = _sum_to(dbias, bias.shape).astype(bias.dtype)
+    return (dq_BTNH.astype(q_BTNH.dtype), unblock(dk_LBKNH, k_BTNH), unblock(dv_LBKNH, v_BTNH),
+            dbias)  # fmt: skip
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+def attend_cudnn(
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    v_BTNH: jax.Array,
+    bias: jax.Array | None = None,
+    key_mask_BS: jax.Array | None = None,
+    *,
+    implementation: str = "cudnn",
+) -> jax.Array:
+    """cuDNN's fused (flash) attention, ``jax.nn.dot_product_attention(implementation="cudnn")``.
+
+    NVIDIA GPUs only, float16/bfloat16 q, k, v, head_dim a multiple of 8 up to 128 (256 on
+    Hopper and later); a bias (ALiBi) is passed as cuDNN's bias input, in q's dtype, and then
+    needs an even token count when training. ``check_attention`` checks these before a run.
+
+    The key mask goes in as cuDNN takes it, as sequence lengths (``key_value_seq_lengths``:
+    cuDNN's padding mask, no bias array, beside ALiBi's bias in the same call). jax's other
+    way, a boolean ``mask``, is folded into a bias in q's dtype (``combine_bias_and_mask``):
+    a bias-free model would then train under the bias's even-T rule and carry a (B, 1, T, S)
+    array (a (B, 1, 1, S) mask fails cuDNN's shape check unless broadcast over T, jax issue
+    #28974). Lengths mask the keys past each example's count, so the real keys are first put
+    before the padded ones (a stable sort of each example's keys and values, and of the bias's
+    key axis; attention is a sum over keys, so the order changes nothing but the rounding, and
+    the sort is the identity for ``tokens.pack``'s and ``patch_dropout``'s batches, whose
+    padding is at the end). An example with no real key gets length 1 (finite, and unused).
+
+    Args:
+      q_BTNH: queries.
+      k_BTNH: keys.
+      v_BTNH: values.
+      bias: None or a logit bias broadcastable to (B, N, T, S).
+      key_mask_BS: None, or (B, S) with 0 at padded keys, which no query then attends to.
+      implementation: ``jax.nn.dot_product_attention``'s; ``"xla"`` runs jax's reference of
+        the same call (same bias, key order and lengths) on any platform and dtype: how the
+        CPU tests check this wrapper.
+
+    Returns:
+      (B, T, N, H) in v's dtype.
+    """
+    bias = bias_4d(bias)
+    bias = None if bias is None else bias.astype(q_BTNH.dtype)
+    lengths_B = None
+    if key_mask_BS is not None:
+        k_BTNH, v_BTNH, bias, lengths_B = _real_keys_first(k_BTNH, v_BTNH, bias, key_mask_BS)
+    return jax.nn.dot_product_attention(
+        q_BTNH, k_BTNH, v_BTNH, bias=bias, key_value_seq_lengths=lengths_B,
+        implementation=implementation,
+    )  # fmt: skip
+
+
+def _real_keys_first(k_BSNH, v_BSNH, bias, key_mask_BS):
+    """Keys, values and the bias's key axis with each example's real keys first (a stable
+    sort), and the count of real keys per example (at least 1), int32 (B,)."""
+    real_BS = key_mask_BS > 0
+    order_BS = jnp.argsort(jnp.logical_not(real_BS), axis=1, stable=True)
+    k_BSNH = jnp.take_along_axis(k_BSNH, order_BS[:, :, None, None], axis=1)
+    v_BSNH = jnp.take_along_axis(v_BSNH, order_BS[:, :, None, None], axis=1)
+    if bias is not None and bias.shape[-1] != 1:
+        bias = jnp.broadcast_to(bias, (order_BS.shape[0], *bias.shape[1:]))
+        bias = jnp.take_along_axis(bias, order_BS[:, None, None, :], axis=3)
+    lengths_B = jnp.maximum(jnp.sum(real_BS, axis=1, dtype=jnp.int32), 1)
+    return k_BSNH, v_BSNH, bias, lengths_B
+
+
+# Token blocks of the Pallas TPU kernel: sequences are padded to a multiple of this (its lane
+# width) and the padding masked with segment ids.
+PALLAS_BLOCK = 128
+
+
+def attend_pallas(
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    v_BTNH: jax.Array,
+    bias: jax.Array | None = None,
+    key_mask_BS: jax.Array | None = None,
+) -> jax.Array:
+    """Pallas's TPU flash-attention kernel (``jax.experimental.pallas.ops.tpu.flash_attention``).
+
+    That kernel takes a bias (its ``ab`` input, (B, N, T, S)), so ALiBi goes through it; the
+    other Pallas TPU kernel, splash attention (``ops.tpu.splash_attention``), takes masks but no
+    bias, so it is not used here. The kernel computes ``softmax((q k^T + ab) * sm_scale)``, so
+    the bias is passed divided by the scale. It needs sequence lengths divisible by its
+    blocks: T and S are padded to a multiple of ``PALLAS_BLOCK``. Padding is masked with the
+    kernel's segment ids (a query attends to the keys of its own segment): every query of the
+    sequence is in segment 1, and so is every key except the block padding and the keys that
+    ``key_mask_BS`` marks as padded (segment 0); no bias array carries the mask. TPU only
+    (Mosaic); on CPU it runs under ``jax.experimental.pallas.tpu.force_tpu_interpret_mode()``
+    (the tests do).
+
+    Args:
+      q_BTNH: queries.
+      k_BTNH: keys.
+      v_BTNH: values.
+      bias: None or a logit bias broadcastable to (B, N, T, S).
+      key_mask_BS: None, or (B, S) with 0 at padded keys, which no query then attends to.
+
+    Returns:
+      (B, T, N, H) in v's dtype.
+    """
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+    batch, tokens, heads, head_dim = q_BTNH.shape
+    keys = k_BTNH.shape[1]
+    padded_t, padded_s = (-(-n // PALLAS_BLOCK) * PALLAS_BLOCK for n in (tokens, keys))
+
+    def to_bnth(x_BTNH, padded):
+        x_BNTH = jnp.swapaxes(x_BTNH, 1, 2)
+        return jnp.pad(x_BNTH, ((0, 0), (0, 0), (0, padded - x_BNTH.shape[2]), (0, 0)))
+
+    q, k, v = to_bnth(q_BTNH, padded_t), to_bnth(k_BTNH, padded_s), to_bnth(v_BTNH, padded_s)
+    scale = 1 / math.sqrt(head_dim)
+    ab = None
+    if bias is not None:
+        ab = jnp.broadcast_to(bias_4d(bias), (batch, heads, tokens, keys)) * (1 / scale)
+        ab = jnp.pad(ab, ((0, 0), (0, 0), (0, padded_t - tokens), (0, padded_s - keys)))
+        ab = ab.astype(jnp.float32)
+    segments = None
+    if key_mask_BS is not None or (padded_t, padded_s) != (tokens, keys):
+        ids_q = jnp.broadcast_to(jnp.arange(padded_t) < tokens, (batch, padded_t))
+        ids_kv = jnp.broadcast_to(jnp.arange(padded_s) < keys, (batch, padded_s))
+        if key_mask_BS is not None:
+            ids_kv = ids_kv & jnp.pad(key_mask_BS > 0, ((0, 0), (0, padded_s - keys)))
+        segments = pallas_flash.SegmentIds(q=ids_q.astype(jnp.int32), kv=ids_kv.astype(jnp.int32))
+    o_BNTH = pallas_flash.flash_attention(q, k, v, ab, segments, sm_scale=scale)
+    return jnp.swapaxes(o_BNTH[:, :, :tokens], 1, 2).astype(v_BTNH.dtype)
+
+
+# The platforms (``jax.default_backend()`` names) each backend runs on.
+ATTENTION_PLATFORMS = {
+    "xla": ("cpu", "gpu", "cuda", "rocm", "tpu"),
+    "cudnn": ("gpu", "cuda"),
+    "pallas": ("tpu",),
+    "chunked": ("cpu", "gpu", "cuda", "rocm", "tpu"),
+}
+
+
+def check_attention_name(name: str) -> None:
+    """``name`` must name a backend (``ATTENTION_PLATFORMS``'s keys, ``attention.ATTENTIONS``'s)."""
+    if name not in ATTENTION_PLATFORMS:
+        raise ValueError(
+            f"unknown attention={name!r}; expected one of {sorted(ATTENTION_PLATFORMS)}"
+        )
+
+
+def check_attention(
+    name: str,
+    *,
+    platform: str,
+    dtype: Any,
+    head_dim: int,
+    tokens: int,
+    has_bias: bool,
+    train: bool = True,
+) -> None:
+    """Raise, naming ``model.attention`` and what it needs, where a backend cannot run.
+
+    Called outside ``jit`` before the first step (``vit.check_model_attention`` from a
+    config), so that a run fails at once and not in the middle of compiling.
+
+    Args:
+      name: an ``attention.ATTENTIONS`` key.
+      platform: the backend the steps run on (``jax.default_backend()``, or an export target).
+      dtype: the activation dtype.
+      head_dim: H.
+      tokens: T = S, the sequence length the steps attend over: prefix tokens and the
+        largest grid's, or those of the padded token batches the run trains on (with patch
+        dropout, its kept count); with ``train``, the training batches'.
+      has_bias: whether the position encoding adds a logit bias (ALiBi). A key mask (padded
+        token batches) is no bias here: every backend takes it as its kernel does.
+      train: whether gradients are taken (cuDNN's biased backward needs an even T).
+    """
+    check_attention_name(name)
+    where = f"model.attention={name!r}"
+    if platform not in ATTENTION_PLATFORMS[name]:
+        raise ValueError(
+            f"{where} needs platform in {list(ATTENTION_PLATFORMS[name])}; this run is on "
+            f"{platform!r} (use 'xla' or 'chunked', which run everywhere)"
+        )
+    dtype = jnp.dtype(dtype)
+    if name == "cudnn":
+        if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            raise ValueError(f"{where} needs model.dtype 'bfloat16' or 'float16'; got {dtype.name}")
+        if head_dim % 8 or head_dim > 256:
+            raise ValueError(
+                f"{where} needs head_dim (width / num_heads) a multiple of 8 and <= 128 "
+                f"(<= 256 on Hopper and later); got {head_dim}"
+            )
+        if has_bias and train and tokens % 2:
+            raise ValueError(
+                f"{where} with a bias (ALiBi) needs an even token count to train; got {tokens} "
+                "(a class token makes 14 x 14 + 1 = 197, or naflex.max_tokens=100 + 1 = 101: "
+                "use pool='mean')"
+            )
+    if name == "pallas" and head_dim > 128 and head_dim % 128:
+        raise ValueError(
+            f"{where} needs head_dim (width / num_heads) <= 128 or a multiple of 128 (the "
+            f"kernel's lane width); got {head_dim}"
+        )
