@@ -18,12 +18,9 @@ Resume order (a rerun with the same workdir continues exactly, ``kill -9`` inclu
 5. ``metrics.jsonl`` lines after the restored step are dropped; the best eval metrics so far
    come from the checkpoint's JSON ``meta``.
 
-Each step runs in this order: train, check, log, evaluate, checkpoint. A non-finite loss or
-gradient norm stops the run (``FloatingPointError`` naming the step) before that state can be
-checkpointed; the last good checkpoint stays the latest. On SIGTERM or a first Ctrl-C (single
-process) or a preemption sync point (multi-host jobs) the step is checkpointed and the run
-returns early (``rope_lie.main`` exits with status 0, or 130 after Ctrl-C); rerun it to finish.
-Rerunning a finished run only re-evaluates its final state and rewrites ``final.json``.
+The steps themselves (train, check, log, evaluate, checkpoint; stopping on a non-finite loss,
+SIGTERM, Ctrl-C or preemption) run in ``rope_lie/loop.py``. Rerunning a finished run only
+re-evaluates its final state and rewrites ``final.json``.
 
 Every run writes its resolved config to ``config.json`` and ``config.py`` in the workdir
 (``rope_lie/run_config.py``); ``rope_lie.load(workdir)`` rebuilds the trained model from them.
@@ -33,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import Any
 
 import jax
@@ -41,14 +37,22 @@ import jax.numpy as jnp
 import ml_collections as mc
 import optax
 from flax import nnx
-from tqdm import tqdm
 
 from rope_lie import checkpoint as ckpt
-from rope_lie import config_check, evaluate, finetune, job, metrics, optim, run_config, sharding
+from rope_lie import (
+    config_check,
+    evaluate,
+    finetune,
+    job,
+    loop,
+    metrics,
+    optim,
+    run_config,
+    sharding,
+)
 from rope_lie.job import say
 from rope_lie.models import ViT, attention, tokens, vit
 
-TRAIN_KEYS = ("image", "label", "soft_label", *evaluate.TOKEN_KEYS)
 # fold_in data of the patch-dropout key, derived from a step's dropout key (the model's RNG
 # streams take fold_in(key, i) with i their small leaf index: no collision).
 PATCH_DROPOUT_STREAM = 2**30
@@ -232,30 +236,6 @@ def schedule_steps(config: mc.ConfigDict, num_train_examples: int) -> tuple[int,
     return total, steps_per_epoch, every or total
 
 
-def check_step(step: int, m: dict, manager, workdir: str, optim_cfg: Any = None) -> None:
-    """Stop on a non-finite loss or gradient norm, leaving the last good checkpoint in place and
-    writing the step and its metrics to ``final.json`` ("stopped": "non-finite")."""
-    if bool(m["finite"]):
-        return
-    optim_cfg = optim_cfg or {}
-    config_lr, warmup = optim_cfg.get("lr", "?"), optim_cfg.get("warmup_steps", "?")
-    manager.wait_until_finished()
-    bad = {k: float(v) for k, v in m.items() if k != "finite" and jnp.ndim(v) == 0}
-    latest = manager.latest_step()
-    metrics.write_stopped(workdir, step, bad, latest)
-    resume = (
-        f"the latest checkpoint is step {latest} (a rerun resumes there)"
-        if latest is not None
-        else "no checkpoint was saved before it (a rerun starts from step 0)"
-    )
-    raise FloatingPointError(
-        f"Non-finite loss ({float(m['loss'])}) or gradient norm ({float(m['grad_norm'])}) at "
-        f"step {step}; stopping. Likely cause: a learning rate too high for this model "
-        f"(optim.lr={config_lr}, optim.warmup_steps={warmup}): lower optim.lr or warm up "
-        f"longer. This state is not saved; {resume}."
-    )
-
-
 def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
     """Train (or resume) as `config` says, evaluate, and write workdir/final.json.
 
@@ -270,27 +250,6 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
         mesh = sharding.make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         return _train(config, workdir, mesh)
-
-
-@dataclasses.dataclass(kw_only=True)
-class Run:
-    """The pieces of one training run that the loop threads through."""
-
-    config: mc.ConfigDict
-    workdir: str
-    setup: Setup
-    train_step: Any
-    eval_step: Any
-    other: nnx.State
-    dropout_key: jax.Array
-    manager: Any
-    writer: metrics.MetricsWriter
-    best: dict
-    total: int
-    steps_per_epoch: int
-    eval_every: int
-    correct: dict = dataclasses.field(default_factory=dict)  # last evals' per-example results
-    stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "preemption" when stopped early
 
 
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
@@ -334,7 +293,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
             say(f"Resuming from step {start} of {total} in {workdir}")
     say(job.describe_run(config, abstract_state, mesh, total, num_train))
     writer = metrics.MetricsWriter(workdir, start_step=start, tensorboard=config.tensorboard)
-    run = Run(
+    run = loop.Run(
         config=config,
         workdir=workdir,
         setup=setup,
@@ -350,7 +309,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         eval_every=eval_every,
     )
     try:
-        state, step, results = _loop(run, state, start)
+        state, step, results = loop.run_steps(run, state, start)
     finally:
         manager.wait_until_finished()
         manager.close()
@@ -358,7 +317,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     if step < total:  # stopped early: the checkpoint is saved, final.json comes with the rerun
         return {"step": step, "preempted": True, "signal": run.stopped_by}
     if results is None:  # resumed a finished run: evaluate its final state again
-        results = _evals(run, state, step)
+        results = loop.evals(run, state, step)
     metrics.write_examples(workdir, run.correct)
     return metrics.write_final(workdir, step, results)
 
@@ -371,103 +330,3 @@ def _init_from(config: mc.ConfigDict, setup: Setup, state: dict) -> dict:
     )
     say(f"Parameters from {config.init_from} (step {step}); optimiser and step start afresh")
     return {**state, "params": jax.device_put(params, setup.state_shardings["params"])}
-
-
-def _evals(run: Run, state: Any, step: int) -> dict[str, dict[str, Any]]:
-    """Scalar results of every evaluation; the per-example ones are kept in run.correct."""
-    results = evaluate.evaluate_all(
-        run.config, run.eval_step, state["params"], run.setup.mesh, run.setup.patch, step, run.best
-    )
-    run.correct = {name: res.pop("correct") for name, res in results.items()}
-    job.release_free_heap()  # the evaluation's freed buffers go back to the OS
-    return results
-
-
-def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: float) -> dict:
-    """Train scalars averaged over the steps since the last log line; throughput over the
-    `timed` steps of the last `seconds`."""
-    mean = lambda k: sum(float(m[k]) for m in window) / len(window)
-    return {
-        "loss": mean("loss"),
-        "train_accuracy": mean("accuracy"),
-        "grad_norm": mean("grad_norm"),
-        "lr": float(run.setup.schedule(step - 1)),
-        "throughput": timed * run.config.batch_size / max(seconds, 1e-9),
-        "epoch": step / run.steps_per_epoch,
-    }
-
-
-def _checked(run: Run, step: int, m: dict) -> dict:
-    """Step ``step``'s metrics on the host, after stopping the run if they are not finite."""
-    m = jax.device_get(m)
-    check_step(step, m, run.manager, run.workdir, run.config.get("optim"))
-    return m
-
-
-def _loop(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
-    """Steps start+1..total: train, check, log, evaluate, checkpoint (in that order)."""
-    config, results, window = run.config, None, []
-    pbar = tqdm(
-        total=run.total,
-        initial=start,
-        unit="step",
-        disable=not config.progress or jax.process_index() != 0,
-        dynamic_ncols=True,
-        mininterval=1.0,
-    )
-    from rope_lie.data import run_inputs
-
-    batches = run_inputs.data_train_batches(config, start)
-
-    def next_batch():
-        batch = next(batches)
-        return sharding.shard_batch({k: batch[k] for k in TRAIN_KEYS if k in batch}, run.setup.mesh)
-
-    tick, timed, step = time.perf_counter(), 0, start
-    batch = next_batch() if start < run.total else None
-    pending = None  # the previous step's metrics, still on the device
-    every_save = config.checkpoint.every_steps
-    with job.StopOnSigterm() as sigterm:  # a scheduler's notice: save at the next step, stop
-        for step in range(start + 1, run.total + 1):
-            state, m = run.train_step(state, batch, run.other, run.dropout_key)
-            # While step t runs (dispatch is asynchronous): read and place the next batch, then
-            # check step t-1's metrics, as nanodo does: host and device work overlap.
-            batch = next_batch() if step < run.total else None
-            if pending is not None:
-                window.append(_checked(run, *pending))
-            stop = sigterm.requested  # read once: the save and the stop agree
-            preempted = run.manager.reached_preemption(step)
-            log = step % config.log_every_steps == 0 or step == run.total
-            evaluate_now = step % run.eval_every == 0 or step == run.total
-            # Step t's own metrics are waited for only where something depends on them: a log
-            # line, an evaluation, or a checkpoint (never save a state whose step went NaN).
-            if log or evaluate_now or stop or preempted or step % every_save == 0:
-                window.append(_checked(run, step, m))
-                pending = None
-            else:
-                pending = (step, m)
-            pbar.update(1)
-            timed += 1
-            record = {}
-            if log:
-                record = _log_record(run, step, window, timed, time.perf_counter() - tick)
-                pbar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{record['throughput']:.0f}")
-                window = []
-            if evaluate_now:
-                pbar.set_description("evaluating")
-                results = _evals(run, state, step)
-                pbar.set_description("")
-                record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
-            if record:
-                run.writer.write(step, record)
-            meta = {"step": step, "best": run.best}
-            ckpt.save(run.manager, step, state, meta, force=step == run.total or stop)
-            if stop or preempted:
-                run.stopped_by = sigterm.signal_name or "preemption"
-                what = "Interrupted (Ctrl-C)" if run.stopped_by == "SIGINT" else "Preemption"
-                say(f"{what} at step {step}: checkpoint saved, stopping (rerun to resume).")
-                break
-            if record or step == start + 1:  # throughput excludes compiling, evaluating, saving
-                tick, timed = time.perf_counter(), 0
-    pbar.close()
-    return state, step, results

@@ -51,13 +51,21 @@ def load_model(config, workdir: str):
 
 
 def class_token_map(model, image_HWC: np.ndarray, layer: int = -1) -> np.ndarray:
-    """Class token's attention to the grid tokens (mean over heads), shaped as the grid."""
+    """Class token's attention to the grid tokens (mean over heads), shaped as the grid.
+
+    The tokens are [class token, registers, grid] (``rope_lie/models/vit.py``): the class
+    token's row, read at the columns after the model's ``num_prefix`` prefix tokens. What it
+    gives itself and the registers is left out, so the map sums to less than 1.
+    """
     import jax.numpy as jnp
 
-    if model.num_prefix != 1:
-        raise ValueError(f"the model has {model.num_prefix} prefix tokens, not a class token")
+    if model.pool != "cls":
+        raise ValueError(
+            f"the model has no class token (pool={model.pool!r}; its {model.num_prefix} prefix "
+            "tokens are registers)"
+        )
     maps = model.attention_maps(jnp.asarray(image_HWC[None], jnp.float32))
-    row = np.asarray(maps[layer, 0, :, 0, 1:]).mean(axis=0)
+    row = np.asarray(maps[layer, 0, :, 0, model.num_prefix :]).mean(axis=0)
     return row.reshape(model.input_grid(image_HWC[None]))
 
 

@@ -1,0 +1,217 @@
+"""The Fashion-MNIST studies (``configs/fashion_mnist.py``, and ``configs/cayley.py``'s MNIST
+recipe for ``cayley_fashion``). The papers did not use Fashion-MNIST: ``--scale paper`` runs the
+same recipes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from experiments.studies.definitions.common import normalized
+from experiments.studies.lib import Arm, Study
+
+
+def _fashion(name: str, label: str, arg: str, **kw) -> Arm:
+    # configs/fashion_mnist.py: ViT-mu/4 on the 60,000 28x28 images, evaluated once, at the end.
+    # No paper scale: the papers did not use Fashion-MNIST, so --scale paper runs the same.
+    return Arm(name, label, "fashion_mnist", arg, paper_arg=arg, **kw)
+
+
+F_APE = _fashion("ape", "APE (N(0,1) init, LieRE ref.)", "pe=ape")
+F_NOPE = _fashion("nope", "NoPE", "pe=nope")
+F_VL_LIERE = _fashion("visionllama_liere", "VisionLlama (LieRE paper)", "pe=visionllama_liere")
+F_VL_AS2D = _fashion("visionllama_as2d", "VisionLLaMA AS2D", "pe=visionllama")
+F_MIXED_HEO = _fashion("rope_mixed_heo", "RoPE-Mixed (Heo et al.)", "pe=rope_mixed")
+F_LIERE_B2 = _fashion("liere_b2", "RoPE-Mixed = LieRE b2 (LieRE paper)", "pe=liere,block=2")
+F_LIERE_B8 = _fashion("liere_b8", "LieRE 8x8", "pe=liere,block=8")
+F_LIERE_DENSE = _fashion("liere_dense", "LieRE dense (16x16 = H)", "pe=liere,block=16")
+F_CAYLEY_B2 = _fashion(
+    "cayley_block2x2",
+    "Cayley-STRING 2x2 (closed form)",
+    "pe=cayley_string,generator=block2x2",
+)
+F_ALIBI = _fashion("alibi", "2D ALiBi (integer)", "pe=alibi")
+F_COMROPE = _fashion("comrope_ld", "ComRoPE-LD (8x8 blocks)", "pe=comrope")
+F_DINOV3 = _fashion("dinov3", "DINOv3 RoPE (centred positions)", "pe=dinov3")
+F_DINOV3_AUG = _fashion(
+    "dinov3_rescale2",
+    "DINOv3 RoPE, coordinates rescaled in training (x[1/2, 2])",
+    "pe=dinov3,rescale=2",
+)
+FASHION_MAIN = (F_APE, F_MIXED_HEO, F_LIERE_B2, F_LIERE_B8)  # 5 seeds; the other arms 3
+FASHION_EVALS = ("test", "test_shuffled")
+FASHION_RESOLUTION_EVALS = (
+    "test", "px36", "px44", "px56", "canvas36", "canvas44", "canvas56",
+)  # fmt: skip
+
+FASHION_STUDY = Study(
+    name="fashion",
+    title="Fashion-MNIST: accuracy and the shuffled-patch drop (LieRE Tables 1 and 5)",
+    arms=(
+        *FASHION_MAIN,
+        F_NOPE,
+        F_VL_LIERE,
+        F_VL_AS2D,
+        F_LIERE_DENSE,
+        F_CAYLEY_B2,
+        F_ALIBI,
+        F_COMROPE,
+        F_DINOV3,
+    ),
+    evals=FASHION_EVALS,
+    # Table 1 (CIFAR-100, not Fashion-MNIST): APE 63.9, VisionLlama 65.5, RoPE-Mixed (= b2)
+    # 68.8, LieRE8 70.3, LieRE64 70.0; Table 5 drops 69.3 / 54.8 / 75.1 / 82.5 / 84.6 %.
+    # The ordering and the drops are compared, not the numbers.
+    paper={
+        "ape": {"test": 0.639},
+        "visionllama_liere": {"test": 0.655},
+        "liere_b2": {"test": 0.688},
+        "liere_b8": {"test": 0.703},
+        "liere_dense": {"test": 0.700},
+    },
+    comparisons=(
+        ("liere_b8", "liere_b2"),
+        ("liere_b2", "ape"),
+        ("liere_b8", "ape"),
+        ("liere_b2", "rope_mixed_heo"),
+    ),
+    default_seeds=3,
+)
+
+
+def _scale_aug(base: Arm) -> Arm:
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_scaleaug",
+        label=f"{base.label}, scale-augmented",
+        arg=f"{base.arg},scale_aug",
+        paper_arg=f"{base.arg},scale_aug",
+    )
+
+
+_F_RES_BASE = (
+    F_APE,
+    F_NOPE,
+    F_MIXED_HEO,
+    normalized(F_MIXED_HEO, "RoPE-Mixed (Heo et al.), [-1, 1] positions"),
+    F_ALIBI,
+    F_LIERE_B8,
+)
+FASHION_RESOLUTION_STUDY = Study(
+    name="fashion_resolution",
+    title="Fashion-MNIST at other resolutions: more pixels, and a larger canvas",
+    arms=(
+        *_F_RES_BASE,
+        *(_scale_aug(a) for a in _F_RES_BASE),
+        F_DINOV3,
+        F_DINOV3_AUG,
+    ),
+    evals=FASHION_RESOLUTION_EVALS,
+    # Seed 004's ImageNet-100 table (224 / 384 px, more pixels): APE 55.48 / 55.88, NoPE
+    # 53.86 / 54.16, RoPE-Mixed 55.26 / 58.92, 2D ALiBi 60.74 / 65.76.
+    comparisons=(("alibi", "rope_mixed_heo"), ("alibi_scaleaug", "rope_mixed_heo_scaleaug")),
+    eval_curves=(
+        "test side / training side (28 px)",
+        (
+            (
+                "same image, more pixels",
+                ((1.0, "test"), (36 / 28, "px36"), (44 / 28, "px44"), (2.0, "px56")),
+            ),
+            (
+                "same image on a larger canvas",
+                (
+                    (1.0, "test"),
+                    (36 / 28, "canvas36"),
+                    (44 / 28, "canvas44"),
+                    (2.0, "canvas56"),
+                ),
+            ),
+        ),
+    ),
+)
+
+F_FRACTIONS = (0.1, 0.2, 0.5)  # of the 60,000 training images, same epochs; 1.0 is `fashion`'s
+
+
+def _f_fraction(base: Arm, fraction: float, fixed_steps: int | None = None) -> Arm:
+    suffix = f"_f{round(100 * fraction):03d}" + ("_steps" if fixed_steps else "")
+    extra = (("dataset.train_fraction", fraction),)
+    if fixed_steps:
+        extra += (("total_steps", fixed_steps),)
+    return dataclasses.replace(
+        base,
+        name=base.name + suffix,
+        label=f"{base.label}, {100 * fraction:g} %" + (" (same steps)" if fixed_steps else ""),
+        overrides=base.overrides + extra,
+    )
+
+
+_F_DATA_ARMS = (F_APE, F_VL_LIERE, F_LIERE_B2, F_LIERE_B8)
+F_FULL_STEPS = 1404  # 3 x (60,000 // 128) steps: the fixed-steps control's length
+FASHION_DATA_FRACTION_STUDY = Study(
+    name="fashion_data_fraction",
+    title="Fashion-MNIST with 10-100 % of the training set (same epochs; LieRE Fig. 4)",
+    arms=tuple(
+        arm
+        for base in _F_DATA_ARMS
+        for arm in (
+            base,
+            *(_f_fraction(base, f) for f in F_FRACTIONS),
+            _f_fraction(base, 0.1, F_FULL_STEPS),
+        )
+    ),
+    evals=FASHION_EVALS,
+    comparisons=tuple(
+        (f"liere_b8_f{round(100 * f):03d}", f"ape_f{round(100 * f):03d}") for f in F_FRACTIONS
+    ),
+    curves=(
+        "% of the 60,000 training images (same epochs)",
+        tuple(
+            (
+                base.label,
+                (
+                    (100.0, base.name),
+                    *((100 * f, _f_fraction(base, f).name) for f in F_FRACTIONS),
+                ),
+            )
+            for base in _F_DATA_ARMS
+        ),
+    ),
+)
+
+
+def _cayley_fashion(name: str, label: str, arg: str) -> Arm:
+    # configs/cayley.py's MNIST recipe (the study's H = 12 ViT, 10 epochs, AdamW 2e-3, wd 1e-4)
+    # on Fashion-MNIST; evaluated once, at the end (no model is picked on the test set).
+    return Arm(
+        name,
+        label,
+        "cayley",
+        f"dataset=fashion_mnist,{arg}",
+        overrides=(("eval_every_epochs", 0.0),),
+        paper_arg=f"dataset=fashion_mnist,{arg}",  # no paper scale on Fashion-MNIST
+    )
+
+
+CAYLEY_FASHION_STUDY = Study(
+    name="cayley_fashion",
+    title="Sparse Cayley-STRING generators on Fashion-MNIST (the study's MNIST recipe)",
+    arms=(
+        _cayley_fashion("dense", "Cayley-STRING dense", "generator=dense"),
+        _cayley_fashion("block2x2", "Cayley-STRING 2x2 (closed form)", "generator=block2x2"),
+        _cayley_fashion("banded", "Cayley-STRING banded (bw 2)", "generator=banded,bw=2"),
+        _cayley_fashion(
+            "topk", "Cayley-STRING top-k (k 24, init N(0, 0.02))", "generator=topk,k=24"
+        ),
+        _cayley_fashion("rope_mixed", "RoPE-Mixed (no P)", "pe=rope_mixed"),
+    ),
+    evals=("test",),
+    # Study Table 1, MNIST (best over epochs): dense 0.9680, 2x2 0.9595, banded bw 2
+    # 0.9681, top-k k 24 0.9650: all about equal. Fashion-MNIST is our real-image analogue.
+    paper={
+        "dense": {"test": 0.9680},
+        "block2x2": {"test": 0.9595},
+        "banded": {"test": 0.9681},
+        "topk": {"test": 0.9650},
+    },
+    comparisons=(("dense", "block2x2"), ("dense", "banded"), ("dense", "rope_mixed")),
+)

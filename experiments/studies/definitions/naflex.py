@@ -1,0 +1,56 @@
+"""The mixed-size (NaFlex) studies: arrows and Fashion-MNIST arms against the same arms trained
+on mixed-size batches."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from experiments.studies.definitions.arrows import (
+    ALIBI,
+    APE,
+    ARROWS_EVALS,
+    ARROWS_PAPER_EVALS,
+    LIERE_B8,
+    MIXED_HEO,
+)
+from experiments.studies.definitions.fashion import (
+    F_ALIBI,
+    F_APE,
+    F_LIERE_B8,
+    F_MIXED_HEO,
+    FASHION_RESOLUTION_EVALS,
+)
+from experiments.studies.lib import Arm, Study
+
+
+def _naflex(base: Arm) -> Arm:
+    """The same arm trained on mixed-size batches (the recipe's ``naflex`` argument)."""
+    paper_arg = None if base.paper_arg is None else f"{base.paper_arg},naflex"
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_naflex",
+        label=f"{base.label}, mixed sizes (NaFlex)",
+        arg=f"{base.arg},naflex",
+        paper_arg=paper_arg,
+    )
+
+
+_NAFLEX_ARROWS = (LIERE_B8, MIXED_HEO, APE, ALIBI)
+NAFLEX_STUDY = Study(
+    name="naflex",
+    title="Spatial arrows trained on mixed sizes (6-10 patches a side, NaFlex) vs fixed 8x8",
+    arms=tuple(arm for base in _NAFLEX_ARROWS for arm in (base, _naflex(base))),
+    # Evaluations both kinds of run make: larger grids of the same cells, and the training
+    # grid's scenes at more pixels (the NaFlex runs also record naflex_sNN).
+    evals=(*ARROWS_EVALS, "px080", "px096", "px128"),
+    comparisons=tuple((f"{base.name}_naflex", base.name) for base in _NAFLEX_ARROWS),
+    paper_scale=dict(evals=ARROWS_PAPER_EVALS),  # res=paper: larger grids only
+)
+_NAFLEX_FASHION = (F_LIERE_B8, F_MIXED_HEO, F_APE, F_ALIBI)
+FASHION_NAFLEX_STUDY = Study(
+    name="fashion_naflex",
+    title="Fashion-MNIST trained on mixed sizes (5-9 patches a side, NaFlex) vs fixed 28 px",
+    arms=tuple(arm for base in _NAFLEX_FASHION for arm in (base, _naflex(base))),
+    evals=FASHION_RESOLUTION_EVALS,
+    comparisons=tuple((f"{base.name}_naflex", base.name) for base in _NAFLEX_FASHION),
+)

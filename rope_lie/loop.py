@@ -1,0 +1,174 @@
+"""The step loop of one training run (``rope_lie/train.py`` sets it up and resumes it).
+
+Each step runs in this order: train, check, log, evaluate, checkpoint. A non-finite loss or
+gradient norm stops the run (``FloatingPointError`` naming the step) before that state can be
+checkpointed; the last good checkpoint stays the latest. On SIGTERM or a first Ctrl-C (single
+process) or a preemption sync point (multi-host jobs) the step is checkpointed and the run
+returns early (``rope_lie.main`` exits with status 0, or 130 after Ctrl-C); rerun it to finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mc
+from flax import nnx
+from tqdm import tqdm
+
+from rope_lie import checkpoint as ckpt
+from rope_lie import evaluate, job, metrics, sharding
+from rope_lie.job import say
+
+if TYPE_CHECKING:
+    from rope_lie.train import Setup
+
+TRAIN_KEYS = ("image", "label", "soft_label", *evaluate.TOKEN_KEYS)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Run:
+    """The pieces of one training run that the loop threads through."""
+
+    config: mc.ConfigDict
+    workdir: str
+    setup: Setup
+    train_step: Any
+    eval_step: Any
+    other: nnx.State
+    dropout_key: jax.Array
+    manager: Any
+    writer: metrics.MetricsWriter
+    best: dict
+    total: int
+    steps_per_epoch: int
+    eval_every: int
+    correct: dict = dataclasses.field(default_factory=dict)  # last evals' per-example results
+    stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "preemption" when stopped early
+
+
+def check_step(step: int, m: dict, manager, workdir: str, optim_cfg: Any = None) -> None:
+    """Stop on a non-finite loss or gradient norm, leaving the last good checkpoint in place and
+    writing the step and its metrics to ``final.json`` ("stopped": "non-finite")."""
+    if bool(m["finite"]):
+        return
+    optim_cfg = optim_cfg or {}
+    config_lr, warmup = optim_cfg.get("lr", "?"), optim_cfg.get("warmup_steps", "?")
+    manager.wait_until_finished()
+    bad = {k: float(v) for k, v in m.items() if k != "finite" and jnp.ndim(v) == 0}
+    latest = manager.latest_step()
+    metrics.write_stopped(workdir, step, bad, latest)
+    resume = (
+        f"the latest checkpoint is step {latest} (a rerun resumes there)"
+        if latest is not None
+        else "no checkpoint was saved before it (a rerun starts from step 0)"
+    )
+    raise FloatingPointError(
+        f"Non-finite loss ({float(m['loss'])}) or gradient norm ({float(m['grad_norm'])}) at "
+        f"step {step}; stopping. Likely cause: a learning rate too high for this model "
+        f"(optim.lr={config_lr}, optim.warmup_steps={warmup}): lower optim.lr or warm up "
+        f"longer. This state is not saved; {resume}."
+    )
+
+
+def evals(run: Run, state: Any, step: int) -> dict[str, dict[str, Any]]:
+    """Scalar results of every evaluation; the per-example ones are kept in run.correct."""
+    results = evaluate.evaluate_all(
+        run.config, run.eval_step, state["params"], run.setup.mesh, run.setup.patch, step, run.best
+    )
+    run.correct = {name: res.pop("correct") for name, res in results.items()}
+    job.release_free_heap()  # the evaluation's freed buffers go back to the OS
+    return results
+
+
+def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: float) -> dict:
+    """Train scalars averaged over the steps since the last log line; throughput over the
+    `timed` steps of the last `seconds`."""
+    mean = lambda k: sum(float(m[k]) for m in window) / len(window)
+    return {
+        "loss": mean("loss"),
+        "train_accuracy": mean("accuracy"),
+        "grad_norm": mean("grad_norm"),
+        "lr": float(run.setup.schedule(step - 1)),
+        "throughput": timed * run.config.batch_size / max(seconds, 1e-9),
+        "epoch": step / run.steps_per_epoch,
+    }
+
+
+def _checked(run: Run, step: int, m: dict) -> dict:
+    """Step ``step``'s metrics on the host, after stopping the run if they are not finite."""
+    m = jax.device_get(m)
+    check_step(step, m, run.manager, run.workdir, run.config.get("optim"))
+    return m
+
+
+def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
+    """Steps start+1..total: train, check, log, evaluate, checkpoint (in that order)."""
+    config, results, window = run.config, None, []
+    pbar = tqdm(
+        total=run.total,
+        initial=start,
+        unit="step",
+        disable=not config.progress or jax.process_index() != 0,
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
+    from rope_lie.data import run_inputs
+
+    batches = run_inputs.data_train_batches(config, start)
+
+    def next_batch():
+        batch = next(batches)
+        return sharding.shard_batch({k: batch[k] for k in TRAIN_KEYS if k in batch}, run.setup.mesh)
+
+    tick, timed, step = time.perf_counter(), 0, start
+    batch = next_batch() if start < run.total else None
+    pending = None  # the previous step's metrics, still on the device
+    every_save = config.checkpoint.every_steps
+    with job.StopOnSigterm() as sigterm:  # a scheduler's notice: save at the next step, stop
+        for step in range(start + 1, run.total + 1):
+            state, m = run.train_step(state, batch, run.other, run.dropout_key)
+            # While step t runs (dispatch is asynchronous): read and place the next batch, then
+            # check step t-1's metrics, as nanodo does: host and device work overlap.
+            batch = next_batch() if step < run.total else None
+            if pending is not None:
+                window.append(_checked(run, *pending))
+            stop = sigterm.requested  # read once: the save and the stop agree
+            preempted = run.manager.reached_preemption(step)
+            log = step % config.log_every_steps == 0 or step == run.total
+            evaluate_now = step % run.eval_every == 0 or step == run.total
+            # Step t's own metrics are waited for only where something depends on them: a log
+            # line, an evaluation, or a checkpoint (never save a state whose step went NaN).
+            if log or evaluate_now or stop or preempted or step % every_save == 0:
+                window.append(_checked(run, step, m))
+                pending = None
+            else:
+                pending = (step, m)
+            pbar.update(1)
+            timed += 1
+            record = {}
+            if log:
+                record = _log_record(run, step, window, timed, time.perf_counter() - tick)
+                pbar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{record['throughput']:.0f}")
+                window = []
+            if evaluate_now:
+                pbar.set_description("evaluating")
+                results = evals(run, state, step)
+                pbar.set_description("")
+                record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
+            if record:
+                run.writer.write(step, record)
+            meta = {"step": step, "best": run.best}
+            ckpt.save(run.manager, step, state, meta, force=step == run.total or stop)
+            if stop or preempted:
+                run.stopped_by = sigterm.signal_name or "preemption"
+                what = "Interrupted (Ctrl-C)" if run.stopped_by == "SIGINT" else "Preemption"
+                say(f"{what} at step {step}: checkpoint saved, stopping (rerun to resume).")
+                break
+            if record or step == start + 1:  # throughput excludes compiling, evaluating, saving
+                tick, timed = time.perf_counter(), 0
+    pbar.close()
+    return state, step, results
