@@ -73,6 +73,8 @@ FASHION_STUDY = Study(
         ("liere_b2", "ape"),
         ("liere_b8", "ape"),
         ("liere_b2", "rope_mixed_heo"),
+        ("comrope_ld", "liere_b8"),  # ComRoPE's claim: +1.6 over LieRE (ImageNet)
+        ("dinov3", "rope_mixed_heo"),  # centred [-1, 1] positions vs integer ones
     ),
     default_seeds=3,
 )
@@ -108,7 +110,11 @@ FASHION_RESOLUTION_STUDY = Study(
     evals=FASHION_RESOLUTION_EVALS,
     # Seed 004's ImageNet-100 table (224 / 384 px, more pixels): APE 55.48 / 55.88, NoPE
     # 53.86 / 54.16, RoPE-Mixed 55.26 / 58.92, 2D ALiBi 60.74 / 65.76.
-    comparisons=(("alibi", "rope_mixed_heo"), ("alibi_scaleaug", "rope_mixed_heo_scaleaug")),
+    comparisons=(
+        ("alibi", "rope_mixed_heo"),
+        ("alibi_scaleaug", "rope_mixed_heo_scaleaug"),
+        ("dinov3_rescale2", "dinov3"),  # DINOv3's coordinate rescaling, the one change
+    ),
     eval_curves=(
         "test side / training side (28 px)",
         (
