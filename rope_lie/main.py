@@ -262,7 +262,13 @@ def _remove_if_empty(workdir: str) -> None:
 
 
 def main() -> None:
-    sys.exit(run(sys.argv))
+    try:
+        status = run(sys.argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `--list | head`: the reader closed the pipe; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        status = 0
+    sys.exit(status)
 
 
 if __name__ == "__main__":

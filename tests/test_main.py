@@ -116,6 +116,15 @@ def test_help_list_and_print_config_exit_0():
     assert "lr: 0.005" in printed.stdout and "total_steps: 8" in printed.stdout
 
 
+def test_a_listing_cut_short_by_its_reader_exits_quietly():
+    """``--list | head -1``: the closed pipe ends the listing without a traceback."""
+    pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    cmd = f"{sys.executable} -m rope_lie.main --list | head -c 10"
+    proc = subprocess.run(cmd, shell=True, env=env, capture_output=True, text=True, cwd=REPO)
+    assert proc.stdout == "Recipes (-" and proc.stderr == "", proc.stderr[-2000:]
+
+
 def test_an_unexpected_error_keeps_its_traceback(tmp_path):
     """A recipe that fails with something other than a user error (here a RuntimeError) is a
     bug: its traceback is shown, not one line."""
