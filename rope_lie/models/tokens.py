@@ -3,7 +3,7 @@
 A ``Tokens`` batch holds, per example, the patches of an image of its own grid (any size and
 aspect ratio), flattened in token order and padded to a common length T:
 
-  patches_BTP  float (B, T, P): patch t of example b (P = prod(patch) * C, ``vit.patchify``'s
+  patches_BTP  float (B, T, P): patch t of example b (P = prod(patch) * C, ``patchify``'s
                layout); padded slots hold anything (the model zeroes them)
   index_BTA    int32 (B, T, A): the token's integer coordinates in its example's grid
   grid_BA      int32 (B, A): tokens per axis of each example's grid
@@ -37,8 +37,61 @@ class Tokens(NamedTuple):
     mask_BT: jax.Array
 
 
+def token_grid(spatial: Sequence[int], patch: Sequence[int], what: str) -> tuple[int, ...]:
+    """Tokens per axis, ``spatial // patch``, with an error naming both when not divisible."""
+    spatial, patch = tuple(spatial), tuple(patch)
+    if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
+        raise ValueError(f"{what}={spatial} is not divisible by patch_size={patch}")
+    return tuple(s // p for s, p in zip(spatial, patch, strict=True))
+
+
+def patch_blocks(images_BXC, patch: Sequence[int]):
+    """Split images into non-overlapping patches (tubelets in 3D), one block per grid cell.
+
+    Works on numpy and jax arrays alike (only ``reshape`` and ``transpose``).
+
+    Args:
+      images_BXC: (B, *spatial, C), spatial divisible by ``patch``.
+      patch: patch size per spatial axis.
+
+    Returns:
+      (B, *grid, *patch, C) with grid = spatial // patch: a patch's pixels on the trailing axes.
+    """
+    batch, *spatial, channels = images_BXC.shape
+    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
+    split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
+    rank = len(grid)
+    order = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
+    return images_BXC.reshape(split).transpose(order)
+
+
+def unpatch_blocks(blocks, patch: Sequence[int]):
+    """The inverse of ``patch_blocks``: (B, *grid, *patch, C) -> (B, *spatial, C)."""
+    rank = len(patch)
+    batch, *grid = blocks.shape[: 1 + rank]
+    order = [0] + [i for a in range(rank) for i in (1 + a, 1 + rank + a)] + [2 * rank + 1]
+    spatial = [g * p for g, p in zip(grid, patch, strict=True)]
+    return blocks.transpose(order).reshape(batch, *spatial, blocks.shape[-1])
+
+
+def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
+    """Non-overlapping patches (tubelets in 3D) flattened in token order.
+
+    Args:
+      images_BXC: (B, *spatial, C), spatial divisible by ``patch``.
+      patch: patch size per spatial axis.
+
+    Returns:
+      (B, T, P) with T = prod(spatial // patch) row-major and P = prod(patch) * C ordered
+      (*patch, C), the layout of a flattened convolution kernel.
+    """
+    blocks = patch_blocks(images_BXC, patch)
+    batch, num_tokens = blocks.shape[0], math.prod(blocks.shape[1 : 1 + len(patch)])
+    return blocks.reshape(batch, num_tokens, -1)
+
+
 def patchify_np(image_XC: np.ndarray, patch: Sequence[int]) -> np.ndarray:
-    """One image's non-overlapping patches in token order, (T, P) (``vit.patchify`` for B = 1)."""
+    """One image's non-overlapping patches in token order, (T, P) (``patchify`` for B = 1)."""
     *spatial, channels = image_XC.shape
     grid = [s // p for s, p in zip(spatial, patch, strict=True)]
     if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
@@ -93,7 +146,7 @@ def pad_one(
 
 
 def from_patches(patches_BTP: jax.Array, grid: Sequence[int]) -> Tokens:
-    """An unpadded ``Tokens`` batch of equally sized images' patches (``vit.patchify``)."""
+    """An unpadded ``Tokens`` batch of equally sized images' patches (``patchify``)."""
     batch = patches_BTP.shape[0]
     index_TA = jnp.asarray(positions.grid_indices(grid))
     return Tokens(

@@ -43,7 +43,6 @@ decay, as DeiT/timm do for ``pos_embed``.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,9 +53,27 @@ from flax import nnx
 from rope_lie import encodings
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
-from rope_lie.models import attention, backends, blocks, position_hook, tokens
+from rope_lie.models import attention, blocks, position_hook, tokens
 from rope_lie.models.attention import xavier_uniform
+from rope_lie.models.options import (  # noqa: F401  (vit.check_model_attention ...: public)
+    POOLS,
+    activation_dtype,
+    additive_names,
+    check_augment,
+    check_image_shape,
+    check_model_attention,
+    check_options,
+    check_position_hparams,
+    check_registers,
+    num_prefix_tokens,
+)
 from rope_lie.models.position_hook import PositionParam
+from rope_lie.models.tokens import (  # noqa: F401  (vit.patchify, vit.patch_blocks: public)
+    patch_blocks,
+    patchify,
+    token_grid,
+    unpatch_blocks,
+)
 from rope_lie.models.variables import NoDecay
 from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_variant: public)
     DIM_KEYS,
@@ -65,187 +82,7 @@ from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_v
     parse_variant,
 )
 
-POOLS = ("cls", "mean")
 REGISTER_INIT_STD = 0.02  # timm's reg_token and DINOv3's storage tokens
-_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def token_grid(spatial: Sequence[int], patch: Sequence[int], what: str) -> tuple[int, ...]:
-    """Tokens per axis, ``spatial // patch``, with an error naming both when not divisible."""
-    spatial, patch = tuple(spatial), tuple(patch)
-    if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
-        raise ValueError(f"{what}={spatial} is not divisible by patch_size={patch}")
-    return tuple(s // p for s, p in zip(spatial, patch, strict=True))
-
-
-def patch_blocks(images_BXC, patch: Sequence[int]):
-    """Split images into non-overlapping patches (tubelets in 3D), one block per grid cell.
-
-    Works on numpy and jax arrays alike (only ``reshape`` and ``transpose``).
-
-    Args:
-      images_BXC: (B, *spatial, C), spatial divisible by ``patch``.
-      patch: patch size per spatial axis.
-
-    Returns:
-      (B, *grid, *patch, C) with grid = spatial // patch: a patch's pixels on the trailing axes.
-    """
-    batch, *spatial, channels = images_BXC.shape
-    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
-    split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
-    rank = len(grid)
-    order = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
-    return images_BXC.reshape(split).transpose(order)
-
-
-def unpatch_blocks(blocks, patch: Sequence[int]):
-    """The inverse of ``patch_blocks``: (B, *grid, *patch, C) -> (B, *spatial, C)."""
-    rank = len(patch)
-    batch, *grid = blocks.shape[: 1 + rank]
-    order = [0] + [i for a in range(rank) for i in (1 + a, 1 + rank + a)] + [2 * rank + 1]
-    spatial = [g * p for g, p in zip(grid, patch, strict=True)]
-    return blocks.transpose(order).reshape(batch, *spatial, blocks.shape[-1])
-
-
-def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
-    """Non-overlapping patches (tubelets in 3D) flattened in token order.
-
-    Args:
-      images_BXC: (B, *spatial, C), spatial divisible by ``patch``.
-      patch: patch size per spatial axis.
-
-    Returns:
-      (B, T, P) with T = prod(spatial // patch) row-major and P = prod(patch) * C ordered
-      (*patch, C), the layout of a flattened convolution kernel.
-    """
-    blocks = patch_blocks(images_BXC, patch)
-    batch, num_tokens = blocks.shape[0], math.prod(blocks.shape[1 : 1 + len(patch)])
-    return blocks.reshape(batch, num_tokens, -1)
-
-
-def additive_names() -> list[str]:
-    """The valid values of ``additive``."""
-    return ["none", *sorted(encodings.ADDITIVE)]
-
-
-def _check_choice(value: Any, name: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {name}={value!r}; expected one of {list(choices)}")
-
-
-def _check_image_shape(image_shape: Sequence[int]) -> tuple[int, ...]:
-    shape = tuple(image_shape)
-    if len(shape) not in (1, 2, 3) or any(
-        not isinstance(s, numbers.Integral) or s < 1 for s in shape
-    ):
-        raise ValueError(
-            f"image_shape={image_shape} must be 2 (image) or 3 (volume) positive ints, or 1 "
-            "(sequence)"
-        )
-    return tuple(int(s) for s in shape)
-
-
-def _check_options(pe: str, pool: str, additive: str, convention: str, dropout: float) -> None:
-    position_hook.pe_module(pe)  # raises for an unknown pe, listing the valid ones
-    _check_choice(pool, "pool", POOLS)
-    _check_choice(additive, "additive", additive_names())
-    _check_choice(convention, "position_convention", positions.CONVENTIONS)
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout={dropout} must be in [0, 1)")
-
-
-def _check_position_hparams(
-    convention: str, hparams: Mapping[str, Any] | None, pe_hparams: Mapping[str, Any] | None
-) -> tuple[tuple[str, Any], ...]:
-    """``position_hparams`` as sorted (name, value) pairs, checked against the convention; the
-    diagonal's delta and ``rope_axial``'s ``temporal_scale`` would both scale time: one only."""
-    hparams = positions.check_hparams(convention, hparams)
-    positions.grid_positions((1,) * 3, convention, **hparams)  # checks the values
-    temporal_scale = dict(pe_hparams or {}).get("temporal_scale", 1.0)
-    if convention == "diagonal" and temporal_scale != 1.0:
-        raise ValueError(
-            f"pe_hparams temporal_scale={temporal_scale!r} with position_convention='diagonal': "
-            "the diagonal layout's delta is position_hparams temporal_spacing (it also moves the "
-            "spatial positions); keep temporal_scale at 1"
-        )
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in hparams.items()))
-
-
-def _check_registers(num_registers: Any) -> int:
-    if isinstance(num_registers, bool) or not (
-        isinstance(num_registers, numbers.Integral) and num_registers >= 0
-    ):
-        raise ValueError(f"num_registers={num_registers!r} must be a non-negative int")
-    return int(num_registers)
-
-
-def num_prefix_tokens(pool: str, num_registers: int) -> int:
-    """Prefix tokens before the patches: the class token (``pool="cls"``) and the registers."""
-    return (1 if pool == "cls" else 0) + _check_registers(num_registers)
-
-
-def _check_augment(augment: Mapping[str, float] | None) -> tuple[tuple[str, float], ...]:
-    """``position_augment`` as sorted (name, value) pairs; () when off."""
-    if augment is None:
-        return ()
-    unknown = set(augment) - {"shift", "jitter", "rescale"}
-    if unknown:
-        raise ValueError(
-            f"position_augment has unknown keys {sorted(unknown)}; expected shift, jitter, rescale"
-        )
-    positions.check_augment(**augment)
-    return tuple(sorted((k, v) for k, v in augment.items() if v is not None))
-
-
-def _activation_dtype(dtype: Any) -> jnp.dtype:
-    name = jnp.dtype(dtype).name
-    _check_choice(name, "dtype", _DTYPES)
-    return jnp.dtype(name)
-
-
-def check_model_attention(
-    model_cfg: Mapping[str, Any],
-    platform: str | None = None,
-    *,
-    train: bool = True,
-    token_length: int | None = None,
-) -> None:
-    """Check ``model_cfg["attention"]`` against a platform, the dtype, head_dim and the bias.
-
-    Call it outside ``jit``, before the first step: an unsupported choice fails with an error
-    that names ``model.attention`` and what it needs (``backends.check_attention``). The token
-    count checked is the one the steps attend over: the grid of ``image_shape`` or, when the
-    run trains on padded token batches, their length, after patch dropout in training, plus
-    the prefix tokens (class token and registers).
-
-    Args:
-      model_cfg: ``config.model`` (the ``ViT`` keyword arguments).
-      platform: where the steps run; None: ``jax.default_backend()``.
-      train: whether the model is trained (cuDNN's biased backward pass needs an even T).
-      token_length: the padded length of the token batches the run trains on
-        (``config.naflex.max_tokens``, ``classify_tokens``); None: it trains on images.
-    """
-    cfg = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
-    name = cfg.get("attention", "xla")
-    backends.check_attention_name(name)
-    image_shape = _check_image_shape(cfg.get("image_shape", (224, 224)))
-    dims, patch = model_dims(
-        cfg.get("variant", "Ti/16"), cfg.get("dims"), cfg.get("patch_size"), len(image_shape)
-    )
-    length = math.prod(token_grid(image_shape, patch, "image_shape"))
-    if token_length is not None:
-        length = int(token_length)
-    if train and cfg.get("patch_dropout", 0.0) > 0:
-        length = tokens.keep_count(length, cfg["patch_dropout"])
-    backends.check_attention(
-        name,
-        platform=jax.default_backend() if platform is None else platform,
-        dtype=_activation_dtype(cfg.get("dtype", "float32")),
-        head_dim=dims["width"] // dims["num_heads"],
-        tokens=length + num_prefix_tokens(cfg.get("pool", "cls"), cfg.get("num_registers", 0)),
-        has_bias=cfg.get("pe", "nope") in encodings.BIAS,
-        train=train,
-    )
 
 
 def init_additive_params(
@@ -362,19 +199,19 @@ class ViT(nnx.Module):
           dtype: activation dtype, ``"float32"`` or ``"bfloat16"``; parameters are float32.
           rngs: ``nnx.Rngs``: ``params`` (or default) stream, and ``dropout`` when dropout > 0.
         """
-        self.image_shape = _check_image_shape(image_shape)
+        self.image_shape = check_image_shape(image_shape)
         dims, self.patch = model_dims(variant, dims, patch_size, len(self.image_shape))
         self.train_grid = token_grid(self.image_shape, self.patch, "image_shape")
-        _check_options(pe, pool, additive, position_convention, dropout)
+        check_options(pe, pool, additive, position_convention, dropout)
         self.channels, self.pool, self.pe, self.additive = channels, pool, pe, additive
         self.position_convention = position_convention
-        self.position_hparams = _check_position_hparams(
+        self.position_hparams = check_position_hparams(
             position_convention, position_hparams, pe_hparams
         )
         tokens.keep_count(1, patch_dropout)  # raises unless 0 <= patch_dropout < 1
         self.patch_dropout = float(patch_dropout)
-        self.dtype = dt = _activation_dtype(dtype)
-        self.num_registers = _check_registers(num_registers)
+        self.dtype = dt = activation_dtype(dtype)
+        self.num_registers = check_registers(num_registers)
         self.num_prefix = num_prefix = num_prefix_tokens(pool, num_registers)
         width, num_heads = dims["width"], dims["num_heads"]
         if width % num_heads:
@@ -412,7 +249,7 @@ class ViT(nnx.Module):
         self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
         # drawn last: the other parameters are those of the model without registers
         self.reg_RD = init_registers(rngs, self.num_registers, width)
-        self.position_augment = _check_augment(position_augment)
+        self.position_augment = check_augment(position_augment)
         self.augment_rngs = nnx.data(None)
         if self.position_augment:
             self.augment_rngs = nnx.Rngs(augment=rngs.params())
