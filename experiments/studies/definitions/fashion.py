@@ -104,6 +104,7 @@ FASHION_RESOLUTION_STUDY = Study(
     arms=(
         *_F_RES_BASE,
         *(_scale_aug(a) for a in _F_RES_BASE),
+        F_COMROPE,
         F_DINOV3,
         F_DINOV3_AUG,
     ),
@@ -114,6 +115,8 @@ FASHION_RESOLUTION_STUDY = Study(
         ("alibi", "rope_mixed_heo"),
         ("alibi_scaleaug", "rope_mixed_heo_scaleaug"),
         ("dinov3_rescale2", "dinov3"),  # DINOv3's coordinate rescaling, the one change
+        ("comrope_ld", "liere_b8"),  # ComRoPE's claim: +2.9 over LieRE at a higher resolution
+        ("dinov3", "rope_mixed_heo"),  # centred [-1, 1] positions vs integer ones
     ),
     eval_curves=(
         "test side / training side (28 px)",
