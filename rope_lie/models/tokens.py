@@ -90,19 +90,6 @@ def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
     return blocks.reshape(batch, num_tokens, -1)
 
 
-def patchify_np(image_XC: np.ndarray, patch: Sequence[int]) -> np.ndarray:
-    """One image's non-overlapping patches in token order, (T, P) (``patchify`` for B = 1)."""
-    *spatial, channels = image_XC.shape
-    grid = [s // p for s, p in zip(spatial, patch, strict=True)]
-    if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
-        raise ValueError(f"image spatial shape {tuple(spatial)} is not divisible by {patch}")
-    split = [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
-    rank = len(grid)
-    order = [*range(0, 2 * rank, 2), *range(1, 2 * rank, 2), 2 * rank]
-    x = image_XC.reshape(split).transpose(order)
-    return x.reshape(math.prod(grid), math.prod(patch) * channels)
-
-
 def pack(images: Sequence[np.ndarray], patch: Sequence[int], max_tokens: int) -> Tokens:
     """Images of different sizes as one padded ``Tokens`` batch (numpy).
 
@@ -118,8 +105,9 @@ def pack(images: Sequence[np.ndarray], patch: Sequence[int], max_tokens: int) ->
     rows = []
     for image in images:
         image = np.asarray(image)
-        grid = tuple(s // p for s, p in zip(image.shape[:-1], patch, strict=True))
-        rows.append((patchify_np(image, patch), positions.grid_indices(grid), grid))
+        grid = token_grid(image.shape[:-1], patch, "image spatial shape")
+        patches = patch_blocks(image[None], patch).reshape(math.prod(grid), -1)  # patchify's
+        rows.append((patches, positions.grid_indices(grid), grid))
     if any(len(r[0]) > max_tokens for r in rows):
         raise ValueError(
             f"max_tokens={max_tokens} < the {max(len(r[0]) for r in rows)} patches of an image"
