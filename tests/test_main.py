@@ -15,12 +15,15 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(*args: str, tfds_dir: str | None = None) -> subprocess.CompletedProcess:
+def _env() -> dict[str, str]:
     pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+    return dict(os.environ, PYTHONPATH=pythonpath)
+
+
+def _run(*args: str, tfds_dir: str | None = None) -> subprocess.CompletedProcess:
     extra = [f"--config.dataset.data_dir={tfds_dir}"] if tfds_dir else []
     cmd = [sys.executable, "-m", "rope_lie.main", *args, *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -117,11 +120,9 @@ def test_help_list_and_print_config_exit_0():
 
 
 def test_a_listing_cut_short_by_its_reader_exits_quietly():
-    """``--list | head -1``: the closed pipe ends the listing without a traceback."""
-    pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+    """``--list | head -c 10``: the closed pipe ends the listing without a traceback."""
     cmd = f"{sys.executable} -m rope_lie.main --list | head -c 10"
-    proc = subprocess.run(cmd, shell=True, env=env, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(cmd, shell=True, env=_env(), capture_output=True, text=True, cwd=REPO)
     assert proc.stdout == "Recipes (-" and proc.stderr == "", proc.stderr[-2000:]
 
 
