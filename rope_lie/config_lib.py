@@ -175,6 +175,9 @@ def model_config(
     # Attention backend (models/backends.py): "xla" (plain formula), "cudnn" (GPU, bf16/fp16),
     # "pallas" (TPU flash kernel) or "chunked" (exact, O(T x block) memory, any platform).
     m.attention = "xla"
+    # Cayley-STRING's P folded into the q/k projections once per step (False: applied to every
+    # token, the reference's way; the same logits, slower: experiments/benchmarks/cayley_speed.py)
+    m.fold_mix = True
     # Options for converted PyTorch models (rope_lie/interop), off here (models/blocks.py):
     m.layer_scale = mc.config_dict.placeholder(float)  # LayerScale init value; None = off
     m.gelu_approximate = True  # tanh GELU; False = exact (erf)

@@ -322,6 +322,7 @@ class Attention(nnx.Module):
         num_prefix: int = 0,
         qkv_bias: bool = True,
         attention: str = "xla",
+        fold_mix: bool = True,
         dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -342,6 +343,9 @@ class Attention(nnx.Module):
             ``to_qkv``); the output projection always has one.
           attention: the attention backend, an ``ATTENTIONS`` key (``"xla"``, ``"cudnn"``,
             ``"pallas"``, ``"chunked"``); ``backends.check_attention`` says where each runs.
+          fold_mix: fold a position-independent P (Cayley-STRING) into the q/k projections
+            (default); False applies it to every token's q and k (``precompute_pe``'s
+            ``fold``): the same logits, for benchmarks against the reference's way.
           dtype: activation dtype; parameters are float32.
           rngs: ``nnx.Rngs`` with a ``params`` (or default) stream.
         """
@@ -349,6 +353,7 @@ class Attention(nnx.Module):
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
         backends.check_attention_name(attention)
         self.attention = attention
+        self.fold_mix = bool(fold_mix)
         self.pe = pe
         self.num_heads = num_heads
         self.head_dim = head_dim = width // num_heads
@@ -399,7 +404,7 @@ class Attention(nnx.Module):
         heads = 1 if self.share_pe_heads else self.num_heads
         return precompute_pe(
             self.pe, params, pos, num_heads=heads, head_dim=self.head_dim,
-            num_prefix=self.num_prefix, hparams=dict(self.hparams),
+            num_prefix=self.num_prefix, hparams=dict(self.hparams), fold=self.fold_mix,
         )  # fmt: skip
 
     def __call__(

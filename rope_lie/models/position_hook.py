@@ -107,6 +107,7 @@ def precompute_pe(
     head_dim: int,
     num_prefix: int,
     hparams: Mapping[str, Any],
+    fold: bool = True,
 ) -> State:
     """The encoder state for a position set (the family's ``precompute``).
 
@@ -118,15 +119,18 @@ def precompute_pe(
       head_dim: H.
       num_prefix: prefix (class) tokens at the start of the sequence.
       hparams: the family's apply hyperparameters (``apply_hparams``).
+      fold: leave a position-independent P (Cayley-STRING) to fold into the q/k projections
+        (``state.to_fold()``, D N H^2 work per layer); False keeps it in the state, whose
+        ``rotate`` then applies it to every token (B T N H^2, what the reference code does).
+        The same logits either way, to float32 rounding.
 
     Returns:
-      the family's state (``encodings/state.py``), a pytree of arrays; a position-independent
-      P (Cayley-STRING) left to fold into the q/k projections (``state.to_fold()``).
+      the family's state (``encodings/state.py``), a pytree of arrays.
     """
     pe_state = pe_module(pe).precompute(
         params, pos, num_heads=num_heads, head_dim=head_dim, num_prefix=num_prefix, **hparams
     )
-    return pe_state.to_fold() if hasattr(pe_state, "to_fold") else pe_state
+    return pe_state.to_fold() if fold and hasattr(pe_state, "to_fold") else pe_state
 
 
 def fold_projection(

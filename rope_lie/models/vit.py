@@ -154,6 +154,7 @@ class ViT(nnx.Module):
         num_registers: int = 0,
         patch_dropout: float = 0.0,
         attention: str = "xla",
+        fold_mix: bool = True,
         dtype: Any = "float32",
         rngs: nnx.Rngs,
     ):
@@ -196,6 +197,9 @@ class ViT(nnx.Module):
           attention: the attention backend, ``attention.ATTENTIONS``: ``"xla"`` (the plain
             formula), ``"cudnn"`` (GPU), ``"pallas"`` (TPU) or ``"chunked"`` (exact, O(T x
             block) memory, anywhere); ``check_model_attention`` checks it against a platform.
+          fold_mix: fold Cayley-STRING's P into the q/k projections once per step (default);
+            False applies it to every token, as the reference code does (same logits; for the
+            speed comparison in ``experiments/benchmarks/cayley_speed.py``).
           dtype: activation dtype, ``"float32"`` or ``"bfloat16"``; parameters are float32.
           rngs: ``nnx.Rngs``: ``params`` (or default) stream, and ``dropout`` when dropout > 0.
         """
@@ -234,7 +238,7 @@ class ViT(nnx.Module):
         attention_kwargs = dict(
             num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
             own_pe=not share_pe_layers, num_prefix=num_prefix, qkv_bias=qkv_bias,
-            attention=attention,
+            attention=attention, fold_mix=fold_mix,
         )  # fmt: skip
         block_kwargs = dict(
             norm_eps=norm_eps, gelu_approximate=gelu_approximate, layer_scale=layer_scale

@@ -363,6 +363,37 @@ def test_cayley_string_fold_through_the_vit(generator):
     assert np.max(np.abs(expected)) > 1e-3
 
 
+@pytest.mark.parametrize("generator", ["dense", "topk"])
+def test_cayley_string_p_per_token_equals_folded(generator):
+    """fold_mix=False applies P to every token's q and k (the reference's way): the same
+    logits and the same gradients as folding it into the projections; the states differ."""
+    hparams = {"generator": generator, "init_std": 0.3}
+    hparams.update({"k": 12} if generator == "topk" else {})
+    images = _images((2, 8, 12, 3))
+    labels = jnp.asarray([1, 3])
+    out = {}
+    for fold in (True, False):
+        model = ViT(**TINY, pe="cayley_string", pe_hparams=hparams, head_zero_init=False,
+                    fold_mix=fold, rngs=nnx.Rngs(0))  # fmt: skip
+        state = model.blocks[0].attn.pe_state(model.positions(model.train_grid))
+        assert (state.fold_NHH is not None) == fold
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(p, graphdef=graphdef, rest=rest):
+            logits = nnx.merge(graphdef, p, rest)(images)
+            return jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(2), labels]), logits
+
+        out[fold] = jax.jit(jax.grad(loss, has_aux=True))(params)
+    (g_fold, logits_fold), (g_token, logits_token) = out[True], out[False]
+    np.testing.assert_allclose(logits_token, logits_fold, rtol=1e-5, atol=1e-5)
+    assert np.max(np.abs(logits_fold)) > 1e-3
+    flat_fold, flat_token = (jax.tree.leaves(nnx.to_pure_dict(g)) for g in (g_fold, g_token))
+    for a, b in zip(flat_fold, flat_token, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+    s_grad = g_token["blocks"][0]["attn"]["pe_params"]
+    assert max(float(jnp.abs(v[...]).max()) for v in s_grad.values()) > 1e-6  # S is trained
+
+
 @pytest.mark.parametrize("pe", ["liere", "alibi", "cayley_string"])
 def test_attention_maps_are_the_weights_the_model_uses(pe):
     """Rows sum to 1; weighting the values with a layer's map and projecting gives that
