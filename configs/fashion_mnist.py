@@ -22,7 +22,9 @@ Arguments: pe=<family, a variant such as visionllama_liere, or ape/sincos>, bloc
 size; 2 = the LieRE paper's RoPE-Mixed>, ape_std=<APE init std; default 1.0, the LieRE
 reference's N(0, 1)>, generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<top-k entries>
 (pe=cayley_string), epochs=<passes over the training set>, scale_aug (random-resized crops
-of 35-100 % of the area in training, for the resolution study), rescale=<DINOv3's coordinate
+of 35-100 % of the area in training, for the resolution study), resolution_evals=false (only
+`test` and `test_shuffled`: a short run's evaluation then costs about a minute, not four),
+rescale=<DINOv3's coordinate
 rescaling bound in training, e.g. 2; 0 = off>, smoke (a few steps; used by the tests), naflex
 (mixed-size batches: every training image, after its crop and flip, resized under a random
 budget of side**2 tokens, side uniform in [min_side, max_side], default 5-9, i.e.
@@ -44,7 +46,7 @@ def get_config(arg=None):
     args = common.parse_arg(
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
         k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False, naflex=False, min_side=5,
-        max_side=9,
+        max_side=9, resolution_evals=True,
     )  # fmt: skip
     c = common.base_config()
     c.dataset = common.dataset_config(
@@ -83,12 +85,15 @@ def get_config(arg=None):
     c.evals = dict(
         test=common.eval_entry(),  # the training size
         test_shuffled=common.eval_entry(shuffle_patches=True),  # positions destroyed
-        **{f"px{s}": common.eval_entry(image_size=s) for s in UPSAMPLED},
-        **{
-            f"canvas{s}": common.eval_entry(name=f"fashion_mnist_idx/canvas{s}", image_size=s)
-            for s in CANVASES
-        },
     )
+    if args.resolution_evals:
+        c.evals.update(
+            {f"px{s}": common.eval_entry(image_size=s) for s in UPSAMPLED},
+            **{
+                f"canvas{s}": common.eval_entry(name=f"fashion_mnist_idx/canvas{s}", image_size=s)
+                for s in CANVASES
+            },
+        )
     if args.naflex:  # the fixed-size evaluations above stay
         sides = sorted({args.min_side, 7, args.max_side, *(s // 4 for s in UPSAMPLED)})
         common.add_naflex(c, args.min_side, args.max_side, eval_sides=sides)

@@ -293,6 +293,21 @@ def test_data_fraction_curves_name_its_arms():
     assert sorted(named) == sorted(study.arm_names)  # every arm on exactly one curve
 
 
+def test_fashion_data_fraction_runs_evaluate_only_what_it_reports():
+    """Its reduced-data runs skip the six resolution evaluations (more costly than a 10 % run's
+    training); its 100 % arms are the `fashion` study's runs, shared, with all eight."""
+    from experiments.studies import attention_maps
+
+    study = definitions.STUDIES["fashion_data_fraction"]
+    fashion = definitions.STUDIES["fashion"]
+    for arm in study.arms:
+        evals = set(attention_maps.load_config(arm, seed=0, scale="cpu").evals)
+        if arm.name in fashion.arm_names:
+            assert arm == fashion.arm(arm.name) and len(evals) == 8, arm.name
+        else:
+            assert evals == {"test", "test_shuffled"}, arm.name
+
+
 def test_eval_curves_plot_draws_each_arm_across_the_test_sizes(smoke_study):
     results, _, _, _ = smoke_study
     rows = lib.read_results(results)

@@ -146,10 +146,15 @@ def _f_fraction(base: Arm, fraction: float, fixed_steps: int | None = None) -> A
     extra = (("dataset.train_fraction", fraction),)
     if fixed_steps:
         extra += (("total_steps", fixed_steps),)
+    # Only test and test_shuffled (this study's evaluations): at 10 % of the data the six
+    # resolution evaluations would cost more than the training.
+    arg = f"{base.arg},resolution_evals=false"
     return dataclasses.replace(
         base,
         name=base.name + suffix,
         label=f"{base.label}, {100 * fraction:g} %" + (" (same steps)" if fixed_steps else ""),
+        arg=arg,
+        paper_arg=arg,
         overrides=base.overrides + extra,
     )
 
