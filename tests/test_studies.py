@@ -322,6 +322,24 @@ def test_eval_curves_plot_draws_each_arm_across_the_test_sizes(smoke_study):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_eval_curves_colour_only_the_arms_with_results(smoke_study, monkeypatch):
+    """An arm without results takes no colour: the drawn arms' colours stay distinct."""
+    results, _, _, _ = smoke_study
+    rows = lib.read_results(results)
+    unrun = dataclasses.replace(SMOKE.arms[0], name="unrun", label="never run")
+    sized = dataclasses.replace(
+        SMOKE,
+        arms=(SMOKE.arms[0], unrun, *SMOKE.arms[1:]),
+        eval_curves=("size", (("digits", ((8.0, "size8"), (16.0, "size16"))),)),
+    )
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: figures.append(fig))
+    report.plot_eval_curves(sized, rows, "unused.png")
+    lines = [ln for ln in figures[0].axes[0].get_lines() if not ln.get_label().startswith("_")]
+    assert [ln.get_label() for ln in lines] == [a.label for a in SMOKE.arms]
+    assert [ln.get_color() for ln in lines] == ["C0", "C1"]
+
+
 def test_resolution_eval_curves_use_its_evaluations():
     study = definitions.STUDIES["resolution"]
     _, panels = study.eval_curves

@@ -171,7 +171,7 @@ def _save(fig, path: str) -> None:
     import matplotlib.pyplot as plt
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # legends below the axes stay in
     plt.close(fig)
 
 
@@ -249,23 +249,28 @@ def plot_eval_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
     accuracies = _accuracies(rows)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.0), sharey=True,
                              squeeze=False)  # fmt: skip
+    names = {name for _, points in panels for _, name in points}
+    # Colours go to the arms with results, in the study's order, so no two drawn arms share
+    # one unless more than 10 are drawn (then the style changes).
+    drawn = [a for a in study.arms if any((a.name, n) in accuracies for n in names)]
     for ax, (title, points) in zip(axes[0], panels, strict=True):
-        for i, arm in enumerate(study.arms):
+        for i, arm in enumerate(drawn):
             style = "-o" if i < 10 else "--s"  # matplotlib's 10 colours come round again
             points_of_arm = [(x, (arm.name, name)) for x, name in points]
             _curve(ax, accuracies, points_of_arm, f"C{i % 10}", arm.label, style)
         _finish_panel(ax, title, x_label, sorted({x for x, _ in points}), lines)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
+    fig.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=2, frameon=False)  # fmt: skip
     axes[0][0].set_ylabel("accuracy")
     fig.suptitle(study.title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.tight_layout()
     _save(fig, path)
 
 
 def _finish_panel(ax, title: str, x_label: str, xticks: list[float], lines) -> None:
     """Reference lines (labelled at the right edge), ticks at the points, titles, 0-1 range."""
-    ax.set_xticks(xticks, [f"{x:g}" for x in xticks])
+    ax.set_xticks(xticks, [f"{x:.3g}" for x in xticks])
     for value, label in lines:
         ax.axhline(value, color="gray", ls=":", lw=1)
         ax.annotate(label, (xticks[-1], value), fontsize=6, color="gray", ha="right",
