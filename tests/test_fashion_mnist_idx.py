@@ -146,3 +146,26 @@ def test_recipe_smoke_trains_and_evaluates_every_regime(tmp_path, monkeypatch):
         "canvas36": "36x36", "canvas44": "44x44", "canvas56": "56x56",
     }  # fmt: skip
     assert all(np.isfinite(res["loss"]) for res in final["evals"].values())
+
+
+def test_recipe_arguments_for_p_rope_and_the_evaluations():
+    """rotary_fraction reaches the family (p-RoPE: DINOv3's lowest frequency per axis off at
+    0.75, head_dim 16), is refused for a family without it; resolution_evals=false keeps only
+    the two evaluations at the training size."""
+    import jax
+
+    from configs import fashion_mnist
+    from rope_lie import train
+
+    config = fashion_mnist.get_config("pe=dinov3,rotary_fraction=0.75")
+    model = train.build_model(config.model, jax.random.key(0))
+    angles = np.abs(np.asarray(model.precompute_pe((7, 7))[0].angle_TNF)).max(axis=(0, 1))
+    assert angles.shape == (8,) and list(angles == 0) == [False, False, False, True] * 2
+    assert "rotary_fraction" not in fashion_mnist.get_config("pe=dinov3").model.pe_hparams
+    with pytest.raises(ValueError, match="rotary_fraction=0.5 is for pe in .*not pe='liere'"):
+        fashion_mnist.get_config("pe=liere,rotary_fraction=0.5")
+    assert set(fashion_mnist.get_config("resolution_evals=false").evals) == {
+        "test",
+        "test_shuffled",
+    }
+    assert len(fashion_mnist.get_config("").evals) == 8

@@ -37,6 +37,11 @@ F_DINOV3_AUG = _fashion(
     "DINOv3 RoPE, coordinates rescaled in training (x[1/2, 2])",
     "pe=dinov3,rescale=2",
 )
+F_DINOV3_P075 = _fashion(
+    "dinov3_p075",
+    "DINOv3 RoPE, p-RoPE 0.75 (lowest frequency per axis unrotated)",
+    "pe=dinov3,rotary_fraction=0.75",
+)
 FASHION_MAIN = (F_APE, F_MIXED_HEO, F_LIERE_B2, F_LIERE_B8)  # 5 seeds; the other arms 3
 FASHION_EVALS = ("test", "test_shuffled")
 FASHION_RESOLUTION_EVALS = (
@@ -56,6 +61,7 @@ FASHION_STUDY = Study(
         F_ALIBI,
         F_COMROPE,
         F_DINOV3,
+        F_DINOV3_P075,
     ),
     evals=FASHION_EVALS,
     # Table 1 (CIFAR-100, not Fashion-MNIST): APE 63.9, VisionLlama 65.5, RoPE-Mixed (= b2)
@@ -75,6 +81,7 @@ FASHION_STUDY = Study(
         ("liere_b2", "rope_mixed_heo"),
         ("comrope_ld", "liere_b8"),  # ComRoPE's claim: +1.6 over LieRE (ImageNet)
         ("dinov3", "rope_mixed_heo"),  # centred [-1, 1] positions vs integer ones
+        ("dinov3_p075", "dinov3"),  # p-RoPE: a quarter of the pairs unrotated
     ),
     default_seeds=3,
 )
@@ -107,6 +114,7 @@ FASHION_RESOLUTION_STUDY = Study(
         F_COMROPE,
         F_DINOV3,
         F_DINOV3_AUG,
+        F_DINOV3_P075,
     ),
     evals=FASHION_RESOLUTION_EVALS,
     # Seed 004's ImageNet-100 table (224 / 384 px, more pixels): APE 55.48 / 55.88, NoPE
@@ -117,6 +125,7 @@ FASHION_RESOLUTION_STUDY = Study(
         ("dinov3_rescale2", "dinov3"),  # DINOv3's coordinate rescaling, the one change
         ("comrope_ld", "liere_b8"),  # ComRoPE's claim: +2.9 over LieRE at a higher resolution
         ("dinov3", "rope_mixed_heo"),  # centred [-1, 1] positions vs integer ones
+        ("dinov3_p075", "dinov3"),  # p-RoPE: the lowest frequencies off, at other sizes
     ),
     eval_curves=(
         "test side / training side (28 px)",
