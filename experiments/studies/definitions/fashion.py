@@ -126,6 +126,8 @@ FASHION_RESOLUTION_STUDY = Study(
         ("comrope_ld", "liere_b8"),  # ComRoPE's claim: +2.9 over LieRE at a higher resolution
         ("dinov3", "rope_mixed_heo"),  # centred [-1, 1] positions vs integer ones
         ("dinov3_p075", "dinov3"),  # p-RoPE: the lowest frequencies off, at other sizes
+        ("rope_mixed_heo_normalized", "rope_mixed_heo"),  # the position convention alone
+        ("dinov3", "rope_mixed_heo_normalized"),  # DINOv3 vs RoPE-Mixed, both in [-1, 1]
     ),
     eval_curves=(
         "test side / training side (28 px)",
