@@ -35,7 +35,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments.benchmarks import common
+from experiments.benchmarks import common, model_steps
 from rope_lie import train
 
 # arm: the recipe argument after dataset=fashion_mnist (the cayley_fashion study's arms)
@@ -78,34 +78,16 @@ def _images(config, batch: int, seed: int = 0):
 
 
 def calls(arm: str, fold: bool, train_batch: int, eval_batch: int) -> dict:
-    """No-argument calls: one train step (keeping its state), one inference forward; and the
-    parameter count."""
+    """No-argument calls: one train step with the recipe's AdamW (keeping its state), one
+    inference forward, the logits of 8 images; and the parameter count."""
     config = model_config(arm, fold)
     model = train.build_model(config.model, jax.random.key(0))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer = optax.adamw(config.optim.lr, weight_decay=config.optim.weight_decay)
-
-    def loss_fn(params, images, labels):
-        logits = nnx.merge(graphdef, params, rest)(images, train=True)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-    @jax.jit
-    def step(params, opt_state, images, labels):
-        loss, grads = jax.value_and_grad(loss_fn)(params, images, labels)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     forward = jax.jit(lambda params, images: nnx.merge(graphdef, params, rest)(images))
-    images, labels = _images(config, train_batch)
     eval_images, _ = _images(config, eval_batch, seed=1)
-    state = {"params": params, "opt": optimizer.init(params)}
-
-    def train_call():
-        state["params"], state["opt"], loss = step(state["params"], state["opt"], images, labels)
-        return loss
-
     return {
-        "train": train_call,
+        "train": model_steps.step_call(model, *_images(config, train_batch), optimizer),
         "infer": lambda: forward(params, eval_images),
         "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)),
         "logits": lambda: forward(params, eval_images[:8]),

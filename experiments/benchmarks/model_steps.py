@@ -60,10 +60,11 @@ def batch_of(model_kw: dict, batch: int):
     return jnp.asarray(images), jnp.asarray(labels)
 
 
-def train_step(model: ViT):
-    """(jitted step, params, optimizer state): step(params, opt_state, images, labels)."""
+def train_step(model: ViT, optimizer: optax.GradientTransformation | None = None):
+    """(jitted step, params, optimizer state): step(params, opt_state, images, labels), with
+    ``optimizer`` (default AdamW 1e-3)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    optimizer = optax.adamw(1e-3)
+    optimizer = optax.adamw(1e-3) if optimizer is None else optimizer
 
     def loss_fn(params, images, labels):
         logits = nnx.merge(graphdef, params, rest)(images, train=True)
@@ -80,8 +81,13 @@ def train_step(model: ViT):
 
 def train_call(model_kw: dict, batch: int, encoder: str):
     """A no-argument call that runs one train step (and keeps the updated state)."""
-    step, params, opt_state = train_step(build(model_kw, encoder))
-    images, labels = batch_of(model_kw, batch)
+    return step_call(build(model_kw, encoder), *batch_of(model_kw, batch))
+
+
+def step_call(model: ViT, images, labels, optimizer: optax.GradientTransformation | None = None):
+    """A no-argument call that runs one ``train_step`` of ``model`` on one batch (and keeps the
+    updated state)."""
+    step, params, opt_state = train_step(model, optimizer)
     state = {"params": params, "opt": opt_state}
 
     def call():
