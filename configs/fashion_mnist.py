@@ -25,7 +25,7 @@ reference's N(0, 1)>, generator=dense|block2x2|banded|topk, bw=<bandwidth>, k=<t
 of 35-100 % of the area in training, for the resolution study), resolution_evals=false (only
 `test` and `test_shuffled`: a short run's evaluation then costs about a minute, not four),
 rotary_fraction=<p-RoPE's fraction of frequency pairs rotated per axis, e.g. 0.75; 1 =
-all; for pe=rope_axial, rope_mixed, visionllama or dinov3>, rescale=<DINOv3's coordinate
+all; for the families config_lib.p_rope_families() lists>, rescale=<DINOv3's coordinate
 rescaling bound in training, e.g. 2; 0 = off>, smoke (a few steps; used by the tests), naflex
 (mixed-size batches: every training image, after its crop and flip, resized under a random
 budget of side**2 tokens, side uniform in [min_side, max_side], default 5-9, i.e.
@@ -41,8 +41,6 @@ from rope_lie import config_lib as common
 EPOCHS = 3.0  # passes over the 60,000 training images
 CANVASES = (36, 44, 56)  # px: the 28 px image centred on a larger canvas
 UPSAMPLED = (36, 44, 56)  # px: the 28 px image resized
-# Families with p-RoPE's rotary_fraction (fixed frequencies, and RoPE-Mixed's learned ones)
-P_ROPE_FAMILIES = ("rope", "rope_axial", "rope_mixed", "visionllama", "dinov3")
 
 
 def get_config(arg=None):
@@ -73,10 +71,10 @@ def get_config(arg=None):
     if args.pe == "cayley_string":
         c.model.pe_hparams = common.cayley_hparams(args.generator, args.bw, args.k)
     if args.rotary_fraction != 1.0:
-        if c.model.pe not in P_ROPE_FAMILIES:
+        if c.model.pe not in common.p_rope_families():
             raise ValueError(
-                f"rotary_fraction={args.rotary_fraction} is for pe in {list(P_ROPE_FAMILIES)} "
-                f"(p-RoPE), not pe={args.pe!r}"
+                f"rotary_fraction={args.rotary_fraction} is for pe in "
+                f"{common.p_rope_families()} (p-RoPE), not pe={args.pe!r}"
             )
         # p-RoPE (Barbero et al., 2025): the lowest frequencies of every axis left unrotated
         c.model.pe_hparams.rotary_fraction = float(args.rotary_fraction)

@@ -89,6 +89,19 @@ def pe_choices() -> list[str]:
     )
 
 
+def p_rope_families() -> list[str]:
+    """The rotary families whose ``init`` takes p-RoPE's ``rotary_fraction``."""
+    import inspect
+
+    from rope_lie import encodings
+
+    return sorted(
+        name
+        for name, module in encodings.ROTARY.items()
+        if "rotary_fraction" in inspect.signature(module.init).parameters
+    )
+
+
 def pe_fields(
     pe: str, block: int = 8, *, ape_std: float = APE_INIT_STD, convention: str | None = None
 ) -> dict[str, Any]:
