@@ -1,6 +1,7 @@
 """The step loop of one training run (``rope_lie/train.py`` sets it up and resumes it).
 
-Each step runs in this order: train, check, log, evaluate, checkpoint. A non-finite loss or
+Each step runs in this order: train, check, log, evaluate, checkpoint (the last step is
+checkpointed before its evaluations, so a run killed while evaluating resumes evaluating). A non-finite loss or
 gradient norm stops the run (``FloatingPointError`` naming the step) before that state can be
 checkpointed; the last good checkpoint stays the latest. On SIGTERM or a first Ctrl-C (single
 process) or a preemption sync point (multi-host jobs) the step is checkpointed and the run
@@ -154,6 +155,9 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
                 record = _log_record(run, step, window, timed, time.perf_counter() - tick)
                 pbar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{record['throughput']:.0f}")
                 window = []
+            last = step == run.total
+            if last:  # saved before the final evaluations: an interruption there loses no steps
+                ckpt.save(run.manager, step, state, {"step": step, "best": run.best}, force=True)
             if evaluate_now:
                 pbar.set_description("evaluating")
                 results = evals(run, state, step)
@@ -161,8 +165,9 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
                 record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
             if record:
                 run.writer.write(step, record)
-            meta = {"step": step, "best": run.best}
-            ckpt.save(run.manager, step, state, meta, force=step == run.total or stop)
+            if not last:
+                meta = {"step": step, "best": run.best}
+                ckpt.save(run.manager, step, state, meta, force=stop)
             if stop or preempted:
                 run.stopped_by = sigterm.signal_name or "preemption"
                 what = "Interrupted (Ctrl-C)" if run.stopped_by == "SIGINT" else "Preemption"

@@ -89,6 +89,29 @@ def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir, monkeypat
     assert len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))) == 6
 
 
+def test_run_killed_in_its_final_evaluations_resumes_evaluating(
+    reference, tfds_dir, tmp_path, monkeypatch, capsys
+):
+    """The last step is saved before its evaluations: a kill there costs no training steps."""
+    workdir, final = str(tmp_path), reference[1]
+    evals = train.loop.evals
+
+    def killed_at_the_end(run, state, step):
+        if step == run.total:
+            raise KeyboardInterrupt("killed while evaluating")
+        return evals(run, state, step)
+
+    monkeypatch.setattr(train.loop, "evals", killed_at_the_end)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(_config(tfds_dir), workdir)
+    monkeypatch.setattr(train.loop, "evals", evals)
+    capsys.readouterr()
+    again = train.train_and_evaluate(_config(tfds_dir), workdir)
+    assert f"{workdir}: already at step 12; evaluating its final state" in capsys.readouterr().out
+    for name, res in final["evals"].items():
+        np.testing.assert_allclose(again["evals"][name]["accuracy"], res["accuracy"], atol=1e-6)
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_release_free_heap_finds_glibcs_malloc_trim():
     assert job._malloc_trim() is not None
