@@ -27,7 +27,10 @@ steps=<training steps, 0 = the scale's default>, smoke (a few steps; used by the
 naflex (mixed-size batches: every training image resized under a random budget of side**2
 tokens, side uniform in [min_side, max_side], default 6-10, padded to max_side**2 tokens;
 rope_lie/data/naflex.py; adds NaFlex evaluations of the training grid's test scenes at sides
-min_side, 8, max_side and 12, `naflex_sNN`, beside the fixed-size ones).
+min_side, 8, max_side and 12, `naflex_sNN`, beside the fixed-size ones), mixed_grids
+(train on scenes of 6 to 10 cells a side, `spatial_arrows/c8_g6to10`; res=paper: 7 to 11,
+`c12_g7to11`; each read at its own size and padded, nothing resized: the same cells on more or
+fewer of them; the evaluations stay those of the fixed-grid training).
 
 Runtime on 2 CPU cores (AMD EPYC, no accelerator, jax 0.10.2): res=cpu, 6-7 min a run, 500
 steps at ~330 examples/s when nothing else runs, plus the evaluations; longer on a shared
@@ -55,11 +58,11 @@ SCALES = {
     # train steps, batch, lr, dropout
     "cpu": dict(
         cell=8, grid=8, evals=(12, 16, 20), rescaled=(10, 12, 16), variant="mu/8", steps=500,
-        batch=128, lr=2e-3, dropout=0.0,
+        batch=128, lr=2e-3, dropout=0.0, mixed=(6, 10),
     ),
     "paper": dict(
         cell=12, grid=9, evals=(14, 23), rescaled=(), variant="B/12", steps=1563, batch=512,
-        lr=1e-4, dropout=0.1,
+        lr=1e-4, dropout=0.1, mixed=(7, 11),
     ),
 }  # fmt: skip
 
@@ -67,15 +70,26 @@ SCALES = {
 def get_config(arg=None):
     args = common.parse_arg(
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, init_scale=0.0, res="cpu",
-        steps=0, smoke=False, naflex=False, min_side=6, max_side=10,
+        steps=0, smoke=False, naflex=False, min_side=0, max_side=0, mixed_grids=False,
     )  # fmt: skip
     if args.res not in SCALES:
         raise ValueError(f"res={args.res!r}; expected one of {sorted(SCALES)}")
     s = SCALES[args.res]
+    lo, hi = s["mixed"]
+    if args.mixed_grids and args.naflex:
+        raise ValueError("mixed_grids reads scenes unresized; naflex resizes them: pick one")
+    if args.mixed_grids and {args.min_side, args.max_side} - {0} and (
+        (args.min_side, args.max_side) != (lo, hi)
+    ):
+        raise ValueError(
+            f"mixed_grids at res={args.res} trains on grids of {lo} to {hi} cells (its "
+            f"dataset's); got min_side={args.min_side}, max_side={args.max_side}"
+        )
     name = lambda grid: f"spatial_arrows/c{s['cell']}_g{grid}"
     c = common.base_config()
     c.dataset = common.dataset_config(
-        name(s["grid"]),  # generated on first use (rope_lie/data/spatial_arrows.py)
+        # generated on first use (rope_lie/data/spatial_arrows.py)
+        name(s["grid"]) if not args.mixed_grids else f"spatial_arrows/c{s['cell']}_g{lo}to{hi}",
         data_dir=None,  # TFDS root; None = ~/tensorflow_datasets
         mean=(0.5,),  # grayscale glyphs (255 on 0) mapped to [-1, 1]
         std=(0.5,),
@@ -104,17 +118,21 @@ def get_config(arg=None):
     c.eval_every_steps = c.total_steps // 2  # half-way and at the end
     c.eval_batch_size = 250  # eval examples per step
     c.checkpoint.every_steps = 100  # steps between checkpoints
+    own = name(s["grid"]) if args.mixed_grids else None  # the fixed training grid's scenes
     c.evals = dict(
-        **{f"g{s['grid']:02d}": common.eval_entry()},  # training grid, held-out layouts
+        **{f"g{s['grid']:02d}": common.eval_entry(name=own)},  # training grid, held-out layouts
         **{f"g{g:02d}": common.eval_entry(name=name(g)) for g in s["evals"]},  # larger grids
-        **{f"g{s['grid']:02d}_shuffled": common.eval_entry(shuffle_patches=True)},
+        **{f"g{s['grid']:02d}_shuffled": common.eval_entry(name=own, shuffle_patches=True)},
         # the training grid's test scenes resized to more pixels (c8_g8's layouts)
         **{f"px{c * s['grid']:03d}": common.eval_entry(name=f"spatial_arrows/c{c}_g{s['grid']}")
            for c in s["rescaled"]},
     )  # fmt: skip
     if args.naflex:  # the fixed-size evaluations above stay
-        sides = sorted({args.min_side, s["grid"], args.max_side, 12})
-        common.add_naflex(c, args.min_side, args.max_side, eval_sides=sides)
+        low, high = args.min_side or 6, args.max_side or 10
+        sides = sorted({low, s["grid"], high, 12})
+        common.add_naflex(c, low, high, eval_sides=sides)
+    if args.mixed_grids:  # one token per cell, up to hi x hi (rope_lie/data/naflex.py)
+        c.naflex = common.naflex_config(lo, hi, native=True)
     if args.smoke:
         common.make_smoke(c, variant=s["variant"].replace("B", "mu"))
         c.model.dropout = 0.0

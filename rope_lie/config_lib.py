@@ -315,16 +315,20 @@ def make_smoke(
     c.progress = False
 
 
-def naflex_config(min_side: int, max_side: int, max_tokens: int = 0) -> mc.ConfigDict:
+def naflex_config(
+    min_side: int, max_side: int, max_tokens: int = 0, native: bool = False
+) -> mc.ConfigDict:
     """`config.naflex`: train on mixed-size token batches (rope_lie/data/naflex.py).
 
-    Present only in runs that turn it on (a recipe's `naflex` argument); without it every batch
-    is one fixed image size.
+    Present only in runs that turn it on (a recipe's `naflex` or `mixed_grids` argument);
+    without it every batch is one fixed image size. ``native``: no budgets; every training
+    image is read at its own size (its ``extent``: min_side to max_side patches a side).
     """
     n = mc.ConfigDict()
     n.min_side = min_side  # each training image gets a budget of side**2 tokens, side uniform
     n.max_side = max_side  # ... in [min_side, max_side] (a square image: side x side patches)
     n.max_tokens = max_tokens or max_side**2  # padded length of every training batch
+    n.native = native  # True: images at their own extent, unresized (no budgets)
     return n
 
 

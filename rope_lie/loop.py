@@ -1,11 +1,12 @@
 """The step loop of one training run (``rope_lie/train.py`` sets it up and resumes it).
 
 Each step runs in this order: train, check, log, evaluate, checkpoint (the last step is
-checkpointed before its evaluations, so a run killed while evaluating resumes evaluating). A non-finite loss or
-gradient norm stops the run (``FloatingPointError`` naming the step) before that state can be
-checkpointed; the last good checkpoint stays the latest. On SIGTERM or a first Ctrl-C (single
-process) or a preemption sync point (multi-host jobs) the step is checkpointed and the run
-returns early (``rope_lie.main`` exits with status 0, or 130 after Ctrl-C); rerun it to finish.
+checkpointed before its evaluations, so a run killed while evaluating resumes evaluating). A
+non-finite loss or gradient norm stops the run (``FloatingPointError`` naming the step) before
+that state can be checkpointed; the last good checkpoint stays the latest. On SIGTERM or a
+first Ctrl-C (single process) or a preemption sync point (multi-host jobs) the step is
+checkpointed and the run returns early (``rope_lie.main`` exits with status 0, or 130 after
+Ctrl-C); rerun it to finish.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ RECIPES = [
     ("cayley", "dataset=fashion_mnist,generator=banded,bw=2"),
     ("fashion_mnist", "pe=cayley_string,generator=block2x2,scale_aug"),
     ("arrows", "pe=rope_mixed,naflex"),
+    ("arrows", "pe=liere,mixed_grids"),
     ("digits", "naflex,min_side=2,max_side=5"),
     ("fashion_mnist", "pe=alibi,naflex"),
 ]

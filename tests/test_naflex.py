@@ -84,6 +84,38 @@ def test_training_stream_mixes_sizes_within_the_budget_and_resumes(data_dir):
         np.testing.assert_array_equal(resumed[key], batches[2][key])
 
 
+def test_native_stream_reads_each_scene_at_its_own_extent(tmp_path):
+    config = SpatialArrowsConfig(
+        name="naflex_mixed", grid_size=8, min_grid=6, num_train=24, num_test=8
+    )
+    root = str(tmp_path)
+    builder = tfds.builder("spatial_arrows", config=config, data_dir=root)
+    builder.download_and_prepare()
+    cfg = data.default_config("spatial_arrows/naflex_mixed")
+    cfg.data_dir = root
+    finish = naflex.example_fn(8, 64, native=True)
+    batch = next(data.make_train_iterator(cfg, batch_size=8, seed=0, finish=finish))
+    by_image = list(tfds.as_numpy(builder.as_dataset(split="train")))
+    for patches, grid, mask, label in zip(
+        batch["patches"], batch["grid"], batch["token_mask"], batch["label"], strict=True
+    ):
+        count = int(grid.prod())
+        assert grid[0] == grid[1] and 6 <= grid[0] <= 8 and mask.sum() == count
+        np.testing.assert_array_equal(patches[count:], 0)
+        # The tokens are the scene's own 8 px cells, normalised, unresized: find its example.
+        cells = patches[:count].reshape(grid[0], grid[1], 8, 8)
+        image = cells.transpose(0, 2, 1, 3).reshape(8 * grid[0], 8 * grid[1])
+        matches = [
+            ex for ex in by_image
+            if ex["extent"][0] == 8 * grid[0]
+            and np.allclose(image, ex["image"][: 8 * grid[0], : 8 * grid[1], 0] / 127.5 - 1.0)
+        ]  # fmt: skip
+        assert len(matches) == 1 and matches[0]["label"] == label
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more tokens than max_tokens"):
+        next(data.make_train_iterator(cfg, batch_size=8, seed=0,
+                                      finish=naflex.example_fn(8, 36, native=True)))  # fmt: skip
+
+
 def test_eval_stream_at_a_fixed_budget(data_dir):
     finish = naflex.example_fn(8, 25, budget=25)
     batch = next(data.make_eval_iterator(_cfg(data_dir), batch_size=16, finish=finish))
@@ -114,3 +146,14 @@ def test_check_config_names_the_bad_field():
         naflex.check_config(config_lib.naflex_config(3, 6, max_tokens=20), (8, 8), 2)
     with pytest.raises(ValueError, match="square patches"):
         naflex.check_config(config_lib.naflex_config(3, 6), (2, 8, 8), 3)
+
+
+def test_native_mode_refuses_augmentations_that_move_the_content():
+    from configs import arrows
+    from rope_lie.data import run_inputs
+
+    config = arrows.get_config("pe=rope_mixed,mixed_grids")
+    run_inputs.naflex_finish(config)  # the recipe as it is: no augmentation
+    config.dataset.augment.flip = True
+    with pytest.raises(ValueError, match=r"flip=True .* expected crop='none', flip=False"):
+        run_inputs.naflex_finish(config)

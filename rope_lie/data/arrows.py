@@ -24,6 +24,15 @@ def check_split_sizes(config: Any) -> None:
             raise ValueError(f"{field}={getattr(config, field)} must be >= 1 ({config.name})")
 
 
+def chunk_rng(config: Any, split: str, chunk: int, *stream: int | str) -> np.random.Generator:
+    """The generator of chunk ``chunk`` of ``split``; ``stream`` names a sub-stream (a mixed-size
+    config draws its grid sizes and each grid's layouts from separate ones)."""
+    if split not in SPLIT_IDS:
+        raise ValueError(f"split={split!r}; expected one of {sorted(SPLIT_IDS)}")
+    words = [s if isinstance(s, int) else int.from_bytes(s.encode(), "little") for s in stream]
+    return np.random.default_rng([config.seed, SPLIT_IDS[split], chunk, *words])
+
+
 def sample_chunk(
     config: Any,
     split: str,
@@ -48,11 +57,8 @@ def sample_chunk(
     Returns:
       ``glyphs.sample_layouts``'s dict for ``chunk_size`` examples.
     """
-    if split not in SPLIT_IDS:
-        raise ValueError(f"split={split!r}; expected one of {sorted(SPLIT_IDS)}")
-    rng = np.random.default_rng([config.seed, SPLIT_IDS[split], chunk])
     return glyphs.sample_layouts(
-        rng,
+        chunk_rng(config, split, chunk),
         chunk_size,
         grid_shape=grid_shape,
         deltas=deltas,

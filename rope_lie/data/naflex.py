@@ -10,6 +10,12 @@ In training every example gets its own budget from its stateless key: ``side**2`
 ``side`` uniform in [min_side, max_side] (a square image is then side x side patches). In
 evaluation the budget is fixed, so an evaluation "at a size" is one budget.
 
+Native mode (``native``): nothing is resized; each image is read at its own size, one token per
+patch, and padded. It is for datasets whose images already differ in size, stored on a common
+canvas with an ``extent`` feature (the content's height and width in pixels, multiples of the
+patch), such as ``spatial_arrows/c8_g6to10``: scenes of 6 to 10 cells a side, whose glyphs a
+resize would blur into other patches. In either mode an ``extent`` crops the image first.
+
 The batches are dicts of numpy arrays (B per process):
   patches     float32 (B, max_tokens, prod(patch) * C), the patches in ``vit.patchify``'s layout
   index       int32 (B, max_tokens, 2): each token's (row, col) in its image's patch grid
@@ -22,6 +28,7 @@ Positions follow from ``index`` and ``grid`` under the model's convention
 ``config.naflex`` fields (``config_lib.naflex_config``):
   min_side, max_side  training budget side**2, side uniform in [min_side, max_side]
   max_tokens          padded length of every training batch (>= max_side**2)
+  native              no resizing: each image at its own ``extent`` (optional; default False)
 """
 
 from __future__ import annotations
@@ -52,16 +59,20 @@ def budget_grid(height: tf.Tensor, width: tf.Tensor, patch: int, budget: tf.Tens
     return tf.cast(tf.stack([gh, gw]), tf.int32)
 
 
-def tokens_of(image: tf.Tensor, patch: int, grid: tf.Tensor, max_tokens: int) -> dict:
-    """A float image (H, W, C) resized to ``grid * patch`` pixels, patchified and padded.
+def tokens_of(
+    image: tf.Tensor, patch: int, grid: tf.Tensor, max_tokens: int, *, resize: bool = True
+) -> dict:
+    """A float image (H, W, C) resized to ``grid * patch`` pixels (unless ``resize`` is False:
+    then it must be that size), patchified and padded.
 
     Returns:
       {"patches", "index", "grid", "token_mask"} of one example (module docstring).
     """
     channels = image.shape[-1]
     gh, gw = grid[0], grid[1]
-    resized = tf.image.resize(image, [gh * patch, gw * patch], antialias=True)
-    x = tf.reshape(resized, [gh, patch, gw, patch, channels])
+    if resize:
+        image = tf.image.resize(image, [gh * patch, gw * patch], antialias=True)
+    x = tf.reshape(image, [gh, patch, gw, patch, channels])
     x = tf.transpose(x, [0, 2, 1, 3, 4])  # (gh, gw, p, p, C): vit.patchify's order
     count = gh * gw
     patches = tf.reshape(x, [count, patch * patch * channels])
@@ -87,6 +98,23 @@ def random_budget(key: tf.Tensor, min_side: int, max_side: int) -> tf.Tensor:
     return side * side
 
 
+def native_grid(extent: tf.Tensor, patch: int) -> tf.Tensor:
+    """The patch grid (gh, gw) of an image read at its own ``extent`` (pixels), int32 (2,)."""
+    extent = tf.cast(extent, tf.int32)
+    tf.debugging.assert_equal(
+        extent % patch, 0, message=f"an image's extent is not a multiple of the patch ({patch})"
+    )
+    return extent // patch
+
+
+def crop_to_extent(example: dict, image: tf.Tensor) -> tf.Tensor:
+    """``image`` cut to the example's ``extent`` (popped), or whole without one."""
+    if "extent" not in example:
+        return image
+    extent = tf.cast(example.pop("extent"), tf.int32)
+    return image[: extent[0], : extent[1]]
+
+
 def check_config(naflex, patch: Sequence[int], image_rank: int) -> None:
     """Errors that name the bad field: square 2D patches, 1 <= min_side <= max_side, room."""
     if image_rank != 2 or len(set(patch)) != 1:
@@ -106,21 +134,27 @@ def check_config(naflex, patch: Sequence[int], image_rank: int) -> None:
 
 
 def example_fn(patch: int, max_tokens: int, *, min_side: int = 0, max_side: int = 0,
-               budget: int = 0):  # fmt: skip
+               budget: int = 0, native: bool = False):  # fmt: skip
     """(example dict with a normalised "image", key) -> the example with tokens, no "image".
 
-    A fixed ``budget`` (evaluation), or a random one per example (training: ``min_side`` and
-    ``max_side``) from the key.
+    A fixed ``budget`` (evaluation), a random one per example (training: ``min_side`` and
+    ``max_side``) from the key, or ``native``: each image at its own ``extent``, unresized.
     """
     if budget and budget > max_tokens:
         raise ValueError(f"budget={budget} > max_tokens={max_tokens}")
 
     def fn(example: dict, key: tf.Tensor | None) -> dict:
-        image = example.pop("image")
-        own = tf.constant(budget, tf.int32) if budget else random_budget(key, min_side, max_side)
+        example = dict(example)
+        image = crop_to_extent(example, example.pop("image"))
         shape = tf.shape(image)
-        grid = budget_grid(shape[0], shape[1], patch, own)
-        return {**example, **tokens_of(image, patch, grid, max_tokens)}
+        if native:
+            grid = native_grid(shape[:2], patch)
+        else:
+            own = (
+                tf.constant(budget, tf.int32) if budget else random_budget(key, min_side, max_side)
+            )
+            grid = budget_grid(shape[0], shape[1], patch, own)
+        return {**example, **tokens_of(image, patch, grid, max_tokens, resize=not native)}
 
     return fn
 

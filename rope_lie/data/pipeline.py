@@ -261,7 +261,8 @@ def make_train_iterator(
       process_index: this process, in [0, process_count).
       process_count: number of processes sharing the batch.
       finish: None, or (example, key) -> example applied to each preprocessed example with a
-        key of its own (``naflex.example_fn``: resize under a token budget and patchify).
+        key of its own (``naflex.example_fn``: resize under a token budget and patchify); it
+        also gets the stored ``extent`` of datasets that have one.
 
     Returns:
       Iterator of {"image", "label"[, "soft_label"]} numpy batches (module docstring).
@@ -295,6 +296,8 @@ def make_train_iterator(
         example_out = _train_example(builder, ds_cfg, shape, key, example)
         if finish is None:
             return example_out
+        if "extent" in example:  # the stored content's pixels (naflex.crop_to_extent)
+            example_out["extent"] = example["extent"]
         return finish(example_out, tf.random.experimental.stateless_fold_in(key, 4))
 
     ds = ds.map(_as_written(preprocess), num_parallel_calls=AUTOTUNE, deterministic=True)

@@ -32,6 +32,15 @@ def naflex_finish(config: mc.ConfigDict, side: int | None = None):
     or one evaluation budget of side**2 tokens, padded to at least that."""
     cfg, patch = config.naflex, model_patch(config)
     naflex.check_config(cfg, patch, len(config.model.image_shape))
+    if side is None and cfg.get("native"):
+        aug = config.dataset.augment
+        if aug.crop != "none" or aug.flip or aug.randaugment.num_layers:
+            raise ValueError(
+                f"naflex.native reads each image at its stored extent; augment.crop={aug.crop!r},"
+                f" flip={aug.flip} and randaugment.num_layers={aug.randaugment.num_layers} move "
+                "the content off it: expected crop='none', flip=False, num_layers=0"
+            )
+        return naflex.example_fn(patch[0], cfg.max_tokens, native=True)
     if side is None:
         return naflex.example_fn(
             patch[0], cfg.max_tokens, min_side=cfg.min_side, max_side=cfg.max_side
@@ -106,6 +115,10 @@ def data_summary(config: mc.ConfigDict) -> dict[str, Any]:
     expected = (tuple(spatial), channels, summary["num_classes"])
     model = config.model
     actual = (tuple(model.image_shape), model.channels, model.num_classes)
+    if config.get("naflex") and config.naflex.get("native"):
+        # Images of many sizes on one canvas; the model's image_shape is its reference size
+        # (the fixed-size evaluations, APE's table).
+        expected, actual = expected[1:], actual[1:]
     if expected != actual:
         raise ValueError(
             f"config.model (image_shape, channels, num_classes)={actual} does not match "

@@ -58,6 +58,11 @@ class SpatialArrowsConfig(tfds.core.BuilderConfig):
       render_cell: 0 to draw glyphs in ``cell_size`` px cells; otherwise draw them in
         ``render_cell`` px cells and resize the image bilinearly to ``cell_size`` px cells
         (the same scene at another resolution).
+      min_grid: 0 for one grid size; otherwise each example's grid is uniform in
+        [min_grid, grid_size] cells a side, drawn in the top-left corner of a
+        ``grid_size * cell_size`` px canvas (background elsewhere), and the ``extent`` feature
+        gives its (height, width) in pixels: mixed-size training scenes, read at their own
+        size by the NaFlex pipeline's native mode (rope_lie/data/naflex.py).
     """
 
     cell_size: int = 8
@@ -68,11 +73,22 @@ class SpatialArrowsConfig(tfds.core.BuilderConfig):
     num_distractor_arrows: int = 7
     num_letters: int = 5
     render_cell: int = 0
+    min_grid: int = 0
 
     def __post_init__(self):
         glyphs.check_layout_sizes(
-            (self.grid_size,) * 2, self.num_distractor_arrows, self.num_letters, len(glyphs.LETTERS)
+            (self.min_grid or self.grid_size,) * 2,
+            self.num_distractor_arrows,
+            self.num_letters,
+            len(glyphs.LETTERS),
         )
+        if self.min_grid and not 1 <= self.min_grid < self.grid_size:
+            raise ValueError(
+                f"min_grid={self.min_grid} ({self.name}); expected 0 (one grid size) or "
+                f"1 <= min_grid < grid_size={self.grid_size}"
+            )
+        if self.min_grid and self.render_cell:
+            raise ValueError(f"{self.name}: min_grid and render_cell do not combine")
         glyphs.glyph_bank_2d(self.render_cell or self.cell_size)  # validates the cell sizes
         if self.render_cell and self.render_cell > self.cell_size:
             raise ValueError(
@@ -96,6 +112,21 @@ def _config(
     )
 
 
+def _mixed_config(
+    cell: int, min_grid: int, grid: int, num_train: int, num_test: int, note: str
+) -> SpatialArrowsConfig:
+    return SpatialArrowsConfig(
+        name=f"c{cell}_g{min_grid}to{grid}",
+        description=f"{cell} px cells, grids of {min_grid} to {grid} cells a side on a "
+        f"{cell * grid} px canvas; {note}",
+        cell_size=cell,
+        grid_size=grid,
+        min_grid=min_grid,
+        num_train=num_train,
+        num_test=num_test,
+    )
+
+
 CONFIGS = (
     _config(12, 9, 800_000, 10_000, "paper training resolution (108 px)"),
     _config(12, 14, 10_000, 10_000, "paper evaluation at 168 px"),
@@ -108,6 +139,8 @@ CONFIGS = (
         _config(c, 8, 2_000, 2_000, f"c8_g8's scenes resized to {8 * c} px", render_cell=8)
         for c in (10, 12, 16)
     ),
+    _mixed_config(8, 6, 10, 20_000, 2_000, "CPU scale, mixed-size training"),
+    _mixed_config(12, 7, 11, 800_000, 10_000, "paper scale (around g9), mixed-size training"),
 )
 
 
@@ -120,8 +153,12 @@ def generate_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[
       chunk: chunk index; examples [chunk * CHUNK, (chunk + 1) * CHUNK) of the split.
 
     Returns:
-      ``glyphs.sample_layouts`` output plus ``image`` uint8 (CHUNK, G c, G c, 1).
+      ``glyphs.sample_layouts`` output plus ``image`` uint8 (CHUNK, G c, G c, 1); with
+      ``min_grid``, ``glyphs`` is padded to (G, G) with empty cells and ``extent`` int32
+      (CHUNK, 2) gives each scene's pixels.
     """
+    if config.min_grid:
+        return _mixed_chunk(config, split, chunk)
     layout = arrows.sample_chunk(
         config,
         split,
@@ -138,6 +175,44 @@ def generate_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[
         image = glyphs.resize_bilinear(image, (side, side))
     layout["image"] = image[..., None]
     return layout
+
+
+def _mixed_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[str, np.ndarray]:
+    """``generate_chunk`` of a mixed-size config: every example's grid uniform in
+    [min_grid, grid_size], its layout sampled at that grid (one stream per grid size), drawn in
+    the canvas's top-left corner."""
+    grids = arrows.chunk_rng(config, split, chunk, "grids").integers(
+        config.min_grid, config.grid_size + 1, size=CHUNK
+    )
+    big, cell = config.grid_size, config.cell_size
+    out = {
+        "glyphs": np.full((CHUNK, big, big), -1, np.int8),
+        "image": np.zeros((CHUNK, big * cell, big * cell, 1), np.uint8),
+        "extent": np.repeat(grids[:, None] * cell, 2, axis=1).astype(np.int32),
+    }
+    bank = glyphs.glyph_bank_2d(cell)
+    for g in range(config.min_grid, big + 1):
+        chosen = np.flatnonzero(grids == g)
+        if not chosen.size:
+            continue
+        layout = glyphs.sample_layouts(
+            arrows.chunk_rng(config, split, chunk, g),
+            len(chosen),
+            grid_shape=(g, g),
+            deltas=glyphs.DELTAS_2D,
+            num_distractor_arrows=config.num_distractor_arrows,
+            letter_ids=glyphs.LETTER_IDS_2D,
+            num_letters=config.num_letters,
+        )
+        for key, value in layout.items():
+            if key == "glyphs":
+                out[key][chosen, :g, :g] = value
+            else:
+                out.setdefault(key, np.zeros((CHUNK, *value.shape[1:]), value.dtype))[chosen] = (
+                    value
+                )
+        out["image"][chosen, : g * cell, : g * cell, 0] = glyphs.render_grid(layout["glyphs"], bank)
+    return out
 
 
 class SpatialArrows(arrows.ChunkedSplits, tfds.core.GeneratorBasedBuilder):
@@ -171,6 +246,11 @@ class SpatialArrows(arrows.ChunkedSplits, tfds.core.GeneratorBasedBuilder):
                     "y_orientation": tfds.features.ClassLabel(names=glyphs.DIRECTIONS_2D),
                     "target_cell": tfds.features.Tensor(shape=(2,), dtype=np.int32),
                     "glyphs": tfds.features.Tensor(shape=(g, g), dtype=np.int8),
+                    **(
+                        {"extent": tfds.features.Tensor(shape=(2,), dtype=np.int32)}
+                        if cfg.min_grid
+                        else {}
+                    ),
                 }
             ),
             supervised_keys=("image", "label"),

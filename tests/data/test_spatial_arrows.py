@@ -188,3 +188,46 @@ def test_png_bytes_decode_exactly_with_pil_and_tensorflow(shape):
         np.testing.assert_array_equal(tf.io.decode_png(data).numpy(), image)
     with pytest.raises(ValueError, match=r"expected uint8 \(H, W, 1\), got float32"):
         glyphs.png_bytes(np.zeros((2, 2, 1), np.float32))
+
+
+def test_mixed_grids_put_each_scene_in_the_canvas_corner_with_its_extent(tmp_path):
+    config = _tiny("tiny_mixed", grid_size=8, min_grid=6)
+    builder = _build(config, tmp_path)
+    assert builder.info.features["image"].shape == (64, 64, 1)
+    bank = glyphs.glyph_bank_2d(8)
+    sizes = []
+    for ex in tfds.as_numpy(builder.as_dataset(split="train")):
+        side = int(ex["extent"][0])
+        grid = side // 8
+        sizes.append(grid)
+        assert ex["extent"].tolist() == [side, side] and 6 <= grid <= 8
+        assert not ex["image"][side:].any() and not ex["image"][:, side:].any()
+        cells = _decode_cells(ex["image"], 8, 8, bank)
+        np.testing.assert_array_equal(cells, ex["glyphs"])  # padded cells: empty (-1)
+        scene = cells[:grid, :grid]
+        assert (
+            np.isin(scene, glyphs.Y_IDS_2D).sum(),
+            np.isin(scene, glyphs.ARROW_IDS_2D).sum(),
+        ) == (1, 8)
+        target = ex["y_cell"] + np.array(STEP[int(ex["y_orientation"])])
+        assert (target < grid).all() and cells[tuple(target)] == ex["label"]
+    assert set(sizes) == {6, 7, 8}
+
+
+def test_fixed_configs_draw_the_same_scenes_as_before_mixed_grids():
+    # chunk_rng without a sub-stream is the generator the fixed-size configs always used.
+    layout = sa.generate_chunk(_tiny(), "train", 3)
+    rng = np.random.default_rng([0, 0, 3])
+    expected = glyphs.sample_layouts(
+        rng, sa.CHUNK, grid_shape=(6, 6), deltas=glyphs.DELTAS_2D, num_distractor_arrows=7,
+        letter_ids=glyphs.LETTER_IDS_2D, num_letters=5,
+    )  # fmt: skip
+    np.testing.assert_array_equal(layout["glyphs"], expected["glyphs"])
+
+
+@pytest.mark.parametrize(
+    "fields", [dict(min_grid=8), dict(min_grid=9), dict(min_grid=6, render_cell=8, cell_size=10)]
+)
+def test_bad_mixed_grid_configs_are_rejected(fields):
+    with pytest.raises(ValueError, match="min_grid"):
+        _tiny(**{"grid_size": 8, **fields})

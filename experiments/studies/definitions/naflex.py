@@ -1,5 +1,6 @@
-"""The mixed-size (NaFlex) studies: arrows and Fashion-MNIST arms against the same arms trained
-on mixed-size batches."""
+"""The mixed-size studies: arrows arms against the same arms trained on scenes of 6 to 10 cells
+a side (each at its own size), and Fashion-MNIST arms against the same arms trained on NaFlex
+batches (every image resized under a random token budget)."""
 
 from __future__ import annotations
 
@@ -35,15 +36,28 @@ def _naflex(base: Arm) -> Arm:
     )
 
 
+def _mixed_grids(base: Arm) -> Arm:
+    """The same arm trained on scenes of 6 to 10 cells a side, each at its own size (the arrows
+    recipe's ``mixed_grids``: unresized, so the cells stay the patches)."""
+    paper_arg = None if base.paper_arg is None else f"{base.paper_arg},mixed_grids"
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_mixed",
+        label=f"{base.label}, mixed grids 6-10",
+        arg=f"{base.arg},mixed_grids",
+        paper_arg=paper_arg,
+    )
+
+
 _NAFLEX_ARROWS = (LIERE_B8, MIXED_HEO, APE, ALIBI)
 NAFLEX_STUDY = Study(
     name="naflex",
-    title="Spatial arrows trained on mixed sizes (6-10 patches a side, NaFlex) vs fixed 8x8",
-    arms=tuple(arm for base in _NAFLEX_ARROWS for arm in (base, _naflex(base))),
+    title="Spatial arrows trained on mixed grid sizes (6-10 cells a side, unresized) vs fixed 8x8",
+    arms=tuple(arm for base in _NAFLEX_ARROWS for arm in (base, _mixed_grids(base))),
     # Evaluations both kinds of run make: larger grids of the same cells, and the training
-    # grid's scenes at more pixels (the NaFlex runs also record naflex_sNN).
+    # grid's scenes at more pixels.
     evals=(*ARROWS_EVALS, "px080", "px096", "px128"),
-    comparisons=tuple((f"{base.name}_naflex", base.name) for base in _NAFLEX_ARROWS),
+    comparisons=tuple((f"{base.name}_mixed", base.name) for base in _NAFLEX_ARROWS),
     paper_scale=dict(evals=ARROWS_PAPER_EVALS),  # res=paper: larger grids only
 )
 _NAFLEX_FASHION = (F_LIERE_B8, F_MIXED_HEO, F_APE, F_ALIBI)
