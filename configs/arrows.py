@@ -78,8 +78,10 @@ def get_config(arg=None):
     lo, hi = s["mixed"]
     if args.mixed_grids and args.naflex:
         raise ValueError("mixed_grids reads scenes unresized; naflex resizes them: pick one")
-    if args.mixed_grids and {args.min_side, args.max_side} - {0} and (
-        (args.min_side, args.max_side) != (lo, hi)
+    if (
+        args.mixed_grids
+        and {args.min_side, args.max_side} - {0}
+        and ((args.min_side, args.max_side) != (lo, hi))
     ):
         raise ValueError(
             f"mixed_grids at res={args.res} trains on grids of {lo} to {hi} cells (its "
