@@ -8,14 +8,15 @@ warmed up and timed over ``--steps`` steps on random images. A case the check re
 cuDNN with ALiBi and a class token: 197 tokens, odd) is listed with the check's message.
 
 MFU = model FLOPs per step / step time / the device's peak. Model FLOPs are XLA's cost
-analysis of the "xla" backend's train step for the same encoder (the same arithmetic for every
-backend: a fused kernel's custom call has no cost XLA can see, and "chunked" recomputes the
-logits in its backward pass, which MFU does not count). The peak is looked up from the device
-kind (dense bfloat16 TFLOP/s of the datasheets, ``PEAK_TFLOPS``) or given with
-``--peak_tflops``.
+analysis of the "xla" backend's train step for the same encoder, as lowered: before XLA's
+optimisations, which on a GPU turn the matrix products into cuBLAS calls it does not count.
+They are the same arithmetic for every backend: a fused kernel's custom call has no cost XLA
+can see, and "chunked" recomputes the logits in its backward pass, which MFU does not count.
+The peak is looked up from the device kind (dense bfloat16 TFLOP/s of the datasheets,
+``PEAK_TFLOPS``) or given with ``--peak_tflops``.
 
     python -m experiments.benchmarks.device [--batch 64] [--steps 20] [--dtype bfloat16]
-        [--encoders nope,rope_mixed,liere,alibi] [--out device.json]
+        [--encoders nope,rope_mixed,liere,alibi] [--pool cls|mean] [--out device.json]
 """
 
 from __future__ import annotations
@@ -61,16 +62,26 @@ def backends(platform: str) -> list[str]:
     return [n for n in attention.ATTENTIONS if platform in ATTENTION_PLATFORMS[n]]
 
 
-def make_config(encoder: str, backend: str, dtype: str, variant: str):
-    """The ImageNet recipe's model with this encoder, backend and activation dtype."""
+def make_config(encoder: str, backend: str, dtype: str, variant: str, pool: str = "cls"):
+    """The ImageNet recipe's model with this encoder, backend, activation dtype and pooling."""
     from configs import imagenet
 
     config = imagenet.get_config(f"pe={encoder},variant={variant}")
     config.model.attention = backend
     config.model.dtype = dtype
+    config.model.pool = pool
     config.model.dropout = 0.0
     config.mesh.data, config.mesh.fsdp = 1, 1
     return config
+
+
+def lowered_flops(lowered) -> float:
+    """XLA's FLOP count of the program as lowered, before its optimisations: on a GPU the
+    compiled program's matrix products are cuBLAS calls whose FLOPs its cost analysis leaves
+    out (an H200 run read 0.8 % MFU for a ViT-B step that does about 9 %)."""
+    cost = lowered.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float((cost or {}).get("flops", 0.0))
 
 
 def time_step(config, batch: int, steps: int) -> dict:
@@ -91,11 +102,10 @@ def time_step(config, batch: int, steps: int) -> dict:
     step = train.make_train_step(setup)
     key = jax.random.key(1)
     start = time.perf_counter()
-    compiled = step.lower(state, data, other, key).compile()
+    lowered = step.lower(state, data, other, key)
+    compiled = lowered.compile()
     compile_s = time.perf_counter() - start
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    flops = float((cost or {}).get("flops", 0.0))
+    flops = lowered_flops(lowered)
     for _ in range(2):  # warm-up
         state, m = compiled(state, data, other, key)
     jax.block_until_ready(m)
@@ -123,9 +133,9 @@ def run(args) -> list[dict]:
     for encoder in args.encoders.split(","):
         model_flops = None
         for backend in backends(platform):
-            config = make_config(encoder, backend, args.dtype, args.variant)
+            config = make_config(encoder, backend, args.dtype, args.variant, args.pool)
             row = dict(device=kind, encoder=encoder, attention=backend, batch=args.batch,
-                       dtype=args.dtype)  # fmt: skip
+                       dtype=args.dtype, pool=args.pool)  # fmt: skip
             try:
                 vit.check_model_attention(config.model, platform)
             except ValueError as e:
@@ -175,6 +185,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", help="activation dtype")
     parser.add_argument("--variant", default="B", help="ViT variant (patch 16 from the recipe)")
     parser.add_argument("--encoders", default=",".join(ENCODERS))
+    parser.add_argument(
+        "--pool", default="cls", help="'cls' (197 tokens) or 'mean' (196: cuDNN trains at it)"
+    )
     parser.add_argument("--peak_tflops", type=float, default=None, help="device peak TFLOP/s")
     parser.add_argument("--out", default="", help="write the rows as JSON here")
     args = parser.parse_args()

@@ -339,6 +339,11 @@ ATTENTION_PLATFORMS = {
 }
 
 
+# jax's own check before a cuDNN call (``check_is_flash_attention``) refuses an odd sequence
+# length in training: only with a bias up to jax 0.10, with or without one in 0.11.
+_CUDNN_EVEN_T_ALWAYS = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
+
+
 def check_attention_name(name: str) -> None:
     """``name`` must name a backend (``ATTENTION_PLATFORMS``'s keys, ``attention.ATTENTIONS``'s)."""
     if name not in ATTENTION_PLATFORMS:
@@ -372,7 +377,8 @@ def check_attention(
         dropout, its kept count); with ``train``, the training batches'.
       has_bias: whether the position encoding adds a logit bias (ALiBi). A key mask (padded
         token batches) is no bias here: every backend takes it as its kernel does.
-      train: whether gradients are taken (cuDNN's biased backward needs an even T).
+      train: whether gradients are taken (cuDNN's backward needs an even T: with a bias in
+        jax 0.10, always in jax 0.11, as its 0.11.2 refused 197 tokens without one on an H200).
     """
     check_attention_name(name)
     where = f"model.attention={name!r}"
@@ -390,9 +396,10 @@ def check_attention(
                 f"{where} needs head_dim (width / num_heads) a multiple of 8 and <= 128 "
                 f"(<= 256 on Hopper and later); got {head_dim}"
             )
-        if has_bias and train and tokens % 2:
+        if train and tokens % 2 and (has_bias or _CUDNN_EVEN_T_ALWAYS):
+            needs = "with a bias (ALiBi) needs" if has_bias else "needs (jax >= 0.11)"
             raise ValueError(
-                f"{where} with a bias (ALiBi) needs an even token count to train; got {tokens} "
+                f"{where} {needs} an even token count to train; got {tokens} "
                 "(a class token makes 14 x 14 + 1 = 197, or naflex.max_tokens=100 + 1 = 101: "
                 "use pool='mean')"
             )

@@ -265,6 +265,18 @@ def test_check_attention_accepts_what_runs(name, changes):
     backends.check_attention(name, **(CHECK | changes))
 
 
+def test_cudnn_odd_token_rule_follows_jaxs(monkeypatch):
+    """Training at an odd T: jax 0.10's cuDNN path refuses it only with a bias, 0.11's always
+    (seen on an H200 with jax 0.11.2: 197 tokens, no bias, refused in the backward pass)."""
+    odd = CHECK | dict(tokens=197)
+    monkeypatch.setattr(backends, "_CUDNN_EVEN_T_ALWAYS", False)
+    backends.check_attention("cudnn", **odd)
+    monkeypatch.setattr(backends, "_CUDNN_EVEN_T_ALWAYS", True)
+    with pytest.raises(ValueError, match=r"needs \(jax >= 0.11\) an even token count .* got 197"):
+        backends.check_attention("cudnn", **odd)
+    backends.check_attention("cudnn", **odd, train=False)
+
+
 def test_check_model_attention_from_a_config():
     """From ``config.model``: head_dim from the variant, tokens from the grid and the class
     token, the bias from the family."""
@@ -286,10 +298,12 @@ def test_check_model_attention_from_a_config():
     vit.check_model_attention(model, "gpu")
 
 
-def test_check_model_attention_counts_the_training_token_batches():
+def test_check_model_attention_counts_the_training_token_batches(monkeypatch):
     """Padded token batches (NaFlex) and patch dropout change the token count the steps train
     on; the check counts those, not the image grid's (cuDNN with ALiBi: an even count)."""
     from configs import quickstart
+
+    monkeypatch.setattr(backends, "_CUDNN_EVEN_T_ALWAYS", False)  # jax 0.10's rule
 
     model = quickstart.get_config("pe=alibi").model  # 8x8 grid + class token: 65
     model.update(attention="cudnn", dtype="bfloat16", pool="mean")  # 64: trains
