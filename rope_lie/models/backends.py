@@ -339,8 +339,9 @@ ATTENTION_PLATFORMS = {
 }
 
 
-# jax's own check before a cuDNN call (``check_is_flash_attention``) refuses an odd sequence
-# length in training: only with a bias up to jax 0.10, with or without one in 0.11.
+# cuDNN attention refuses an odd sequence length in training: in jax 0.10 only with a bias; jax
+# 0.11.2 refused 197 tokens with none passed (an H200; its check reads as 0.10's, so something
+# inside its dot_product_attention counts as a bias there: not established).
 _CUDNN_EVEN_T_ALWAYS = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
 
 
