@@ -36,6 +36,8 @@ Runtime on 2 CPU cores (AMD EPYC, no accelerator, jax 0.10.2): res=cpu, 6-7 min 
 steps at ~330 examples/s when nothing else runs, plus the evaluations; longer on a shared
 machine (the arrows study's runs logged 96-616 examples/s). res=paper: not run
 here (ViT-B on 800,000 layouts needs an accelerator; the paper gives no runtime for it).
+mixed_grids: about 11 minutes a run (RoPE-Mixed, 149 examples/s beside other work): its padded
+batches hold 100 token slots, 66 of them real on average, against the fixed grid's 64.
 Expected metric, res=cpu: the arrows study (`python -m experiments.studies.run arrows`, which
 evaluates once, at the end; experiments/studies/arrows/README.md, and summary.md for the
 current seed means): accuracy in % on 2,000 test layouts, the range over seeds 0-2:
