@@ -80,14 +80,10 @@ def get_config(arg=None):
     lo, hi = s["mixed"]
     if args.mixed_grids and args.naflex:
         raise ValueError("mixed_grids reads scenes unresized; naflex resizes them: pick one")
-    if (
-        args.mixed_grids
-        and {args.min_side, args.max_side} - {0}
-        and ((args.min_side, args.max_side) != (lo, hi))
-    ):
+    if args.mixed_grids and (args.min_side or args.max_side):
         raise ValueError(
-            f"mixed_grids at res={args.res} trains on grids of {lo} to {hi} cells (its "
-            f"dataset's); got min_side={args.min_side}, max_side={args.max_side}"
+            f"min_side={args.min_side}, max_side={args.max_side} are naflex's; mixed_grids at "
+            f"res={args.res} trains on its dataset's grids of {lo} to {hi} cells"
         )
     name = lambda grid: f"spatial_arrows/c{s['cell']}_g{grid}"
     c = common.base_config()

@@ -78,7 +78,7 @@ def make_config(encoder: str, backend: str, dtype: str, variant: str, pool: str 
 def lowered_flops(lowered) -> float:
     """XLA's FLOP count of the program as lowered, before its optimisations: on a GPU the
     compiled program's matrix products are cuBLAS calls whose FLOPs its cost analysis leaves
-    out (an H200 run read 0.8 % MFU for a ViT-B step that does about 9 %)."""
+    out."""
     cost = lowered.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float((cost or {}).get("flops", 0.0))

@@ -42,6 +42,7 @@ def sample_chunk(
     grid_shape: tuple[int, ...],
     deltas: np.ndarray,
     letter_ids: np.ndarray,
+    stream: tuple[int | str, ...] = (),
 ) -> dict[str, np.ndarray]:
     """The layouts of one chunk of a split (``glyphs.sample_layouts`` output).
 
@@ -53,12 +54,13 @@ def sample_chunk(
       grid_shape: cells per axis.
       deltas: (directions, axes) cell step of each direction.
       letter_ids: glyph ids of the distractor letters or shapes.
+      stream: a sub-stream of the chunk's generator (``chunk_rng``); () is the chunk's own.
 
     Returns:
       ``glyphs.sample_layouts``'s dict for ``chunk_size`` examples.
     """
     return glyphs.sample_layouts(
-        chunk_rng(config, split, chunk),
+        chunk_rng(config, split, chunk, *stream),
         chunk_size,
         grid_shape=grid_shape,
         deltas=deltas,

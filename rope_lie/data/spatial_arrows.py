@@ -195,23 +195,17 @@ def _mixed_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[st
         chosen = np.flatnonzero(grids == g)
         if not chosen.size:
             continue
-        layout = glyphs.sample_layouts(
-            arrows.chunk_rng(config, split, chunk, g),
-            len(chosen),
-            grid_shape=(g, g),
-            deltas=glyphs.DELTAS_2D,
-            num_distractor_arrows=config.num_distractor_arrows,
-            letter_ids=glyphs.LETTER_IDS_2D,
-            num_letters=config.num_letters,
-        )
-        for key, value in layout.items():
-            if key == "glyphs":
-                out[key][chosen, :g, :g] = value
-            else:
-                out.setdefault(key, np.zeros((CHUNK, *value.shape[1:]), value.dtype))[chosen] = (
-                    value
-                )
-        out["image"][chosen, : g * cell, : g * cell, 0] = glyphs.render_grid(layout["glyphs"], bank)
+        layout = arrows.sample_chunk(
+            config, split, chunk, chunk_size=len(chosen), grid_shape=(g, g),
+            deltas=glyphs.DELTAS_2D, letter_ids=glyphs.LETTER_IDS_2D, stream=(g,),
+        )  # fmt: skip
+        glyphs_CGG = layout.pop("glyphs")
+        out["glyphs"][chosen, :g, :g] = glyphs_CGG
+        out["image"][chosen, : g * cell, : g * cell, 0] = glyphs.render_grid(glyphs_CGG, bank)
+        for key, value in layout.items():  # labels and cells: one row per example
+            if key not in out:
+                out[key] = np.zeros((CHUNK, *value.shape[1:]), value.dtype)
+            out[key][chosen] = value
     return out
 
 

@@ -339,10 +339,9 @@ ATTENTION_PLATFORMS = {
 }
 
 
-# cuDNN attention refuses an odd sequence length in training: in jax 0.10 only with a bias; jax
-# 0.11.2 refused 197 tokens with none passed (an H200; its check reads as 0.10's, so something
-# inside its dot_product_attention counts as a bias there: not established).
-_CUDNN_EVEN_T_ALWAYS = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
+# cuDNN attention refuses an odd sequence length in training: in jax 0.10 only with a bias, in
+# jax 0.11 without one too (seen on an H200; why is not established: its check reads as 0.10's).
+_CUDNN_EVEN_T_ALWAYS = jax.__version_info__[:2] >= (0, 11)
 
 
 def check_attention_name(name: str) -> None:

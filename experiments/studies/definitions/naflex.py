@@ -24,29 +24,27 @@ from experiments.studies.definitions.fashion import (
 from experiments.studies.lib import Arm, Study
 
 
-def _naflex(base: Arm) -> Arm:
-    """The same arm trained on mixed-size batches (the recipe's ``naflex`` argument)."""
-    paper_arg = None if base.paper_arg is None else f"{base.paper_arg},naflex"
+def _trained_with(base: Arm, flag: str, suffix: str, label: str) -> Arm:
+    """The same arm with the recipe argument ``flag`` added at every scale."""
+    paper_arg = None if base.paper_arg is None else f"{base.paper_arg},{flag}"
     return dataclasses.replace(
         base,
-        name=f"{base.name}_naflex",
-        label=f"{base.label}, mixed sizes (NaFlex)",
-        arg=f"{base.arg},naflex",
+        name=f"{base.name}_{suffix}",
+        label=f"{base.label}, {label}",
+        arg=f"{base.arg},{flag}",
         paper_arg=paper_arg,
     )
 
 
 def _mixed_grids(base: Arm) -> Arm:
-    """The same arm trained on scenes of 6 to 10 cells a side, each at its own size (the arrows
-    recipe's ``mixed_grids``: unresized, so the cells stay the patches)."""
-    paper_arg = None if base.paper_arg is None else f"{base.paper_arg},mixed_grids"
-    return dataclasses.replace(
-        base,
-        name=f"{base.name}_mixed",
-        label=f"{base.label}, mixed grids 6-10",
-        arg=f"{base.arg},mixed_grids",
-        paper_arg=paper_arg,
-    )
+    """Trained on scenes of 6 to 10 cells a side, each at its own size (arrows'
+    ``mixed_grids``: unresized, so the cells stay the patches)."""
+    return _trained_with(base, "mixed_grids", "mixed", "mixed grids 6-10")
+
+
+def _naflex(base: Arm) -> Arm:
+    """Trained on NaFlex batches (the recipe's ``naflex``: resized under random budgets)."""
+    return _trained_with(base, "naflex", "naflex", "mixed sizes (NaFlex)")
 
 
 _NAFLEX_ARROWS = (LIERE_B8, MIXED_HEO, APE, ALIBI)
