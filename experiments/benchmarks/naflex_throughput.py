@@ -13,11 +13,14 @@ Reported: real (unpadded) tokens per second, the padding fraction, and each case
 ``fixed8``'s, all timed round-robin in the same run (``common.timeit_interleaved``).
 
     python -m experiments.benchmarks.naflex_throughput [--pe rope_mixed] [--batch 32]
+    python -m experiments.benchmarks.naflex_throughput --variant B --batch 128 \
+        --attention xla+cudnn --dtype bfloat16 --pool mean   # a GPU: the key mask through cuDNN
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 
@@ -52,11 +55,14 @@ def _step(model, token_path):
     return lambda inputs, labels: step(params, inputs, labels)
 
 
-def run(pe: str, batch: int, repeats: int, variant: str, min_side: int, max_side: int) -> dict:
+def run(
+    pe: str, batch: int, repeats: int, variant: str, min_side: int, max_side: int,
+    attention: str = "xla", dtype: str = "float32", pool: str = "cls",
+) -> dict:  # fmt: skip
     rng = np.random.default_rng(0)
     model = ViT(
         variant=f"{variant}/{PATCH}", image_shape=(64, 64), channels=1, num_classes=4,
-        **config_lib.pe_fields(pe), rngs=nnx.Rngs(0),
+        attention=attention, dtype=dtype, pool=pool, **config_lib.pe_fields(pe), rngs=nnx.Rngs(0),
     )  # fmt: skip
     labels = jnp.asarray(rng.integers(0, 4, batch))
     image = lambda side: rng.normal(size=(side * PATCH, side * PATCH, 1)).astype(np.float32)
@@ -94,17 +100,27 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--variant", default="mu")
+    parser.add_argument("--attention", default="xla", help="backends, joined by +")
+    parser.add_argument("--dtype", default="float32", help="activation dtype")
+    parser.add_argument(
+        "--pool",
+        default="cls",
+        help="'cls' (65 and 101 tokens) or 'mean' (64, 100: cuDNN's even lengths)",
+    )
     parser.add_argument("--min-side", type=int, default=6)
     parser.add_argument("--max-side", type=int, default=10)
     parser.add_argument("--out", default=os.path.join(common.ROOT, "experiments", "benchmarks",
                                                       "naflex_throughput.json"))  # fmt: skip
     args = parser.parse_args()
     results = {"machine": common.machine(), "args": vars(args), "cases": {}}
-    for pe in args.pe.split("+"):
-        rows = run(pe, args.batch, args.repeats, args.variant, args.min_side, args.max_side)
-        results["cases"][pe] = rows
+    for pe, attention in itertools.product(args.pe.split("+"), args.attention.split("+")):
+        rows = run(pe, args.batch, args.repeats, args.variant, args.min_side, args.max_side,
+                   attention, args.dtype, args.pool)  # fmt: skip
+        key = pe if attention == "xla" else f"{pe} {attention}"
+        results["cases"][key] = rows
         common.print_table(
-            f"{pe}: one train step (forward + backward), batch {args.batch}, ViT-{args.variant}/8",
+            f"{key}: one train step (forward + backward), batch {args.batch}, "
+            f"ViT-{args.variant}/8, {args.dtype}, pool {args.pool}",
             ["case", "min / median ms", "real tokens/s", "padding", "time / fixed8"],
             [[name, common.fmt_time(r["time"]), f"{r['real_tokens_per_s']:,.0f}",
               f"{100 * r['padding_fraction']:.1f} %", f"{r['time_over_fixed8']['median_s']:.2f}"]
