@@ -29,8 +29,10 @@ all; for the families config_lib.p_rope_families() lists>, rescale=<DINOv3's coo
 rescaling bound in training, e.g. 2; 0 = off>, smoke (a few steps; used by the tests), naflex
 (mixed-size batches: every training image, after its crop and flip, resized under a random
 budget of side**2 tokens, side uniform in [min_side, max_side], default 5-9, i.e.
-20-36 px; NaFlex evaluations of the test images at sides 7, 9, 11 and 14, the px evaluations'
-token grids, beside the fixed-size ones; rope_lie/data/naflex.py).
+20-36 px; NaFlex evaluations of the test images at sides 5, 7, 9, 11 and 14, the px
+evaluations' token grids, beside the fixed-size ones; rope_lie/data/naflex.py),
+naflex_evals=false (with naflex: the fixed-size evaluations only; the NaFlex ones repeat the
+test and px evaluations' grids through the token path, about 6 minutes a run).
 
 Runtime and metric: see experiments/studies/fashion/README.md (the `fashion` study runs this
 recipe for every arm; its summary.md has the current seed means).
@@ -47,7 +49,7 @@ def get_config(arg=None):
     args = common.parse_arg(
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
         k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False, naflex=False, min_side=5,
-        max_side=9, resolution_evals=True, rotary_fraction=1.0,
+        max_side=9, resolution_evals=True, rotary_fraction=1.0, naflex_evals=True,
     )  # fmt: skip
     c = common.base_config()
     c.dataset = common.dataset_config(
@@ -105,7 +107,8 @@ def get_config(arg=None):
         )
     if args.naflex:  # the fixed-size evaluations above stay
         sides = sorted({args.min_side, 7, args.max_side, *(s // 4 for s in UPSAMPLED)})
-        common.add_naflex(c, args.min_side, args.max_side, eval_sides=sides)
+        eval_sides = sides if args.naflex_evals else ()
+        common.add_naflex(c, args.min_side, args.max_side, eval_sides=eval_sides)
     if args.smoke:
         common.make_smoke(c, variant="mu/4")
         c.dataset.eval_split = "test[:16]"  # a slice: faster evaluation

@@ -182,6 +182,21 @@ def test_paper_model_sizes():
         assert 0.110e6 < n < 0.125e6, (generator, n)
 
 
+def test_fashion_naflex_evals_off_keeps_every_fixed_size_evaluation():
+    """`naflex_evals=false` drops only the NaFlex evaluations (the token path at the px grids),
+    and changes nothing else in the run."""
+    on = get_config("fashion_mnist", "pe=liere,naflex")
+    off = get_config("fashion_mnist", "pe=liere,naflex,naflex_evals=false")
+    naflex_evals = {n for n in on.evals if "naflex_side" in on.evals[n]}
+    assert naflex_evals == {"naflex_s05", "naflex_s07", "naflex_s09", "naflex_s11", "naflex_s14"}
+    fixed_size = set(get_config("fashion_mnist", "pe=liere").evals)
+    assert set(off.evals) == set(on.evals) - naflex_evals == fixed_size
+    for name in off.evals:
+        assert off.evals[name].to_dict() == on.evals[name].to_dict(), name
+    del on.evals, off.evals
+    assert on.to_dict() == off.to_dict()
+
+
 @pytest.mark.parametrize("dataset", ["cifar10", "mnist"])
 def test_topk_recipes_start_from_a_random_generator(dataset):
     """From S = 0, top_k would keep the first k entries forever: the recipes draw S."""
