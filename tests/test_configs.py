@@ -229,7 +229,8 @@ def test_local_recipe_runs_a_few_steps(recipe, tmp_path, monkeypatch):
     # the full datasets).
     config = get_config(recipe, "smoke")
     for name in {e.name or config.dataset.name for e in config.evals.values()}:
-        registered = tfds.builder(name, data_dir=str(tmp_path)).builder_config
+        builder_name, config_name = name.split("/")
+        registered = tfds.builder_cls(builder_name).builder_configs[config_name]
         monkeypatch.setattr(registered, "num_train", 256)
         monkeypatch.setattr(registered, "num_test", 64)
     final = _smoke(recipe, "", str(tmp_path / "tfds"), tmp_path / "work")
