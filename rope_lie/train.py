@@ -258,9 +258,8 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     with job.user_errors():
         # The model first: a bad model fails before the workdir is created.
         nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
-        naflex_length = config.naflex.max_tokens if config.get("naflex") else None
-        # An attention this platform (or the training batches' token count) rules out: fail now.
-        vit.check_model_attention(config.model, token_length=naflex_length)
+        # An attention this platform (or the dtype, or head_dim) rules out: fail now.
+        vit.check_model_attention(config.model)
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
         from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read

@@ -4,8 +4,8 @@ For a GPU or TPU (runs on CPU too, slowly, to check the path). For every attenti
 ``backends.check_attention`` accepts on this platform ("xla", "chunked", and "cudnn" on NVIDIA
 GPUs or "pallas" on TPUs) and every encoder, the jitted train step of ``rope_lie/train.py`` (AdamW,
 the ImageNet recipe's model: ViT-B/16 at 224 px, bfloat16 activations by default) is compiled,
-warmed up and timed over ``--steps`` steps on random images. A case the check refuses (e.g.
-cuDNN with ALiBi and a class token: 197 tokens, odd) is listed with the check's message.
+warmed up and timed over ``--steps`` steps on random images (``--attention`` picks some of
+the backends). A case the check refuses (e.g. cuDNN in float32) is listed with its message.
 
 MFU = model FLOPs per step / step time / the device's peak. Model FLOPs are XLA's cost
 analysis of the "xla" backend's train step for the same encoder, as lowered: before XLA's
@@ -16,7 +16,8 @@ The peak is looked up from the device kind (dense bfloat16 TFLOP/s of the datash
 ``PEAK_TFLOPS``) or given with ``--peak_tflops``.
 
     python -m experiments.benchmarks.device [--batch 64] [--steps 20] [--dtype bfloat16]
-        [--encoders nope,rope_mixed,liere,alibi] [--pool cls|mean] [--out device.json]
+        [--encoders nope,rope_mixed,liere,alibi] [--attention xla,cudnn] [--pool cls|mean]
+        [--out device.json]
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ def run(args) -> list[dict]:
     for encoder in args.encoders.split(","):
         model_flops = None
         for backend in backends(platform):
+            if args.attention and backend not in args.attention.split(","):
+                continue
             config = make_config(encoder, backend, args.dtype, args.variant, args.pool)
             row = dict(device=kind, encoder=encoder, attention=backend, batch=args.batch,
                        dtype=args.dtype, pool=args.pool)  # fmt: skip
@@ -186,8 +189,11 @@ def main() -> None:
     parser.add_argument("--variant", default="B", help="ViT variant (patch 16 from the recipe)")
     parser.add_argument("--encoders", default=",".join(ENCODERS))
     parser.add_argument(
-        "--pool", default="cls", help="'cls' (197 tokens) or 'mean' (196: cuDNN trains at it)"
+        "--attention",
+        default="",
+        help="backends to time, e.g. 'xla,cudnn' (default: all this platform runs; MFU: 'xla')",
     )
+    parser.add_argument("--pool", default="cls", help="'cls' (197 tokens) or 'mean' (196)")
     parser.add_argument("--peak_tflops", type=float, default=None, help="device peak TFLOP/s")
     parser.add_argument("--out", default="", help="write the rows as JSON here")
     args = parser.parse_args()

@@ -215,19 +215,22 @@ def attend_cudnn(
     """cuDNN's fused (flash) attention, ``jax.nn.dot_product_attention(implementation="cudnn")``.
 
     NVIDIA GPUs only, float16/bfloat16 q, k, v, head_dim a multiple of 8 up to 128 (256 on
-    Hopper and later); a bias (ALiBi) is passed as cuDNN's bias input, in q's dtype, and then
-    needs an even token count when training. ``check_attention`` checks these before a run.
+    Hopper and later); ``check_attention`` checks these before a run. A bias (ALiBi) is passed
+    as cuDNN's bias input, in q's dtype. cuDNN's backward pass refuses an odd token count (jax
+    0.10's check: with a bias; jax 0.11 refused 197 tokens without one on an H200), so an odd T
+    (a class token: 14 x 14 + 1 = 197) is padded with one zero query and one key that the
+    sequence lengths leave out; the padded query's output is dropped.
 
     The key mask goes in as cuDNN takes it, as sequence lengths (``key_value_seq_lengths``:
     cuDNN's padding mask, no bias array, beside ALiBi's bias in the same call). jax's other
     way, a boolean ``mask``, is folded into a bias in q's dtype (``combine_bias_and_mask``):
-    a bias-free model would then train under the bias's even-T rule and carry a (B, 1, T, S)
-    array (a (B, 1, 1, S) mask fails cuDNN's shape check unless broadcast over T, jax issue
-    #28974). Lengths mask the keys past each example's count, so the real keys are first put
-    before the padded ones (a stable sort of each example's keys and values, and of the bias's
-    key axis; attention is a sum over keys, so the order changes nothing but the rounding, and
-    the sort is the identity for ``tokens.pack``'s and ``patch_dropout``'s batches, whose
-    padding is at the end). An example with no real key gets length 1 (finite, and unused).
+    a bias-free model would then carry a (B, 1, T, S) array (a (B, 1, 1, S) mask fails
+    cuDNN's shape check unless broadcast over T, jax issue #28974). Lengths mask the keys past
+    each example's count, so the real keys are first put before the padded ones (a stable sort
+    of each example's keys and values, and of the bias's key axis; attention is a sum over
+    keys, so the order changes nothing but the rounding, and the sort is the identity for
+    ``tokens.pack``'s and ``patch_dropout``'s batches, whose padding is at the end). An example
+    with no real key gets length 1 (finite, and unused).
 
     Args:
       q_BTNH: queries.
@@ -247,10 +250,30 @@ def attend_cudnn(
     lengths_B = None
     if key_mask_BS is not None:
         k_BTNH, v_BTNH, bias, lengths_B = _real_keys_first(k_BTNH, v_BTNH, bias, key_mask_BS)
-    return jax.nn.dot_product_attention(
+    tokens = q_BTNH.shape[1]
+    if tokens % 2:
+        q_BTNH, k_BTNH, v_BTNH, bias, lengths_B = _pad_to_even(
+            q_BTNH, k_BTNH, v_BTNH, bias, lengths_B
+        )
+    o_BTNH = jax.nn.dot_product_attention(
         q_BTNH, k_BTNH, v_BTNH, bias=bias, key_value_seq_lengths=lengths_B,
         implementation=implementation,
     )  # fmt: skip
+    return o_BTNH[:, :tokens]
+
+
+def _pad_to_even(q_BTNH, k_BTNH, v_BTNH, bias, lengths_B):
+    """One zero token after the last of q, k, v and the bias's query and key axes, and the
+    sequence lengths (all T when None) that leave the padded key out of every softmax."""
+    batch, tokens = q_BTNH.shape[:2]
+    q_BTNH, k_BTNH, v_BTNH = (
+        jnp.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0))) for x in (q_BTNH, k_BTNH, v_BTNH)
+    )
+    if bias is not None:
+        bias = jnp.pad(bias, ((0, 0), (0, 0), (0, bias.shape[2] > 1), (0, bias.shape[3] > 1)))
+    if lengths_B is None:
+        lengths_B = jnp.full((batch,), tokens, jnp.int32)
+    return q_BTNH, k_BTNH, v_BTNH, bias, lengths_B
 
 
 def _real_keys_first(k_BSNH, v_BSNH, bias, key_mask_BS):
@@ -339,11 +362,6 @@ ATTENTION_PLATFORMS = {
 }
 
 
-# cuDNN attention refuses an odd sequence length in training: in jax 0.10 only with a bias, in
-# jax 0.11 without one too (seen on an H200; why is not established: its check reads as 0.10's).
-_CUDNN_EVEN_T_ALWAYS = jax.__version_info__[:2] >= (0, 11)
-
-
 def check_attention_name(name: str) -> None:
     """``name`` must name a backend (``ATTENTION_PLATFORMS``'s keys, ``attention.ATTENTIONS``'s)."""
     if name not in ATTENTION_PLATFORMS:
@@ -358,9 +376,6 @@ def check_attention(
     platform: str,
     dtype: Any,
     head_dim: int,
-    tokens: int,
-    has_bias: bool,
-    train: bool = True,
 ) -> None:
     """Raise, naming ``model.attention`` and what it needs, where a backend cannot run.
 
@@ -371,14 +386,8 @@ def check_attention(
       name: an ``attention.ATTENTIONS`` key.
       platform: the backend the steps run on (``jax.default_backend()``, or an export target).
       dtype: the activation dtype.
-      head_dim: H.
-      tokens: T = S, the sequence length the steps attend over: prefix tokens and the
-        largest grid's, or those of the padded token batches the run trains on (with patch
-        dropout, its kept count); with ``train``, the training batches'.
-      has_bias: whether the position encoding adds a logit bias (ALiBi). A key mask (padded
-        token batches) is no bias here: every backend takes it as its kernel does.
-      train: whether gradients are taken (cuDNN's backward needs an even T: with a bias in
-        jax 0.10, always in jax 0.11, as its 0.11.2 refused 197 tokens without one on an H200).
+      head_dim: H. (No backend restricts the token count: ``attend_cudnn`` pads an odd
+        one, ``attend_pallas`` pads to its blocks.)
     """
     check_attention_name(name)
     where = f"model.attention={name!r}"
@@ -395,13 +404,6 @@ def check_attention(
             raise ValueError(
                 f"{where} needs head_dim (width / num_heads) a multiple of 8 and <= 128 "
                 f"(<= 256 on Hopper and later); got {head_dim}"
-            )
-        if train and tokens % 2 and (has_bias or _CUDNN_EVEN_T_ALWAYS):
-            needs = "with a bias (ALiBi) needs" if has_bias else "needs (jax >= 0.11)"
-            raise ValueError(
-                f"{where} {needs} an even token count to train; got {tokens} "
-                "(a class token makes 14 x 14 + 1 = 197, or naflex.max_tokens=100 + 1 = 101: "
-                "use pool='mean')"
             )
     if name == "pallas" and head_dim > 128 and head_dim % 128:
         raise ValueError(

@@ -6,7 +6,6 @@ Every error names the value and what was expected.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,8 +15,7 @@ import jax.numpy as jnp
 
 from rope_lie import encodings
 from rope_lie.encodings import positions
-from rope_lie.models import backends, position_hook, tokens
-from rope_lie.models.tokens import token_grid
+from rope_lie.models import backends, position_hook
 from rope_lie.models.variants import model_dims
 
 POOLS = ("cls", "mean")
@@ -104,46 +102,26 @@ def activation_dtype(dtype: Any) -> jnp.dtype:
     return jnp.dtype(name)
 
 
-def check_model_attention(
-    model_cfg: Mapping[str, Any],
-    platform: str | None = None,
-    *,
-    train: bool = True,
-    token_length: int | None = None,
-) -> None:
-    """Check ``model_cfg["attention"]`` against a platform, the dtype, head_dim and the bias.
+def check_model_attention(model_cfg: Mapping[str, Any], platform: str | None = None) -> None:
+    """Check ``model_cfg["attention"]`` against a platform, the dtype and head_dim.
 
     Call it outside ``jit``, before the first step: an unsupported choice fails with an error
-    that names ``model.attention`` and what it needs (``backends.check_attention``). The token
-    count checked is the one the steps attend over: the grid of ``image_shape`` or, when the
-    run trains on padded token batches, their length, after patch dropout in training, plus
-    the prefix tokens (class token and registers).
+    that names ``model.attention`` and what it needs (``backends.check_attention``).
 
     Args:
       model_cfg: ``config.model`` (the ``ViT`` keyword arguments).
       platform: where the steps run; None: ``jax.default_backend()``.
-      train: whether the model is trained (cuDNN's biased backward pass needs an even T).
-      token_length: the padded length of the token batches the run trains on
-        (``config.naflex.max_tokens``, ``classify_tokens``); None: it trains on images.
     """
     cfg = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
     name = cfg.get("attention", "xla")
     backends.check_attention_name(name)
     image_shape = check_image_shape(cfg.get("image_shape", (224, 224)))
-    dims, patch = model_dims(
+    dims, _ = model_dims(
         cfg.get("variant", "Ti/16"), cfg.get("dims"), cfg.get("patch_size"), len(image_shape)
     )
-    length = math.prod(token_grid(image_shape, patch, "image_shape"))
-    if token_length is not None:
-        length = int(token_length)
-    if train and cfg.get("patch_dropout", 0.0) > 0:
-        length = tokens.keep_count(length, cfg["patch_dropout"])
     backends.check_attention(
         name,
         platform=jax.default_backend() if platform is None else platform,
         dtype=activation_dtype(cfg.get("dtype", "float32")),
         head_dim=dims["width"] // dims["num_heads"],
-        tokens=length + num_prefix_tokens(cfg.get("pool", "cls"), cfg.get("num_registers", 0)),
-        has_bias=cfg.get("pe", "nope") in encodings.BIAS,
-        train=train,
     )

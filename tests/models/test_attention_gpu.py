@@ -31,9 +31,9 @@ def _distance(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def _qkv(seed=0):
+def _qkv(tokens, seed=0):
     rng = np.random.default_rng(seed)
-    shape = (BATCH, TOKENS, HEADS, HEAD_DIM)
+    shape = (BATCH, tokens, HEADS, HEAD_DIM)
     return tuple(jnp.asarray(rng.normal(size=shape), jnp.bfloat16) for _ in "qkv")
 
 
@@ -45,15 +45,16 @@ def _values_and_grads(fn, q, k, v, bias):
 
 @pytest.mark.parametrize("bias_kind", ["none", "heads", "per_example"])
 @pytest.mark.parametrize("masked", [False, True])
-def test_cudnn_matches_xla_in_values_and_gradients(bias_kind, masked):
-    q, k, v = _qkv()
+@pytest.mark.parametrize("tokens", [TOKENS, TOKENS + 1])  # an odd T: the wrapper pads it
+def test_cudnn_matches_xla_in_values_and_gradients(bias_kind, masked, tokens):
+    q, k, v = _qkv(tokens)
     rng = np.random.default_rng(1)
     bias = {
         "none": None,
-        "heads": jnp.asarray(rng.normal(size=(HEADS, TOKENS, TOKENS)), jnp.float32),
-        "per_example": jnp.asarray(rng.normal(size=(BATCH, HEADS, TOKENS, TOKENS)), jnp.float32),
+        "heads": jnp.asarray(rng.normal(size=(HEADS, tokens, tokens)), jnp.float32),
+        "per_example": jnp.asarray(rng.normal(size=(BATCH, HEADS, tokens, tokens)), jnp.float32),
     }[bias_kind]
-    mask = np.ones((BATCH, TOKENS), bool)
+    mask = np.ones((BATCH, tokens), bool)
     if masked:  # padding at the end (tokens.pack) and, in example 1, holes
         mask[0, 40:] = False
         mask[1, [3, 17, 50]] = False
@@ -70,20 +71,21 @@ def test_cudnn_matches_xla_in_values_and_gradients(bias_kind, masked):
         assert _distance(g, r) < MAX_RELATIVE_DISTANCE, name
 
 
-def _vit(pe, attention_name):
+def _vit(pe, attention_name, pool):
     return ViT(
         variant=None, dims=dict(width=256, depth=2, num_heads=4, mlp_dim=512), patch_size=4,
-        image_shape=(32, 32), channels=3, num_classes=10, pe=pe, pool="mean",
+        image_shape=(32, 32), channels=3, num_classes=10, pe=pe, pool=pool,
         head_zero_init=False, dtype="bfloat16", attention=attention_name, rngs=nnx.Rngs(0),
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("pe", ["rope_mixed", "liere", "alibi"])
-def test_vit_with_cudnn_trains_like_xla_on_images_and_padded_token_batches(pe):
-    """The same parameters: logits and parameter gradients of a bfloat16 ViT (64 tokens, mean
-    pooling, so ALiBi's bias trains at an even count), on an image batch and on a padded batch
+@pytest.mark.parametrize("pool", ["mean", "cls"])  # 64 tokens, or 65 with the class token
+def test_vit_with_cudnn_trains_like_xla_on_images_and_padded_token_batches(pe, pool):
+    """The same parameters: logits and parameter gradients of a bfloat16 ViT (64 tokens, or an
+    odd 65 with a class token, which the wrapper pads), on an image batch and on a padded batch
     of 4x4 to 8x8 grids (the key mask through cuDNN's sequence lengths)."""
-    models = {name: _vit(pe, name) for name in ("xla", "cudnn")}
+    models = {name: _vit(pe, name, pool) for name in ("xla", "cudnn")}
     nnx.update(models["cudnn"], nnx.state(models["xla"], nnx.Param))
     rng = np.random.default_rng(3)
     images = jnp.asarray(rng.normal(size=(4, 32, 32, 3)), jnp.float32)
