@@ -131,3 +131,17 @@ def test_cayley_speed_rows_give_epochs_per_image_times_and_ratios_of_the_same_ru
     assert rows["dense/per_token"][2] == "140.7"
     assert rows["dense/per_token"][4:] == ["3.00 / 1.00", "3.00 / 1.00"]
     assert rows["dense/folded"][5] == rows["rope_mixed"][5] == "-"
+
+
+def test_device_benchmark_counts_the_same_flops_on_the_cpu():
+    """device.py's MFU for accelerators whose cost analysis counts no FLOPs: the train step
+    lowered for one CPU device counts what the timed step's own lowering counts (here both run
+    on the CPU), and more for a larger batch."""
+    from experiments.benchmarks import device
+
+    config = device.make_config("rope_mixed", "xla", "float32", "pico")
+    config.model.image_shape = (32, 32)
+    row = device.time_step(config, batch=4, steps=1)
+    assert row["xla_flops"] > 0
+    assert device.cpu_lowered_flops(config, 4) == row["xla_flops"]
+    assert device.cpu_lowered_flops(config, 8) > 1.5 * row["xla_flops"]

@@ -10,6 +10,8 @@ the backends). A case the check refuses (e.g. cuDNN in float32) is listed with i
 MFU = model FLOPs per step / step time / the device's peak. Model FLOPs are XLA's cost
 analysis of the "xla" backend's train step for the same encoder, as lowered: before XLA's
 optimisations, which on a GPU turn the matrix products into cuBLAS calls it does not count.
+Where the device's own analysis counts no FLOPs (an H200 with jax 0.11.2 returned none), the
+same program is lowered for one CPU device and XLA:CPU counts them (``cpu_lowered_flops``).
 They are the same arithmetic for every backend: a fused kernel's custom call has no cost XLA
 can see, and "chunked" recomputes the logits in its backward pass, which MFU does not count.
 The peak is looked up from the device kind (dense bfloat16 TFLOP/s of the datasheets,
@@ -27,7 +29,9 @@ import json
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from rope_lie import sharding, train
 from rope_lie.models import attention, vit
@@ -83,6 +87,23 @@ def lowered_flops(lowered) -> float:
     cost = lowered.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float((cost or {}).get("flops", 0.0))
+
+
+def cpu_lowered_flops(config, batch: int) -> float:
+    """The train step's FLOPs as XLA:CPU's cost analysis counts the program lowered for one CPU
+    device (abstract arguments: nothing is allocated or compiled)."""
+    mesh = sharding.make_mesh(config.mesh, jax.devices("cpu")[:1])
+    setup, abstract_state, _, _ = train.create_setup_and_state(config, mesh, 1000)
+    model = nnx.eval_shape(lambda: train.build_model(config.model, jax.random.key(0)))
+    other = nnx.split(model, nnx.Param, ...)[2]
+    data = {
+        "image": jax.ShapeDtypeStruct(
+            (batch, *config.model.image_shape, config.model.channels), jnp.float32
+        ),
+        "label": jax.ShapeDtypeStruct((batch,), jnp.int32),
+    }
+    key = jax.eval_shape(lambda: jax.random.key(1))
+    return lowered_flops(train.make_train_step(setup).lower(abstract_state, data, other, key))
 
 
 def time_step(config, batch: int, steps: int) -> dict:
@@ -147,7 +168,7 @@ def run(args) -> list[dict]:
                 continue
             row |= time_step(config, args.batch, args.steps)
             if backend == "xla":
-                model_flops = row["xla_flops"]
+                model_flops = row["xla_flops"] or cpu_lowered_flops(config, args.batch)
             row["model_flops"] = model_flops
             seconds = row["step_ms_min"] / 1e3
             row["mfu"] = model_flops / seconds / peak if (model_flops and peak) else None
