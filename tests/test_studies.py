@@ -512,18 +512,21 @@ def test_placebo_committed_seed_groups_of_one_arm():
     assert paired / count > 0.3  # measured 0.45: the old test fails the placebo
 
 
-def _tmp_study(directory: str, accuracies: dict[str, list[float]], num: int = 400) -> None:
-    """A study folder with results.csv and examples.npz: per arm, one seed per accuracy."""
+def _tmp_study(
+    directory: str, accuracies: dict[str, list[float]], num: int = 400, evals=("test",)
+) -> None:
+    """A study folder with results.csv and examples.npz: per arm, one seed per accuracy (the
+    same on every evaluation of `evals`)."""
     rng = np.random.default_rng(0)
     rows, examples = [], {}
-    for arm, accs in accuracies.items():
+    for (arm, accs), eval_name in itertools.product(accuracies.items(), evals):
         for seed, acc in enumerate(accs):
             correct = np.zeros(num, bool)
             correct[rng.permutation(num)[: round(acc * num)]] = True
-            examples[f"{arm}/{seed}/test"] = correct
+            examples[f"{arm}/{seed}/{eval_name}"] = correct
             rows.append(
                 dict(
-                    study="tmp", arm=arm, seed=seed, eval="test", accuracy=correct.mean(),
+                    study="tmp", arm=arm, seed=seed, eval=eval_name, accuracy=correct.mean(),
                     num_examples=num, best_accuracy=correct.mean(), steps=10,
                     train_ex_per_s=1.0, resolution="", tree="", cpu="",
                 )
@@ -547,6 +550,36 @@ def test_compare_prints_seed_level_results_and_p_last(tmp_path, capsys):
     assert "these trained models on this test set" in text
     with pytest.raises(SystemExit, match="no results for arm 'c'.*arms: \\['a', 'b'\\]"):
         compare.main(["tmp", "a", "c", "--eval", "test", f"--results={tmp_path}"])
+
+
+def test_holm_steps_down_and_leaves_nan_out():
+    # m = 3 finite: 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04, raised to 0.06.
+    adjusted = stats.holm([0.04, 0.01, float("nan"), 0.03])
+    assert adjusted[:2] == pytest.approx([0.06, 0.03]) and adjusted[3] == pytest.approx(0.06)
+    assert np.isnan(adjusted[2])
+    assert stats.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\]; got \\[1.5\\]"):
+        stats.holm([1.5])
+
+
+def test_compare_over_several_evaluations_prints_a_holm_adjusted_table(tmp_path, capsys):
+    from experiments.studies import compare
+
+    accuracies = {"a": [0.90, 0.85, 0.95], "b": [0.80, 0.70, 0.75, 0.85], "c": [0.5, 0.6]}
+    _tmp_study(str(tmp_path / "tmp"), accuracies, evals=("test", "shifted"))
+    compare.main(["tmp", "a", "b", "--eval", "all", f"--results={tmp_path}"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = [line for line in lines if line.startswith("| test") or line.startswith("| shifted")]
+    assert sorted(row.split(" | ")[0] for row in rows) == ["| shifted", "| test"]
+    p = stats.welch_t(accuracies["a"], accuracies["b"])["p"]
+    assert lines[-1] == f"p={p:.4g},{p:.4g}"
+    holm = stats.holm([p, p])[0]
+    for row in rows:  # the same accuracies on both: the same row, p adjusted for two
+        cells = row.strip("|").split(" | ")
+        assert cells[1] == "3 + 4" and cells[2].startswith("+12.50 [")
+        assert cells[3] == f"{p:.2g}" and cells[4] == f"{holm:.2g}"
+    compare.main(["tmp", "a", "b", "--eval", "shifted", f"--results={tmp_path}"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"p={p:.4g}"  # one: as before
 
 
 def test_compare_on_committed_block_size_results(capsys):

@@ -3,6 +3,8 @@ r"""Compare two arms of a study on one evaluation, at the level of seeds.
     python -m experiments.studies.compare block_size liere_b8 liere_b2 --eval g20
     python -m experiments.studies.compare init liere_b8_init1 liere_b8 --eval g16
     python -m experiments.studies.compare STUDY A B --eval test --scale paper
+    python -m experiments.studies.compare volumes_long liere_b8 ape --eval g6,g8,shuffled
+    python -m experiments.studies.compare fashion liere_b8 ape --eval all
 
 Reads ``<results root>/<study>/results.csv`` and ``examples.npz`` (any study directory with
 those two files works, defined in `definitions` or not) and prints: each arm's seeds and their
@@ -11,6 +13,12 @@ test examples), Welch's t over the per-seed accuracies (the primary test) and th
 permutation test over seeds, the seeds per arm that 80 % power would need at the measured
 spread, the example-level paired test (these trained models on this test set, not a test of the
 encodings) and, last, ``p=<Welch p>``.
+
+With several evaluations (a comma-separated list, or ``all`` for every one both arms have) it
+prints one markdown table row per evaluation: seeds, difference with its CI, Welch's p, the
+p-value Holm-adjusted over the listed evaluations (one claim tested on several: the family-wise
+level stays at 0.05), the permutation p and the seeds 80 % power would need; last,
+``p=<Welch p of each evaluation, comma-separated>``.
 """
 
 from __future__ import annotations
@@ -88,12 +96,55 @@ def describe(arm_a: str, arm_b: str, result: dict) -> list[str]:
     return lines
 
 
+def table(arm_a: str, arm_b: str, results: dict[str, dict]) -> list[str]:
+    """Markdown lines: one row per evaluation of `results` ({eval: `stats.compare_arms`}), with
+    Welch's p Holm-adjusted over them; `p=` with every Welch p is the last line."""
+    holm = stats.holm([r["p"] for r in results.values()])
+    lines = [
+        f"a = {arm_a}, b = {arm_b}",
+        "",
+        "| eval | seeds a + b | a - b, points [95 % CI] | Welch p | Holm p | permutation p "
+        "(smallest possible) | seeds per arm for 80 % power |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (name, r), p_holm in zip(results.items(), holm, strict=True):
+        need = r["seeds_needed"]
+        need = "-" if math.isnan(need) or math.isinf(need) else f"{need:.0f}"
+        lines.append(
+            f"| {name} | {r['seeds_a']} + {r['seeds_b']} | {_pts(r['diff'])} "
+            f"[{_pts(r['ci_low'])}, {_pts(r['ci_high'])}] | {r['p']:.2g} | {p_holm:.2g} | "
+            f"{r['p_perm']:.2g} ({r['p_perm_min']:.2g}) | {need} |"
+        )
+    lines.append("p=" + ",".join(f"{r['p']:.4g}" for r in results.values()))
+    return lines
+
+
+def eval_names(rows: list[dict], arm_a: str, arm_b: str, spec: str) -> list[str]:
+    """The evaluations `spec` names: a comma-separated list, or ``all`` (those both arms have,
+    in results.csv's order)."""
+    if spec != "all":
+        return [name for name in spec.split(",") if name]
+    evals = {arm: [] for arm in (arm_a, arm_b)}
+    for r in rows:
+        if r["arm"] in evals and r["eval"] not in evals[r["arm"]]:
+            evals[r["arm"]].append(r["eval"])
+    shared = [name for name in evals[arm_a] if name in evals[arm_b]]
+    if not shared:
+        raise SystemExit(f"arms {arm_a!r} and {arm_b!r} share no evaluation")
+    return shared
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", help="study name: the folder holding results.csv")
     parser.add_argument("arm_a")
     parser.add_argument("arm_b")
-    parser.add_argument("--eval", required=True, dest="eval_name", help="evaluation name")
+    parser.add_argument(
+        "--eval",
+        required=True,
+        dest="eval_name",
+        help="evaluation name, several comma-separated, or 'all' (a table, Holm-adjusted)",
+    )
     parser.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
     parser.add_argument("--results", default=None, help="results root (default: this folder)")
     args = parser.parse_args(argv)
@@ -101,10 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     rows, examples = lib.read_results(directory), lib.read_examples(directory)
     if not rows:
         raise SystemExit(f"no results.csv with rows in {directory}")
-    a = arm_examples(rows, examples, args.arm_a, args.eval_name)
-    b = arm_examples(rows, examples, args.arm_b, args.eval_name)
-    print(f"{args.study}, eval {args.eval_name} ({directory})")
-    print("\n".join(describe(args.arm_a, args.arm_b, stats.compare_arms(a, b))))
+    names = eval_names(rows, args.arm_a, args.arm_b, args.eval_name)
+    results = {
+        name: stats.compare_arms(
+            arm_examples(rows, examples, args.arm_a, name),
+            arm_examples(rows, examples, args.arm_b, name),
+        )
+        for name in names
+    }
+    print(f"{args.study}, eval {','.join(names)} ({directory})")
+    if len(names) == 1:
+        print("\n".join(describe(args.arm_a, args.arm_b, results[names[0]])))
+    else:
+        print("\n".join(table(args.arm_a, args.arm_b, results)))
     return 0
 
 

@@ -6,7 +6,8 @@ comparison is therefore seed-level: the difference of the arms' seed means with 
 bootstrap CI (`seed_bootstrap_diff`: seeds resampled within each arm, then test examples), a
 Welch t-test over the per-seed accuracies (`welch_t`) and an exact permutation test over seeds
 (`permutation_test`); `seeds_for_power` says how many seeds a difference of the measured size
-would need.
+would need, and `holm` adjusts the p-values of a family of comparisons (one claim over several
+evaluations or arms) so that the chance of any false rejection stays at alpha.
 
 The LieRE paper reports 95 % CIs from B = 1000 bootstrap resamples of the test examples, and a
 paired z-test for its initialisation table; `bootstrap_ci` and `paired_z` are those
@@ -249,6 +250,22 @@ def seeds_for_power(
         if n >= 2 * t**2 * ratio:
             return float(n)
         n += 1
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment (Holm, 1979): the k-th smallest of m p-values is multiplied
+    by m - k + 1, kept at least as large as the adjusted ones before it, and capped at 1; a
+    comparison is rejected at family-wise level alpha when its adjusted p <= alpha. NaN
+    p-values (a comparison without two seeds per arm) stay NaN and do not count in m."""
+    finite = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    if any(not 0 <= p <= 1 for p, _ in finite):
+        raise ValueError(f"holm: p-values must be in [0, 1]; got {list(p_values)}")
+    adjusted = [float("nan")] * len(p_values)
+    running = 0.0
+    for k, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (len(finite) - k) * p))
+        adjusted[i] = running
+    return adjusted
 
 
 def pooled_sd(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> float:
