@@ -18,8 +18,8 @@ rotated separately: concatenating them along the batch costs more in the backwar
 would share (measured: ~300 ms of a 2.5 s ViT-Ti train step on CPU, even for NoPE).
 
 Attention itself is one function of (q, k, v, bias), chosen by the ``attention`` argument
-(``config.model.attention``, ``ATTENTIONS``) and checked against the platform, dtype, head_dim
-and bias before the first step (``backends.check_attention``, ``vit.check_model_attention``):
+(``config.model.attention``, ``ATTENTIONS``) and checked against the platform, dtype and
+head_dim before the first step (``backends.check_attention``, ``vit.check_model_attention``):
 
 - ``"xla"`` (default): ``attend``, the XLA path of ``jax.nn.dot_product_attention`` written out;
   at inference on one CPU device it cuts the batch into chunks, as a ``ChunkPlan`` decided
