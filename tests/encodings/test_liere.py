@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import chex
@@ -153,24 +154,38 @@ def test_per_example_rotations_once_per_distinct_position_equal_per_token(block_
     gen = params["gen_ANKbb"]
     pos_BTA = _positions_with_distinct(distinct, seed=distinct)
     assert len(np.unique(np.asarray(pos_BTA).reshape(-1, 2), axis=0)) == distinct
-    per_token = lambda gen, pos: state.BlockRotations(liere._rotations(gen, pos))  # noqa: E731
     np.testing.assert_allclose(
-        _rotations(params, pos_BTA), liere._rotations(gen, pos_BTA), atol=2e-6
+        _rotations(params, pos_BTA), _rotations_per_token(gen, pos_BTA), atol=2e-6
     )
     x = _rng(4).standard_normal((SHARED_B, SHARED_T, N, 8)).astype(np.float32)
     w = _rng(5).standard_normal(x.shape).astype(np.float32)
-
-    def loss(state_fn):
-        return jax.jit(jax.value_and_grad(lambda g: jnp.sum(w * state_fn(g, pos_BTA).rotate(x))))
-
-    shared = lambda gen, pos: liere.precompute(  # noqa: E731
-        {"gen_ANKbb": gen}, pos, num_heads=N, head_dim=8
-    )
-    (value, grad), (ref_value, ref_grad) = loss(shared)(gen), loss(per_token)(gen)
-    np.testing.assert_allclose(shared(gen, pos_BTA).rotate(x), per_token(gen, pos_BTA).rotate(x),
-                               atol=1e-5)  # fmt: skip
+    out, value, grad = _rotated_value_and_grad(_shared_state, gen, pos_BTA, x, w)
+    ref_out, ref_value, ref_grad = _rotated_value_and_grad(_per_token_state, gen, pos_BTA, x, w)
+    np.testing.assert_allclose(out, ref_out, atol=1e-5)
     np.testing.assert_allclose(value, ref_value, atol=1e-4)  # a sum of 640 terms
     np.testing.assert_allclose(grad, ref_grad, atol=1e-4, rtol=1e-5)
+
+
+_rotations_per_token = jax.jit(liere._rotations)
+
+
+def _shared_state(gen, pos):
+    return liere.precompute({"gen_ANKbb": gen}, pos, num_heads=N, head_dim=8)
+
+
+def _per_token_state(gen, pos):  # one exponential per token: the path before deduplication
+    return state.BlockRotations(liere._rotations(gen, pos))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _rotated_value_and_grad(state_fn, gen, pos, x, w):
+    """x rotated by ``state_fn(gen, pos)``, and sum(w * that) with its gradient in gen: one
+    program per state function and shape, shared by the cases."""
+
+    def loss(g):
+        return jnp.sum(w * state_fn(g, pos).rotate(x))
+
+    return (state_fn(gen, pos).rotate(x), *jax.value_and_grad(loss)(gen))
 
 
 def test_shared_positions_and_one_example_keep_the_per_token_path():

@@ -236,6 +236,17 @@ def test_attend_is_jax_dot_product_attention(dtype, with_bias):
         np.testing.assert_allclose(np.float32(a), np.float32(b), atol=10 * tol, rtol=10 * tol)
 
 
+@functools.partial(jax.jit, static_argnames=("loop", "parallel"))
+def _attend_and_grads(q, k, v, bias, w, loop=1, parallel=1):
+    """``attend`` in ``loop`` x ``parallel`` chunks (1 x 1: whole), and the gradients of
+    sum(w * it) in q, k, v: one program per bias shape and chunking, shared by the cases."""
+
+    def attend(q, k, v):
+        return attention.attend(q, k, v, bias, loop_chunks=loop, batch_chunks=parallel)
+
+    return attend(q, k, v), jax.grad(lambda *a: jnp.sum(w * attend(*a)), (0, 1, 2))(q, k, v)
+
+
 @pytest.mark.parametrize(
     "bias_shape",
     [None, (1, HEADS, TOKENS, TOKENS), (12, HEADS, TOKENS, TOKENS), (HEADS, TOKENS, TOKENS)],
@@ -252,19 +263,14 @@ def test_attend_in_chunks_is_attend(bias_shape, loop, parallel):
     )
     bias = None if bias_shape is None else jnp.asarray(rng.normal(size=bias_shape), jnp.float32)
     w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
-
-    def chunked(q, k, v):
-        return attention.attend(q, k, v, bias, loop_chunks=loop, batch_chunks=parallel)
-
-    whole = jax.jit(lambda q, k, v: attention.attend(q, k, v, bias))(q, k, v)
-    np.testing.assert_allclose(jax.jit(chunked)(q, k, v), whole, atol=1e-6, rtol=1e-6)
+    whole, g_whole = _attend_and_grads(q, k, v, bias, w)
+    chunked, g_chunked = _attend_and_grads(q, k, v, bias, w, loop=loop, parallel=parallel)
+    np.testing.assert_allclose(chunked, whole, atol=1e-6, rtol=1e-6)
     # Example 5 alone (its own batch of one) is row 5: no example moved or mixed with another.
     one_bias = bias if bias is None or bias.ndim == 3 or bias.shape[0] == 1 else bias[5:6]
     np.testing.assert_allclose(
-        whole[5:6], attention.attend(q[5:6], k[5:6], v[5:6], one_bias), atol=1e-6
+        whole[5:6], jax.jit(attention.attend)(q[5:6], k[5:6], v[5:6], one_bias), atol=1e-6
     )
-    g_whole = jax.grad(lambda *a: jnp.sum(w * attention.attend(*a, bias)), (0, 1, 2))(q, k, v)
-    g_chunked = jax.grad(lambda *a: jnp.sum(w * chunked(*a)), (0, 1, 2))(q, k, v)
     for a, b in zip(g_chunked, g_whole, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
 
