@@ -380,14 +380,15 @@ def check_attention(
     """Raise, naming ``model.attention`` and what it needs, where a backend cannot run.
 
     Called outside ``jit`` before the first step (``vit.check_model_attention`` from a
-    config), so that a run fails at once and not in the middle of compiling.
+    config), so that a run fails at once and not in the middle of compiling. No backend
+    restricts the token count: ``attend_cudnn`` pads an odd one, ``attend_pallas`` pads to its
+    blocks.
 
     Args:
       name: an ``attention.ATTENTIONS`` key.
       platform: the backend the steps run on (``jax.default_backend()``, or an export target).
       dtype: the activation dtype.
-      head_dim: H. (No backend restricts the token count: ``attend_cudnn`` pads an odd
-        one, ``attend_pallas`` pads to its blocks.)
+      head_dim: H.
     """
     check_attention_name(name)
     where = f"model.attention={name!r}"

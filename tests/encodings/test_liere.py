@@ -143,6 +143,28 @@ def test_row_tiers_are_t_times_powers_of_4_then_every_slot():
     assert liere._row_tiers(1, 7) == (7,)
 
 
+_rotations_per_token = jax.jit(liere._rotations)
+
+
+def _shared_state(gen, pos):
+    return liere.precompute({"gen_ANKbb": gen}, pos, num_heads=N, head_dim=8)
+
+
+def _per_token_state(gen, pos):  # one exponential per token: the path before deduplication
+    return state.BlockRotations(liere._rotations(gen, pos))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _rotated_value_and_grad(state_fn, gen, pos, x, w):
+    """x rotated by ``state_fn(gen, pos)``, and sum(w * that) with its gradient in gen: one
+    program per state function and shape, shared by the cases."""
+
+    def loss(g):
+        return jnp.sum(w * state_fn(g, pos).rotate(x))
+
+    return (state_fn(gen, pos).rotate(x), *jax.value_and_grad(loss)(gen))
+
+
 @pytest.mark.parametrize("block_size", [None, 4])
 @pytest.mark.parametrize("distinct", [3, 5, 17, 40])  # the rows run on: 5, 5, 20, 40
 def test_per_example_rotations_once_per_distinct_position_equal_per_token(block_size, distinct):
@@ -164,28 +186,6 @@ def test_per_example_rotations_once_per_distinct_position_equal_per_token(block_
     np.testing.assert_allclose(out, ref_out, atol=1e-5)
     np.testing.assert_allclose(value, ref_value, atol=1e-4)  # a sum of 640 terms
     np.testing.assert_allclose(grad, ref_grad, atol=1e-4, rtol=1e-5)
-
-
-_rotations_per_token = jax.jit(liere._rotations)
-
-
-def _shared_state(gen, pos):
-    return liere.precompute({"gen_ANKbb": gen}, pos, num_heads=N, head_dim=8)
-
-
-def _per_token_state(gen, pos):  # one exponential per token: the path before deduplication
-    return state.BlockRotations(liere._rotations(gen, pos))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _rotated_value_and_grad(state_fn, gen, pos, x, w):
-    """x rotated by ``state_fn(gen, pos)``, and sum(w * that) with its gradient in gen: one
-    program per state function and shape, shared by the cases."""
-
-    def loss(g):
-        return jnp.sum(w * state_fn(g, pos).rotate(x))
-
-    return (state_fn(gen, pos).rotate(x), *jax.value_and_grad(loss)(gen))
 
 
 def test_shared_positions_and_one_example_keep_the_per_token_path():
