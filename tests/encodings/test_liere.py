@@ -150,7 +150,7 @@ def _shared_state(gen, pos):
     return liere.precompute({"gen_ANKbb": gen}, pos, num_heads=N, head_dim=8)
 
 
-def _per_token_state(gen, pos):  # one exponential per token: the path before deduplication
+def _per_token_state(gen, pos):  # one exponential per token: the reference
     return state.BlockRotations(liere._rotations(gen, pos))
 
 
@@ -169,7 +169,7 @@ def _rotated_value_and_grad(state_fn, gen, pos, x, w):
 @pytest.mark.parametrize("distinct", [3, 5, 17, 40])  # the rows run on: 5, 5, 20, 40
 def test_per_example_rotations_once_per_distinct_position_equal_per_token(block_size, distinct):
     """Rotations computed once per distinct position and gathered equal one exponential per
-    token (``liere._rotations`` on every slot, the path before), to float32 rounding, in the
+    token (``liere._rotations`` on every slot, the reference), to float32 rounding, in the
     rotations, the rotated q or k, and the generators' gradients, whichever row count holds
     the batch's distinct positions (a count equal to a tier's included)."""
     params = _params(3, block_size=block_size)
