@@ -79,3 +79,28 @@ def test_held_out_accuracy_along_the_way_round_trips_and_plots(tmp_path):
     out = str(tmp_path / "held_out.png")
     training_curves.plot_held_out(STUDY, back, out)
     assert os.path.getsize(out) > 1000
+
+
+def test_runs_whose_workdirs_are_gone_stay_in_the_csv(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setitem(training_curves.STUDIES, STUDY.name, STUDY)
+    results, first, second = (str(tmp_path / d) for d in ("results", "first", "second"))
+    _fake_run(first, STUDY.arms[1], 0)
+    _fake_run(first, STUDY.arms[0], 0)
+    argv = ["toy", "--results", results, "--seeds", "2"]
+    assert training_curves.main([*argv, "--root", first]) == 0
+    path = os.path.join(results, "toy", "training.csv")
+    before = training_curves.read_csv(path)
+    # Another machine: arm a's seed 0 again (its rows replace the CSV's) and its seed 1; arm
+    # b's workdir is gone, and its rows stay.
+    _fake_run(second, STUDY.arms[0], 0)
+    _fake_run(second, STUDY.arms[0], 1)
+    metrics = os.path.join(lib.run_dir(second, STUDY.arms[0], 0, "cpu"), "metrics.jsonl")
+    with open(metrics, "a") as f:
+        f.write(json.dumps(dict(step=40, epoch=1.3, loss=0.01, train_accuracy=0.9)) + "\n")
+    assert training_curves.main([*argv, "--root", second]) == 0
+    after = training_curves.read_csv(path)
+    runs = [("a", 0)] * 4 + [("a", 1)] * 3 + [("b", 0)] * 3  # in the study's arm order
+    assert [(r["arm"], r["seed"]) for r in after] == runs
+    assert [r["step"] for r in after if (r["arm"], r["seed"]) == ("a", 0)] == [10, 20, 30, 40]
+    assert [r for r in after if r["arm"] == "b"] == [r for r in before if r["arm"] == "b"]

@@ -7,7 +7,8 @@ runner's workdirs) and writes ``<study>/training.csv`` (arm, seed, step, epoch, 
 train_accuracy: the logged training-window means, as the runs logged them) and
 ``<study>/training.png`` (training accuracy and loss against epochs, the mean over seeds per
 arm, the seeds' range shaded). The CSV is what the plot is drawn from, so the figure can be
-redrawn without the workdirs (``--from-csv``).
+redrawn without the workdirs (``--from-csv``). Runs already in the CSV whose workdirs are gone
+(made on another machine, say) are kept; a run with a workdir replaces its rows.
 """
 
 from __future__ import annotations
@@ -81,6 +82,22 @@ def write_csv(rows: list[dict], path: str, columns: tuple[str, ...] = COLUMNS) -
             writer.writerow({k: f"{row[k]:.6g}" if isinstance(row[k], float) else row[k]
                              for k in columns})  # fmt: skip
     os.replace(path + ".tmp", path)
+
+
+def merge(kept: list[dict], collected: list[dict], arms: tuple[str, ...]) -> list[dict]:
+    """``collected`` (read from workdirs) and those runs of ``kept`` (a CSV's rows) that
+    ``collected`` has no rows for, in the order of ``arms``, then seed; each run's rows keep
+    their order. Rows of arms not in ``arms`` (no longer in the study) are dropped."""
+    fresh = {(r["arm"], r["seed"]) for r in collected}
+    rows = [r for r in kept if (r["arm"], r["seed"]) not in fresh and r["arm"] in arms]
+    position = {arm: i for i, arm in enumerate(arms)}
+    return sorted(rows + collected, key=lambda r: (position[r["arm"]], r["seed"]))  # stable
+
+
+def _merged_with(path: str, collected: list[dict], study: lib.Study) -> list[dict]:
+    if not os.path.exists(path):
+        return collected
+    return merge(read_csv(path), collected, tuple(arm.name for arm in study.arms))
 
 
 def read_csv(path: str) -> list[dict]:
@@ -185,16 +202,23 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_csv(path)
         held_out = read_csv(held_out_path) if os.path.exists(held_out_path) else []
     else:
-        rows = collect(study, args.root, args.seeds)
+        collected = collect(study, args.root, args.seeds)
+        rows = _merged_with(path, collected, study)
         if not rows:
-            raise SystemExit(f"{study.name}: no finished runs under {args.root}")
+            raise SystemExit(f"{study.name}: no finished runs under {args.root} nor in {path}")
         os.makedirs(directory, exist_ok=True)
         write_csv(rows, path)
-        held_out = collect_held_out(study, args.root, args.seeds)
+        held_out = _merged_with(
+            held_out_path, collect_held_out(study, args.root, args.seeds), study
+        )
         if has_curve(held_out):
             write_csv(held_out, held_out_path, HELD_OUT_COLUMNS)
     plot(study, rows, os.path.join(directory, "training.png"))
-    print(f"wrote {path} and training.png ({len({(r['arm'], r['seed']) for r in rows})} runs)")
+    runs = len({(r["arm"], r["seed"]) for r in rows})
+    if not args.from_csv:
+        kept = runs - len({(r["arm"], r["seed"]) for r in collected})
+        print(f"{kept} of the {runs} runs kept from {path} (no workdir under {args.root})")
+    print(f"wrote {path} and training.png ({runs} runs)")
     if has_curve(held_out):
         plot_held_out(study, held_out, os.path.join(directory, "held_out.png"))
         print(f"wrote {held_out_path} and held_out.png")
