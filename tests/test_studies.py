@@ -215,6 +215,26 @@ def test_a_recorded_run_reloads_to_the_same_predictions(smoke_study, tfds_dir):
         attention_maps.class_token_map(model, images[0])  # digits pools the mean
 
 
+def test_every_fashion_arm_has_a_learning_rate_schedule_for_its_step_count():
+    """Steps follow from the data (60,000 training images, times the arm's train_fraction), so
+    a recipe can build and still fail when the run starts: a 10 % run's 140 steps under the
+    recipe's 200 warm-up steps did."""
+    from experiments.studies import attention_maps
+    from rope_lie import optim, train
+
+    for study in definitions.STUDIES.values():
+        for arm in study.arms:
+            if arm.recipe != "fashion_mnist":
+                continue
+            config = attention_maps.load_config(arm, seed=0, scale="cpu")
+            num_train = round(config.dataset.get("train_fraction", 1.0) * 60_000)
+            total, _, _ = train.schedule_steps(config, num_train)
+            optim.learning_rate_schedule(config.optim, total)  # raises if warm-up >= total
+            if study.name == "fashion_data_fraction" and not config.total_steps:
+                share = config.optim.warmup_steps / total  # the full run's 200 of 1,404
+                assert abs(share - 200 / 1404) < 0.01, (arm.name, config.optim.warmup_steps)
+
+
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
 def test_every_arm_of_every_study_builds_its_config_and_model(scale):
     """What each run would start with: every override names an existing key of its recipe's
