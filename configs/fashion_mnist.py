@@ -43,6 +43,7 @@ from rope_lie import config_lib as common
 EPOCHS = 3.0  # passes over the 60,000 training images
 CANVASES = (36, 44, 56)  # px: the 28 px image centred on a larger canvas
 UPSAMPLED = (36, 44, 56)  # px: the 28 px image resized
+WARMUP_STEPS = 200  # linear warmup steps: 14 % of the 1,404-step run
 
 
 def get_config(arg=None):
@@ -88,7 +89,7 @@ def get_config(arg=None):
     c.num_epochs = float(args.epochs)  # total steps = epochs * 60,000 // 128
     c.optim.lr = 1e-3  # peak learning rate (AdamW), cosine decay to 0
     c.optim.weight_decay = 0.05  # weight matrices only
-    c.optim.warmup_steps = 200  # linear warmup steps
+    c.optim.warmup_steps = WARMUP_STEPS
     c.log_every_steps = 50  # steps between metrics lines (the training curve)
     c.eval_every_epochs = 0.0  # evaluate once, at the end (no model is picked on test)
     c.eval_batch_size = 500  # 10,000 test images = 20 batches

@@ -217,7 +217,7 @@ def test_a_recorded_run_reloads_to_the_same_predictions(smoke_study, tfds_dir):
 
 def test_every_fashion_arm_has_a_learning_rate_schedule_for_its_step_count():
     """Steps follow from the data (60,000 training images, times the arm's train_fraction), so
-    a recipe can build and still fail when the run starts: a 10 % run's 140 steps under the
+    a recipe can build and still fail when the run starts: a 10 % run's 138 steps under the
     recipe's 200 warm-up steps did."""
     from experiments.studies import attention_maps
     from rope_lie import optim, train

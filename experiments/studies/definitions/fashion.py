@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from configs import fashion_mnist
 from experiments.studies.definitions.common import normalized
 from experiments.studies.lib import Arm, Study
 
@@ -152,16 +153,13 @@ FASHION_RESOLUTION_STUDY = Study(
 F_FRACTIONS = (0.1, 0.2, 0.5)  # of the 60,000 training images, same epochs; 1.0 is `fashion`'s
 
 
-F_WARMUP_STEPS = 200  # configs/fashion_mnist.py's warmup: 14 % of the full run's 1,404 steps
-
-
 def _f_fraction(base: Arm, fraction: float, fixed_steps: int | None = None) -> Arm:
     suffix = f"_f{round(100 * fraction):03d}" + ("_steps" if fixed_steps else "")
     extra = (("dataset.train_fraction", fraction),)
     if fixed_steps:
         extra += (("total_steps", fixed_steps),)
     else:  # fewer steps: the warmup keeps its share of the run (10 %: 20 of 138 steps)
-        extra += (("optim.warmup_steps", round(F_WARMUP_STEPS * fraction)),)
+        extra += (("optim.warmup_steps", round(fashion_mnist.WARMUP_STEPS * fraction)),)
     # Only test and test_shuffled (this study's evaluations): at 10 % of the data the six
     # resolution evaluations would cost more than the training.
     arg = f"{base.arg},resolution_evals=false"
