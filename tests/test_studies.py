@@ -427,6 +427,32 @@ def test_welch_t_matches_scipy_and_handles_seeds_without_spread():
         stats.welch_t([0.9], [0.8, 0.7])
 
 
+def test_gap_change_tests_a_difference_of_differences_at_its_nominal_level():
+    a, b = np.array([0.56, 0.57, 0.555]), np.array([0.59, 0.588, 0.593])
+    c, d = np.array([0.813, 0.815, 0.816]), np.array([0.824, 0.821, 0.816])
+    test = stats.gap_change(a, b, c, d)
+    v = [x.var(ddof=1) / 3 for x in (a, b, c, d)]
+    diff = (a.mean() - b.mean()) - (c.mean() - d.mean())
+    df = sum(v) ** 2 / sum(x**2 / 2 for x in v)
+    assert test["diff"] == pytest.approx(diff) and test["df"] == pytest.approx(df)
+    assert test["p"] == pytest.approx(2 * scipy_stats.t.sf(abs(diff) / np.sqrt(sum(v)), df))
+    assert test["gap_ab"] == pytest.approx(a.mean() - b.mean())
+    # No change in the gap, however large the gaps: not rejected.
+    assert stats.gap_change(a, b, a + 0.2, b + 0.2)["p"] == pytest.approx(1.0)
+    # Four arms of one distribution, 3 seeds each: rejects at the nominal 5 % (a normal
+    # approximation instead of Welch-Satterthwaite's t would reject about 8 % of them) ...
+    rng = np.random.default_rng(0)
+    reps = 2000
+    acc_R4S = rng.normal(0.8, 0.01, (reps, 4, 3))
+    rejected = np.mean([stats.gap_change(*acc_4S)["p"] < 0.05 for acc_4S in acc_R4S])
+    assert rejected <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / reps)
+    # ... and finds a change of 5 seed SDs in the gap most of the time.
+    acc_R4S[:, 0] -= 0.05
+    assert np.mean([stats.gap_change(*acc_4S)["p"] < 0.05 for acc_4S in acc_R4S]) > 0.8
+    with pytest.raises(ValueError, match="at least 2 seeds per arm, got \\[3, 3, 1, 3\\]"):
+        stats.gap_change(a, b, c[:1], d)
+
+
 def test_permutation_test_is_exact_and_floors_at_one_tenth_with_three_seeds(monkeypatch):
     a, b = [0.99, 0.98, 0.97], [0.60, 0.70, 0.65]  # completely separated
     test = stats.permutation_test(a, b)
@@ -602,6 +628,27 @@ def test_compare_over_several_evaluations_prints_a_holm_adjusted_table(tmp_path,
         assert cells[3] == f"{p:.2g}" and cells[4] == f"{holm:.2g}"
     compare.main(["tmp", "a", "b", "--eval", "shifted", f"--results={tmp_path}"])
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"p={p:.4g}"  # one: as before
+
+
+def test_compare_versus_tests_whether_a_gap_changes(tmp_path, capsys):
+    from experiments.studies import compare
+
+    accuracies = {
+        "a10": [0.56, 0.57, 0.55], "b10": [0.59, 0.60, 0.58],
+        "a": [0.81, 0.82, 0.80], "b": [0.82, 0.81, 0.83],
+    }  # fmt: skip
+    _tmp_study(str(tmp_path / "tmp"), accuracies, num=1000)
+    compare.main(
+        ["tmp", "a10", "b10", "--versus", "a", "b", "--eval", "test", f"--results={tmp_path}"]
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    expected = stats.gap_change(*accuracies.values())
+    assert lines[-1] == f"p={expected['p']:.4g}"
+    assert "a10 - b10 = -3.00, a - b = -1.00 points; change -2.00 points" in lines[-2]
+    with pytest.raises(SystemExit, match="no results for arm 'c'"):
+        compare.main(
+            ["tmp", "a10", "b10", "--versus", "c", "b", "--eval", "test", f"--results={tmp_path}"]
+        )
 
 
 def test_compare_on_committed_block_size_results(capsys):

@@ -5,6 +5,8 @@ r"""Compare two arms of a study on one evaluation, at the level of seeds.
     python -m experiments.studies.compare STUDY A B --eval test --scale paper
     python -m experiments.studies.compare volumes_long liere_b8 ape --eval g6,g8,shuffled
     python -m experiments.studies.compare fashion liere_b8 ape --eval all
+    python -m experiments.studies.compare fashion_data_fraction liere_b8_f010 ape_f010 \
+        --versus liere_b8 ape --eval test
 
 Reads ``<results root>/<study>/results.csv`` and ``examples.npz`` (any study directory with
 those two files works, defined in `definitions` or not) and prints: each arm's seeds and their
@@ -19,6 +21,12 @@ prints one markdown table row per evaluation: seeds, difference with its CI, Wel
 p-value Holm-adjusted over the listed evaluations (one claim tested on several: the family-wise
 level stays at 0.05), the permutation p and the seeds 80 % power would need; last,
 ``p=<Welch p of each evaluation, comma-separated>``.
+
+With ``--versus C D`` it asks instead whether the gap a - b differs from the gap c - d (e.g.
+LieRE - APE at 10 % of the data against LieRE - APE at 100 %): the difference of differences
+of the four arms' seed means, Welch-Satterthwaite's t over the four arms' seeds
+(`stats.gap_change`), one line per evaluation (Holm-adjusted when there are several) and
+``p=<p of each evaluation>`` last.
 """
 
 from __future__ import annotations
@@ -119,6 +127,24 @@ def table(arm_a: str, arm_b: str, results: dict[str, dict]) -> list[str]:
     return lines
 
 
+def gap_lines(arms: tuple[str, str, str, str], results: dict[str, dict]) -> list[str]:
+    """The printed lines of `--versus`: per evaluation, the two gaps, their difference and
+    `stats.gap_change`'s test (Holm-adjusted over the evaluations); `p=` is the last line."""
+    a, b, c, d = arms
+    holm = stats.holm([r["p"] for r in results.values()])
+    lines = [f"gap change: ({a} - {b}) - ({c} - {d}), seed level (Welch-Satterthwaite)"]
+    for (name, r), p_holm in zip(results.items(), holm, strict=True):
+        seeds = " + ".join(str(n) for n in r["seeds"])
+        adjusted = f", Holm p = {p_holm:.3g}" if len(results) > 1 else ""
+        lines.append(
+            f"{name}: {a} - {b} = {_pts(r['gap_ab'])}, {c} - {d} = {_pts(r['gap_cd'])} points; "
+            f"change {_pts(r['diff'])} points, t = {r['t']:.2f} (df {r['df']:.1f}), "
+            f"p = {r['p']:.3g}{adjusted} (seeds {seeds})"
+        )
+    lines.append("p=" + ",".join(f"{r['p']:.4g}" for r in results.values()))
+    return lines
+
+
 def eval_names(rows: list[dict], arm_a: str, arm_b: str, spec: str) -> list[str]:
     """The evaluations `spec` names: a comma-separated list, or ``all`` (those both arms have,
     in results.csv's order)."""
@@ -145,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         dest="eval_name",
         help="evaluation name, several comma-separated, or 'all' (a table, Holm-adjusted)",
     )
+    parser.add_argument(
+        "--versus",
+        nargs=2,
+        metavar=("C", "D"),
+        default=None,
+        help="test whether the gap a - b differs from the gap c - d (arms of the same study)",
+    )
     parser.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
     parser.add_argument("--results", default=None, help="results root (default: this folder)")
     args = parser.parse_args(argv)
@@ -153,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         raise SystemExit(f"no results.csv with rows in {directory}")
     names = eval_names(rows, args.arm_a, args.arm_b, args.eval_name)
+    if args.versus:
+        arms = (args.arm_a, args.arm_b, *args.versus)
+        gaps = {}
+        for name in names:
+            accs = [stats.seed_accuracies(arm_examples(rows, examples, a, name)) for a in arms]
+            gaps[name] = dict(stats.gap_change(*accs), seeds=[len(x) for x in accs])
+        print(f"{args.study}, eval {','.join(names)} ({directory})")
+        print("\n".join(gap_lines(arms, gaps)))
+        return 0
     results = {
         name: stats.compare_arms(
             arm_examples(rows, examples, args.arm_a, name),

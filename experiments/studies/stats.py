@@ -5,9 +5,10 @@ accuracies do, not when these particular models disagree on many test examples. 
 comparison is therefore seed-level: the difference of the arms' seed means with a two-level
 bootstrap CI (`seed_bootstrap_diff`: seeds resampled within each arm, then test examples), a
 Welch t-test over the per-seed accuracies (`welch_t`) and an exact permutation test over seeds
-(`permutation_test`); `seeds_for_power` says how many seeds a difference of the measured size
-would need, and `holm` adjusts the p-values of a family of comparisons (one claim over several
-evaluations or arms) so that the chance of any false rejection stays at alpha.
+(`permutation_test`); `gap_change` tests whether a gap between two arms changes between two
+conditions (a difference of differences); `seeds_for_power` says how many seeds a difference of
+the measured size would need, and `holm` adjusts the p-values of a family of comparisons (one
+claim over several evaluations or arms) so that the chance of any false rejection stays at alpha.
 
 The LieRE paper reports 95 % CIs from B = 1000 bootstrap resamples of the test examples, and a
 paired z-test for its initialisation table; `bootstrap_ci` and `paired_z` are those
@@ -173,6 +174,44 @@ def welch_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
     df = se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     p = float(2 * scipy_stats.t.sf(abs(t), df))
     return dict(diff=diff, t=float(t), df=float(df), p=p)
+
+
+def gap_change(
+    acc_a_S: np.ndarray, acc_b_S: np.ndarray, acc_c_S: np.ndarray, acc_d_S: np.ndarray
+) -> dict[str, float]:
+    """Welch-type t-test of whether a gap changes between two conditions: (a - b) - (c - d).
+
+    The four arms' seeds are independent (e.g. LieRE and APE at 10 % of the data, and LieRE
+    and APE at 100 %): the difference of differences of the seed means has the variance
+    sum_i s_i^2 / n_i, and its degrees of freedom follow Welch-Satterthwaite. This is the test
+    of a claim such as "the gap to APE grows as the data shrink"; two separate comparisons (one
+    resolved, one not) do not show that the gaps differ.
+
+    Args:
+      acc_a_S, acc_b_S, acc_c_S, acc_d_S: float per-seed accuracies, at least 2 seeds each.
+
+    Returns:
+      {"diff", "gap_ab", "gap_cd", "t", "df", "p"} (two-sided p; t, df and p as `welch_t`'s
+      when no arm has spread: p = 1 for no change, NaN otherwise).
+    """
+    from scipy import stats as scipy_stats
+
+    arms = [np.asarray(x, np.float64) for x in (acc_a_S, acc_b_S, acc_c_S, acc_d_S)]
+    if min(len(x) for x in arms) < 2:
+        raise ValueError(f"gap_change needs at least 2 seeds per arm, got {[len(x) for x in arms]}")
+    a, b, c, d = (x.mean() for x in arms)
+    gap_ab, gap_cd = float(a - b), float(c - d)
+    diff = gap_ab - gap_cd
+    v = [x.var(ddof=1) / len(x) for x in arms]
+    se2 = sum(v)
+    if se2 == 0.0:
+        nan = float("nan")
+        t, df, p = (0.0, nan, 1.0) if diff == 0.0 else (nan, nan, nan)
+    else:
+        t = diff / math.sqrt(se2)
+        df = se2**2 / sum(vi**2 / (len(x) - 1) for vi, x in zip(v, arms, strict=True))
+        p = float(2 * scipy_stats.t.sf(abs(t), df))
+    return dict(diff=diff, gap_ab=gap_ab, gap_cd=gap_cd, t=float(t), df=float(df), p=p)
 
 
 MAX_EXACT_SPLITS = 200_000  # beyond this many seed splits, a Monte Carlo permutation test
