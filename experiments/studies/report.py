@@ -229,10 +229,11 @@ def plot_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
         for i, (label, points) in enumerate(curves):
             _curve(ax, accuracies, [(x, (arm, name)) for x, arm in points], f"C{i}", label)
         ax.set_xscale("log")
-        _finish_panel(ax, name, x_label, xticks, lines)
+        _finish_panel(ax, name, "", xticks, lines)
         ax.minorticks_off()
     axes[0][0].legend(fontsize=7, loc="lower right")
     axes[0][0].set_ylabel("accuracy")
+    fig.supxlabel(x_label, fontsize=8)  # once: per panel, long labels run into each other
     fig.suptitle(study.title, fontsize=9)
     fig.tight_layout()
     _save(fig, path)
