@@ -215,26 +215,41 @@ def test_a_recorded_run_reloads_to_the_same_predictions(smoke_study, tfds_dir):
         attention_maps.class_token_map(model, images[0])  # digits pools the mean
 
 
-def test_every_fashion_arm_has_a_learning_rate_schedule_for_its_step_count():
-    """Steps follow from the data (60,000 training images, times the arm's train_fraction), so
-    a recipe can build and still fail when the run starts: a 10 % run's 138 steps under the
-    recipe's 200 warm-up steps did."""
+# Training-set sizes of the recipes whose studies train for epochs (steps follow from the data).
+EPOCH_RECIPE_TRAIN_SIZES = {"fashion_mnist": 60_000, "cayley": 60_000, "digits": 1_437}
+
+
+def test_every_study_arm_has_a_learning_rate_schedule_for_its_step_count():
+    """Steps follow from the data for recipes that train for epochs (the training-set size
+    times the arm's train_fraction), so a recipe can build and still fail when the run starts:
+    a 10 % Fashion-MNIST run's 138 steps under the recipe's 200 warm-up steps did. Every arm
+    of every study (CPU scale) must build its schedule; the data-fraction arms keep the full
+    Fashion-MNIST recipe's warm-up share."""
     from experiments.studies import attention_maps
     from rope_lie import optim, train
 
     full = attention_maps.load_config(definitions.STUDIES["fashion"].arms[0], 0, "cpu")
     full_share = full.optim.warmup_steps / train.schedule_steps(full, 60_000)[0]
+    checked = 0
     for study in definitions.STUDIES.values():
         for arm in study.arms:
-            if arm.recipe != "fashion_mnist":
-                continue
             config = attention_maps.load_config(arm, seed=0, scale="cpu")
-            num_train = round(config.dataset.get("train_fraction", 1.0) * 60_000)
-            total, _, _ = train.schedule_steps(config, num_train)
+            if config.total_steps:
+                total = config.total_steps
+            else:
+                assert arm.recipe in EPOCH_RECIPE_TRAIN_SIZES, (
+                    f"{study.name}/{arm.name} trains for epochs on recipe {arm.recipe!r}: add "
+                    "its training-set size to EPOCH_RECIPE_TRAIN_SIZES"
+                )
+                size = EPOCH_RECIPE_TRAIN_SIZES[arm.recipe]
+                num_train = round(config.dataset.get("train_fraction", 1.0) * size)
+                total, _, _ = train.schedule_steps(config, num_train)
             optim.learning_rate_schedule(config.optim, total)  # raises if warm-up >= total
+            checked += 1
             if study.name == "fashion_data_fraction" and not config.total_steps:
                 share = config.optim.warmup_steps / total  # the full run's (200 of 1,404)
                 assert abs(share - full_share) < 0.01, (arm.name, config.optim.warmup_steps)
+    assert checked == sum(len(study.arms) for study in definitions.STUDIES.values())
 
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
