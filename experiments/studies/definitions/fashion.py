@@ -188,8 +188,14 @@ FASHION_DATA_FRACTION_STUDY = Study(
         )
     ),
     evals=FASHION_EVALS,
-    comparisons=tuple(
-        (f"liere_b8_f{round(100 * f):03d}", f"ape_f{round(100 * f):03d}") for f in F_FRACTIONS
+    comparisons=(
+        *((f"liere_b8_f{round(100 * f):03d}", f"ape_f{round(100 * f):03d}") for f in F_FRACTIONS),
+        ("liere_b8", "ape"),
+        # The fixed-steps control: the gap at equal steps, and what 10 % of the data costs each
+        # arm when the run is as long as the full one.
+        ("liere_b8_f010_steps", "ape_f010_steps"),
+        ("ape_f010_steps", "ape"),
+        ("liere_b8_f010_steps", "liere_b8"),
     ),
     curves=(
         "% of the 60,000 training images (same epochs)",
