@@ -650,19 +650,23 @@ def test_compare_versus_tests_whether_a_gap_changes(tmp_path, capsys):
 
     accuracies = {
         "a10": [0.56, 0.57, 0.55], "b10": [0.59, 0.60, 0.58],
-        "a": [0.81, 0.82, 0.80], "b": [0.82, 0.81, 0.83],
+        "a": [0.81, 0.82, 0.80], "b": [0.82, 0.81, 0.83], "one": [0.7],
     }  # fmt: skip
     _tmp_study(str(tmp_path / "tmp"), accuracies, num=1000)
     compare.main(
         ["tmp", "a10", "b10", "--versus", "a", "b", "--eval", "test", f"--results={tmp_path}"]
     )
     lines = capsys.readouterr().out.strip().splitlines()
-    expected = stats.gap_change(*accuracies.values())
+    expected = stats.gap_change(*list(accuracies.values())[:4])
     assert lines[-1] == f"p={expected['p']:.4g}"
     assert "a10 - b10 = -3.00, a - b = -1.00 points; change -2.00 points" in lines[-2]
     with pytest.raises(SystemExit, match="no results for arm 'c'"):
         compare.main(
             ["tmp", "a10", "b10", "--versus", "c", "b", "--eval", "test", f"--results={tmp_path}"]
+        )
+    with pytest.raises(SystemExit, match="at least 2 seeds per arm, got \\[3, 3, 1, 3\\]"):
+        compare.main(
+            ["tmp", "a10", "b10", "--versus", "one", "b", "--eval", "test", f"--results={tmp_path}"]
         )
 
 

@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         gaps = {}
         for name in names:
             accs = [stats.seed_accuracies(arm_examples(rows, examples, a, name)) for a in arms]
-            gaps[name] = dict(stats.gap_change(*accs), seeds=[len(x) for x in accs])
+            try:
+                gaps[name] = dict(stats.gap_change(*accs), seeds=[len(x) for x in accs])
+            except ValueError as e:  # too few seeds: a message, not a traceback
+                raise SystemExit(f"eval {name!r}, arms {list(arms)}: {e}") from None
         print(f"{args.study}, eval {','.join(names)} ({directory})")
         print("\n".join(gap_lines(arms, gaps)))
         return 0
