@@ -119,6 +119,9 @@ def has_curve(held_out: list[dict]) -> bool:
     return any(len(s) > 1 for s in steps.values())
 
 
+SEED_STYLES = ("o-", "s--", "^:", "D-.", "v-")  # seed 0, 1, 2, ...
+
+
 def plot_held_out(study: lib.Study, rows: list[dict], path: str) -> None:
     """Held-out accuracy against the training step: one panel per evaluation, a line per run."""
     import matplotlib
@@ -138,17 +141,20 @@ def plot_held_out(study: lib.Study, rows: list[dict], path: str) -> None:
                     for r in rows
                     if (r["arm"], r["seed"], r["eval"]) == key
                 )
-                if run:
+                if run:  # colour: the arm; line and marker: the seed
                     steps, accuracy = zip(*run, strict=True)
-                    ax.plot(steps, 100 * np.array(accuracy), "o-", ms=3, color=colors(i),
+                    style = SEED_STYLES[int(seed) % len(SEED_STYLES)]
+                    ax.plot(steps, 100 * np.array(accuracy), style, ms=3, color=colors(i),
                             label=f"{arm.label}, seed {seed}")  # fmt: skip
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("held-out accuracy (%)")
-    axes[0][0].legend(fontsize=6, loc="lower right")
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(f"{study.title}: held-out accuracy along the way", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))  # the legend below the panels, not over a curve
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(4, len(labels)),
+               frameon=False)  # fmt: skip
     fig.savefig(path, dpi=130)
 
 
