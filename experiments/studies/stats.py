@@ -159,21 +159,27 @@ def welch_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
     Returns:
       {"diff", "t", "df", "p"} (two-sided p).
     """
-    from scipy import stats as scipy_stats
-
     a, b = np.asarray(acc_a_S, np.float64), np.asarray(acc_b_S, np.float64)
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"welch_t needs at least 2 seeds per arm, got {len(a)} and {len(b)}")
     diff = float(a.mean() - b.mean())
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se2 = va + vb
+    return dict(diff=diff, **_satterthwaite_t(diff, [a, b]))
+
+
+def _satterthwaite_t(diff: float, arms: list[np.ndarray]) -> dict[str, float]:
+    """t, Welch-Satterthwaite df and two-sided p of `diff`, a signed sum of the arms' seed
+    means (independent seeds, unequal variances). No spread in any arm: t is undefined, p = 1
+    when diff = 0, NaN otherwise."""
+    from scipy import stats as scipy_stats
+
+    v = [x.var(ddof=1) / len(x) for x in arms]
+    se2 = sum(v)
     if se2 == 0.0:
         nan = float("nan")
-        return dict(diff=diff, t=0.0 if diff == 0.0 else nan, df=nan, p=1.0 if diff == 0 else nan)
+        return dict(t=0.0 if diff == 0.0 else nan, df=nan, p=1.0 if diff == 0.0 else nan)
     t = diff / math.sqrt(se2)
-    df = se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    p = float(2 * scipy_stats.t.sf(abs(t), df))
-    return dict(diff=diff, t=float(t), df=float(df), p=p)
+    df = se2**2 / sum(vi**2 / (len(x) - 1) for vi, x in zip(v, arms, strict=True))
+    return dict(t=float(t), df=float(df), p=float(2 * scipy_stats.t.sf(abs(t), df)))
 
 
 def gap_change(
@@ -194,24 +200,13 @@ def gap_change(
       {"diff", "gap_ab", "gap_cd", "t", "df", "p"} (two-sided p; t, df and p as `welch_t`'s
       when no arm has spread: p = 1 for no change, NaN otherwise).
     """
-    from scipy import stats as scipy_stats
-
     arms = [np.asarray(x, np.float64) for x in (acc_a_S, acc_b_S, acc_c_S, acc_d_S)]
     if min(len(x) for x in arms) < 2:
         raise ValueError(f"gap_change needs at least 2 seeds per arm, got {[len(x) for x in arms]}")
     a, b, c, d = (x.mean() for x in arms)
     gap_ab, gap_cd = float(a - b), float(c - d)
     diff = gap_ab - gap_cd
-    v = [x.var(ddof=1) / len(x) for x in arms]
-    se2 = sum(v)
-    if se2 == 0.0:
-        nan = float("nan")
-        t, df, p = (0.0, nan, 1.0) if diff == 0.0 else (nan, nan, nan)
-    else:
-        t = diff / math.sqrt(se2)
-        df = se2**2 / sum(vi**2 / (len(x) - 1) for vi, x in zip(v, arms, strict=True))
-        p = float(2 * scipy_stats.t.sf(abs(t), df))
-    return dict(diff=diff, gap_ab=gap_ab, gap_cd=gap_cd, t=float(t), df=float(df), p=p)
+    return dict(diff=diff, gap_ab=gap_ab, gap_cd=gap_cd, **_satterthwaite_t(diff, arms))
 
 
 MAX_EXACT_SPLITS = 200_000  # beyond this many seed splits, a Monte Carlo permutation test
