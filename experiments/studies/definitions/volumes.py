@@ -59,6 +59,7 @@ VOLUMES_LONG_STUDY = dataclasses.replace(
     title=f"Spatial arrows in volumes at {V_LONG_STEPS} steps (4x): does the 3D task lift off?",
     # LieRE 8x8 is the pilot; 2x2 and APE follow at this length if the pilot lifts off.
     arms=tuple(_volume_long(_V_ARMS[name]) for name in _V_LONG_ARMS),
+    comparisons=(("liere_b8", "liere_b2"), ("liere_b8", "ape"), ("liere_b2", "ape")),
     paper_scale=dict(
         evals=CIFAR_EVALS,
         paper={k: v for k, v in VOLUMES_STUDY.paper_scale["paper"].items() if k in _V_LONG_ARMS},
