@@ -764,3 +764,32 @@ def test_paper_scale_rows_fill_the_report(name, tmp_path, capsys):
     for a, b in study.comparisons:
         assert f"| {a} | {b} | {view.evals[0]} | 3+3 |" in text
     assert os.path.exists(tmp_path / name / "accuracy.png")
+
+
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+@pytest.mark.parametrize("name", ["volumes", "volumes_long"])
+def test_reference_lines_are_drawn_at_cpu_scale_only(name, scale, tmp_path, monkeypatch):
+    """The volumes studies' plots get the 3D arrows' chance and position-blind ceiling at CPU
+    scale; at paper scale (UCF101, 101 classes) no lines: the arrows' levels would mislead."""
+    view = definitions.STUDIES[name].at_scale(scale)
+    rng = np.random.default_rng(0)
+    rows, examples = [], {}
+    for arm in view.arms:
+        for seed in range(2):
+            for eval_name in view.evals:
+                correct = rng.random(50) < 0.5
+                examples[f"{arm.name}/{seed}/{eval_name}"] = correct
+                rows.append(
+                    dict(
+                        study=name, arm=arm.name, seed=seed, eval=eval_name,
+                        accuracy=float(correct.mean()), num_examples=50,
+                        best_accuracy=float(correct.mean()), steps=1, train_ex_per_s=1.0,
+                        resolution="", tree="abc", cpu="cpu",
+                    )
+                )  # fmt: skip
+    lib.append_results(str(tmp_path / name), rows, examples)
+    drawn = []
+    monkeypatch.setattr(report, "plot", lambda *args: drawn.append(args[-1]))
+    run.main([name, f"--scale={scale}", "--report", f"--results={tmp_path}"])
+    expected = ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling"))
+    assert drawn == [expected if scale == "cpu" else ()]

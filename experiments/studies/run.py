@@ -32,7 +32,10 @@ def study_dir(name: str, results_root: str | None, scale: str = "cpu") -> str:
     )
 
 
-def write_report(study: lib.Study, directory: str) -> str:
+def write_report(study: lib.Study, directory: str, scale: str = "cpu") -> str:
+    """summary.md and the plots of `study` (already `at_scale(scale)`) from `directory`'s results.
+    The reference lines (chance, the position-blind ceiling) are the CPU tasks' and are drawn at
+    CPU scale only: the paper-scale tasks (CIFAR-100, UCF101, ...) have other chance levels."""
     rows, examples = lib.read_results(directory), lib.read_examples(directory)
     if not rows:
         raise SystemExit(f"{study.name}: no results yet in {directory}; run the study first")
@@ -40,7 +43,7 @@ def write_report(study: lib.Study, directory: str) -> str:
     with open(os.path.join(directory, "summary.md"), "w") as f:
         f.write(text)
     try:
-        lines = REFERENCE_LINES.get(study.name, ())
+        lines = REFERENCE_LINES.get(study.name, ()) if scale == "cpu" else ()
         report.plot(study, rows, examples, os.path.join(directory, "accuracy.png"), lines)
         if study.curves is not None:
             report.plot_curves(study, rows, os.path.join(directory, "curves.png"), lines)
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             others=others,
         )
     if not args.dry_run:
-        print(write_report(study.at_scale(args.scale), directory))
+        print(write_report(study.at_scale(args.scale), directory, args.scale))
     return 0
 
 
@@ -96,7 +99,8 @@ _ARROWS_LINES = ((0.25, "chance"), (stats.blind_ceiling(), "position-blind ceili
 REFERENCE_LINES = {  # (accuracy, label) drawn on each study's plot
     **{name: _ARROWS_LINES for name in
        ("arrows", "block_size", "sharing", "init", "data_fraction", "resolution")},
-    "volumes": ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling")),
+    **{name: ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling"))
+       for name in ("volumes", "volumes_long")},
     "cayley": ((0.1, "chance"),),
 }  # fmt: skip
 
