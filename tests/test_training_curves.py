@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments.studies import lib, training_curves
+from experiments.studies import lib, run, training_curves
 
 STUDY = lib.Study(
     name="toy",
@@ -77,8 +77,27 @@ def test_held_out_accuracy_along_the_way_round_trips_and_plots(tmp_path):
     assert [(r["step"], r["accuracy"]) for r in back] == [(30, 0.5), (60, 0.75)]
     pytest.importorskip("matplotlib")
     out = str(tmp_path / "held_out.png")
-    training_curves.plot_held_out(STUDY, back, out)
+    training_curves.plot_held_out(STUDY, back, out, lines=((0.25, "chance"),))
     assert os.path.getsize(out) > 1000
+
+
+def test_held_out_plot_gets_the_studys_reference_lines(tmp_path, monkeypatch):
+    """`main` draws a study's chance and position-blind ceiling on held_out.png, as `run
+    --report` does on accuracy.png."""
+    directory = tmp_path / "volumes_long"
+    directory.mkdir()
+    rows = [dict(arm="ape", seed=0, step=s, epoch=s / 10, loss=1.0, train_accuracy=0.3)
+            for s in (10, 20)]  # fmt: skip
+    training_curves.write_csv(rows, str(directory / "training.csv"))
+    held_out = [dict(arm="ape", seed=0, step=s, eval="g6", accuracy=0.3) for s in (10, 20)]
+    training_curves.write_csv(held_out, str(directory / "held_out.csv"),
+                              training_curves.HELD_OUT_COLUMNS)  # fmt: skip
+    drawn = []
+    monkeypatch.setattr(training_curves, "plot", lambda *args: None)
+    monkeypatch.setattr(training_curves, "plot_held_out", lambda *args: drawn.append(args[-1]))
+    argv = ["volumes_long", "--results", str(tmp_path), "--from-csv"]
+    assert training_curves.main(argv) == 0
+    assert drawn == [run.REFERENCE_LINES["volumes_long"]] and len(drawn[0]) == 2
 
 
 def test_runs_whose_workdirs_are_gone_stay_in_the_csv(tmp_path, monkeypatch):

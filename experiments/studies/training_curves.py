@@ -23,6 +23,7 @@ import numpy as np
 
 from experiments.studies import lib
 from experiments.studies.definitions import STUDIES
+from experiments.studies.run import REFERENCE_LINES
 
 COLUMNS = ("arm", "seed", "step", "epoch", "loss", "train_accuracy")
 HELD_OUT_COLUMNS = ("arm", "seed", "step", "eval", "accuracy")
@@ -122,8 +123,9 @@ def has_curve(held_out: list[dict]) -> bool:
 SEED_STYLES = ("o-", "s--", "^:", "D-.", "v-")  # seed 0, 1, 2, ...
 
 
-def plot_held_out(study: lib.Study, rows: list[dict], path: str) -> None:
-    """Held-out accuracy against the training step: one panel per evaluation, a line per run."""
+def plot_held_out(study: lib.Study, rows: list[dict], path: str, lines=()) -> None:
+    """Held-out accuracy against the training step: one panel per evaluation, a line per run;
+    ``lines``: (accuracy, label) reference lines (chance, the position-blind ceiling)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,6 +148,10 @@ def plot_held_out(study: lib.Study, rows: list[dict], path: str) -> None:
                     style = SEED_STYLES[int(seed) % len(SEED_STYLES)]
                     ax.plot(steps, 100 * np.array(accuracy), style, ms=3, color=colors(i),
                             label=f"{arm.label}, seed {seed}")  # fmt: skip
+        for value, label in lines:
+            ax.axhline(100 * value, color="gray", ls=":", lw=1)
+            ax.annotate(label, (1, 100 * value), xycoords=("axes fraction", "data"), fontsize=6,
+                        color="gray", ha="right", va="bottom")  # fmt: skip
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
@@ -226,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kept} of the {runs} runs kept from {path} (no workdir under {args.root})")
     print(f"wrote {path} and training.png ({runs} runs)")
     if has_curve(held_out):
-        plot_held_out(study, held_out, os.path.join(directory, "held_out.png"))
+        lines = REFERENCE_LINES.get(study.name, ())
+        plot_held_out(study, held_out, os.path.join(directory, "held_out.png"), lines)
         print(f"wrote {held_out_path} and held_out.png")
     return 0
 
