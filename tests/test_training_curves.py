@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments.studies import lib, run, training_curves
+from experiments.studies import lib, report, training_curves
 
 STUDY = lib.Study(
     name="toy",
@@ -97,7 +97,7 @@ def test_held_out_plot_gets_the_studys_reference_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(training_curves, "plot_held_out", lambda *args: drawn.append(args[-1]))
     argv = ["volumes_long", "--results", str(tmp_path), "--from-csv"]
     assert training_curves.main(argv) == 0
-    assert drawn == [run.REFERENCE_LINES["volumes_long"]] and len(drawn[0]) == 2
+    assert drawn == [report.REFERENCE_LINES["volumes_long"]] and len(drawn[0]) == 2
 
 
 def test_runs_whose_workdirs_are_gone_stay_in_the_csv(tmp_path, monkeypatch):

@@ -200,10 +200,7 @@ def plot(study: lib.Study, rows: list[dict], examples: dict, path: str, lines=()
             pts = per_seed.get((arm.name, name), [])
             ax.plot([x] * len(pts), pts, "k.", ms=3, zorder=3)
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=arm.label)
-    for value, name in lines:
-        ax.axhline(value, color="gray", ls=":", lw=1)
-        ax.annotate(name, (len(evals) - 0.5, value), fontsize=6, color="gray", ha="right",
-                    va="bottom")  # fmt: skip
+    draw_reference_lines(ax, lines, len(evals) - 0.5)
     ax.set_xticks(range(len(evals)), evals)
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)
@@ -272,10 +269,26 @@ def plot_eval_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
 def _finish_panel(ax, title: str, x_label: str, xticks: list[float], lines) -> None:
     """Reference lines (labelled at the right edge), ticks at the points, titles, 0-1 range."""
     ax.set_xticks(xticks, [f"{x:.3g}" for x in xticks])
-    for value, label in lines:
-        ax.axhline(value, color="gray", ls=":", lw=1)
-        ax.annotate(label, (xticks[-1], value), fontsize=6, color="gray", ha="right",
-                    va="bottom")  # fmt: skip
+    draw_reference_lines(ax, lines, xticks[-1])
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(x_label, fontsize=8)
     ax.set_ylim(0, 1.02)
+
+
+_ARROWS_LINES = ((0.25, "chance"), (stats.blind_ceiling(), "position-blind ceiling"))
+REFERENCE_LINES = {  # (accuracy, label) drawn on each study's CPU-scale plots
+    **{name: _ARROWS_LINES for name in
+       ("arrows", "block_size", "sharing", "init", "data_fraction", "resolution")},
+    **{name: ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling"))
+       for name in ("volumes", "volumes_long")},
+    "cayley": ((0.1, "chance"),),
+}  # fmt: skip
+
+
+def draw_reference_lines(ax, lines, x, *, xycoords="data", scale: float = 1.0) -> None:
+    """``lines``' (accuracy, label) pairs as dotted horizontal lines, each labelled at `x`
+    (in `xycoords`), right-aligned; `scale` multiplies the accuracies (100 for percent)."""
+    for value, label in lines:
+        ax.axhline(scale * value, color="gray", ls=":", lw=1)
+        ax.annotate(label, (x, scale * value), xycoords=xycoords, fontsize=6, color="gray",
+                    ha="right", va="bottom")  # fmt: skip

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from experiments.studies import lib, report, stats
+from experiments.studies import lib, report
 from experiments.studies.definitions import STUDIES
 
 
@@ -43,7 +43,7 @@ def write_report(study: lib.Study, directory: str, scale: str = "cpu") -> str:
     with open(os.path.join(directory, "summary.md"), "w") as f:
         f.write(text)
     try:
-        lines = REFERENCE_LINES.get(study.name, ()) if scale == "cpu" else ()
+        lines = report.REFERENCE_LINES.get(study.name, ()) if scale == "cpu" else ()
         report.plot(study, rows, examples, os.path.join(directory, "accuracy.png"), lines)
         if study.curves is not None:
             report.plot_curves(study, rows, os.path.join(directory, "curves.png"), lines)
@@ -94,15 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         print(write_report(study.at_scale(args.scale), directory, args.scale))
     return 0
 
-
-_ARROWS_LINES = ((0.25, "chance"), (stats.blind_ceiling(), "position-blind ceiling"))
-REFERENCE_LINES = {  # (accuracy, label) drawn on each study's plot
-    **{name: _ARROWS_LINES for name in
-       ("arrows", "block_size", "sharing", "init", "data_fraction", "resolution")},
-    **{name: ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling"))
-       for name in ("volumes", "volumes_long")},
-    "cayley": ((0.1, "chance"),),
-}  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())

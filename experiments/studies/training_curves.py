@@ -21,9 +21,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from experiments.studies import lib
+from experiments.studies import lib, report
 from experiments.studies.definitions import STUDIES
-from experiments.studies.run import REFERENCE_LINES
 
 COLUMNS = ("arm", "seed", "step", "epoch", "loss", "train_accuracy")
 HELD_OUT_COLUMNS = ("arm", "seed", "step", "eval", "accuracy")
@@ -148,10 +147,7 @@ def plot_held_out(study: lib.Study, rows: list[dict], path: str, lines=()) -> No
                     style = SEED_STYLES[int(seed) % len(SEED_STYLES)]
                     ax.plot(steps, 100 * np.array(accuracy), style, ms=3, color=colors(i),
                             label=f"{arm.label}, seed {seed}")  # fmt: skip
-        for value, label in lines:
-            ax.axhline(100 * value, color="gray", ls=":", lw=1)
-            ax.annotate(label, (1, 100 * value), xycoords=("axes fraction", "data"), fontsize=6,
-                        color="gray", ha="right", va="bottom")  # fmt: skip
+        report.draw_reference_lines(ax, lines, 1, xycoords=("axes fraction", "data"), scale=100)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
@@ -232,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kept} of the {runs} runs kept from {path} (no workdir under {args.root})")
     print(f"wrote {path} and training.png ({runs} runs)")
     if has_curve(held_out):
-        lines = REFERENCE_LINES.get(study.name, ())
+        lines = report.REFERENCE_LINES.get(study.name, ())
         plot_held_out(study, held_out, os.path.join(directory, "held_out.png"), lines)
         print(f"wrote {held_out_path} and held_out.png")
     return 0
