@@ -725,6 +725,27 @@ def test_every_study_reports_evaluations_its_recipes_make(scale):
         definitions.STUDIES["arrows"].at_scale("tpu")
 
 
+def _synthetic_results(directory: str, view: lib.Study, *, seeds: int, num: int, lead: float):
+    """Recorded results for every arm, seed and evaluation of `view`: `num` random examples
+    each, arm i right with probability 0.5 + i `lead`."""
+    rng = np.random.default_rng(0)
+    rows, examples = [], {}
+    for i, arm in enumerate(view.arms):
+        for seed in range(seeds):
+            for eval_name in view.evals:
+                correct = rng.random(num) < 0.5 + lead * i
+                examples[f"{arm.name}/{seed}/{eval_name}"] = correct
+                rows.append(
+                    dict(
+                        study=view.name, arm=arm.name, seed=seed, eval=eval_name,
+                        accuracy=float(correct.mean()), num_examples=num,
+                        best_accuracy=float(correct.mean()), steps=1, train_ex_per_s=1.0,
+                        resolution="", tree="abc", cpu="cpu",
+                    )
+                )  # fmt: skip
+    lib.append_results(directory, rows, examples)
+
+
 @pytest.mark.parametrize("name", sorted(definitions.STUDIES))
 def test_paper_scale_rows_fill_the_report(name, tmp_path, capsys):
     """Synthetic paper-scale results (3 seeds of every arm on the paper-scale evaluations)
@@ -732,22 +753,7 @@ def test_paper_scale_rows_fill_the_report(name, tmp_path, capsys):
     and the seed-level comparisons appear (an empty table was what paper scale gave before)."""
     study = definitions.STUDIES[name]
     view = study.at_scale("paper")
-    rng = np.random.default_rng(0)
-    rows, examples = [], {}
-    for i, arm in enumerate(study.arms):
-        for seed in range(3):
-            for eval_name in view.evals:
-                correct = rng.random(200) < 0.5 + 0.04 * i
-                examples[f"{arm.name}/{seed}/{eval_name}"] = correct
-                rows.append(
-                    dict(
-                        study=name, arm=arm.name, seed=seed, eval=eval_name,
-                        accuracy=float(correct.mean()), num_examples=200,
-                        best_accuracy=float(correct.mean()), steps=1, train_ex_per_s=1.0,
-                        resolution="", tree="abc", cpu="gpu",
-                    )
-                )  # fmt: skip
-    lib.append_results(str(tmp_path / name), rows, examples)
+    _synthetic_results(str(tmp_path / name), view, seeds=3, num=200, lead=0.04)
     run.main([name, "--scale=paper", "--report", f"--results={tmp_path}"])
     capsys.readouterr()
     with open(tmp_path / name / "summary.md") as f:
@@ -772,22 +778,7 @@ def test_reference_lines_are_drawn_at_cpu_scale_only(name, scale, tmp_path, monk
     """The volumes studies' plots get the 3D arrows' chance and position-blind ceiling at CPU
     scale; at paper scale (UCF101, 101 classes) no lines: the arrows' levels would mislead."""
     view = definitions.STUDIES[name].at_scale(scale)
-    rng = np.random.default_rng(0)
-    rows, examples = [], {}
-    for arm in view.arms:
-        for seed in range(2):
-            for eval_name in view.evals:
-                correct = rng.random(50) < 0.5
-                examples[f"{arm.name}/{seed}/{eval_name}"] = correct
-                rows.append(
-                    dict(
-                        study=name, arm=arm.name, seed=seed, eval=eval_name,
-                        accuracy=float(correct.mean()), num_examples=50,
-                        best_accuracy=float(correct.mean()), steps=1, train_ex_per_s=1.0,
-                        resolution="", tree="abc", cpu="cpu",
-                    )
-                )  # fmt: skip
-    lib.append_results(str(tmp_path / name), rows, examples)
+    _synthetic_results(str(tmp_path / name), view, seeds=2, num=50, lead=0.0)
     drawn = []
     monkeypatch.setattr(report, "plot", lambda *args: drawn.append(args[-1]))
     run.main([name, f"--scale={scale}", "--report", f"--results={tmp_path}"])
