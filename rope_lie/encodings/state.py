@@ -6,7 +6,7 @@ Every family in ``ROTARY`` and ``BIAS`` provides
 
 and the attention uses the state in one way, whatever the family:
 
-    state    <- state.to_fold()                        (when it has one: P left to fold)
+    state    <- state.to_fold()                        (P left to fold, when there is one)
     w_q, w_k <- fold of ``state.fold_NHH`` into them   (when not None: P (x w + b))
     q, k     <- state.rotate(q), state.rotate(k)       (per token)
     logits   += state.bias_BNTS                        (when not None)
@@ -42,6 +42,10 @@ class Unrotated(NamedTuple):
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return x_BTNH
+
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
 
 
 class PairAngles(NamedTuple):
@@ -92,6 +96,10 @@ class PairAnglesAfterFold(NamedTuple):
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return lie.rotate_pairs(x_BTNH, self.angle_TNF)
 
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
+
 
 class BlockRotations(NamedTuple):
     """Contiguous b x b channel blocks [r b, (r + 1) b) of head n multiplied by ``r_TNKbb``.
@@ -106,6 +114,10 @@ class BlockRotations(NamedTuple):
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return lie.apply_blocks(x_BTNH, self.r_TNKbb)
+
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
 
 
 class SpectralPhases(NamedTuple):
@@ -126,6 +138,10 @@ class SpectralPhases(NamedTuple):
         out_BTNH = jnp.fft.irfft(spectrum_BTNJ * phase, n=head_dim, axis=-1)
         return out_BTNH.astype(x_BTNH.dtype)
 
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
+
 
 class LogitBias(NamedTuple):
     """A bias added to the attention logits (ALiBi); q and k are not rotated.
@@ -139,6 +155,10 @@ class LogitBias(NamedTuple):
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return x_BTNH
+
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
 
 
 State = Unrotated | PairAngles | PairAnglesAfterFold | BlockRotations | SpectralPhases | LogitBias
