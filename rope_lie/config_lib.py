@@ -15,6 +15,8 @@ from typing import Any
 
 import ml_collections as mc
 
+from rope_lie import encodings
+
 
 def parse_arg(arg: str | None, **defaults: Any) -> mc.ConfigDict:
     """Parse "a=1,b=x,flag" against `defaults` (values cast to each default's type).
@@ -62,18 +64,15 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
 
 
 DIM_KEYS = ("width", "depth", "num_heads", "mlp_dim")  # model.dims (models/variants.py)
-ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
-# Each family's reference positions; others: "integer".
-CONVENTIONS = {
-    "liere": "sequential", "visionllama": "autoscale", "comrope": "unit_centred",
-    "dinov3": "centred",
-}  # fmt: skip
+# Read from the families' own declarations (``encodings/family.py``: ``FAMILY``):
+ADDITIVE_PES = tuple(encodings.ADDITIVE)  # `pe=` values that are tables added to the tokens
+# Each family's reference positions.
+CONVENTIONS = {name: f.convention for name, f in encodings.families().items()}
 # `pe=` values that name a variant of a family: (family, its init arguments, positions).
 PE_VARIANTS = {
-    # The LieRE paper's "VisionLlama" baseline (its reference code), not VisionLLaMA's AS2DRoPE.
-    "visionllama_liere": ("visionllama", dict(variant="liere"), "sequential"),
-    # ComRoPE's axis-partition variant (pe=comrope is the linearly dependent one).
-    "comrope_ap": ("comrope", dict(variant="ap"), "unit_centred"),
+    pe: (name, dict(settings), convention)
+    for name, f in encodings.families().items()
+    for pe, (settings, convention) in f.variants.items()
 }
 APE_INIT_STD = 0.02  # ViT/timm's APE init std (quickstart, digits, Cayley recipes)
 LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py); LieRE recipes
@@ -82,8 +81,6 @@ LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py)
 def pe_choices() -> list[str]:
     """Every value a recipe's ``pe=`` accepts: the rotary and bias families
     (``rope_lie.encodings``), their named variants (``PE_VARIANTS``) and the additive tables."""
-    from rope_lie import encodings
-
     return (
         sorted(encodings.ROTARY) + sorted(encodings.BIAS) + sorted(PE_VARIANTS) + list(ADDITIVE_PES)
     )
@@ -91,14 +88,10 @@ def pe_choices() -> list[str]:
 
 def p_rope_families() -> list[str]:
     """The rotary families whose ``init`` takes p-RoPE's ``rotary_fraction``."""
-    import inspect
-
-    from rope_lie import encodings
-
     return sorted(
         name
-        for name, module in encodings.ROTARY.items()
-        if "rotary_fraction" in inspect.signature(module.init).parameters
+        for name, f in encodings.families().items()
+        if "rotary_fraction" in f.settings_of_init()
     )
 
 
@@ -118,7 +111,8 @@ def pe_fields(
         raise ValueError(f"unknown pe={pe!r}; expected one of {', '.join(pe_choices())}")
     additive = pe if pe in ADDITIVE_PES else "none"
     family, hparams, default_convention = PE_VARIANTS.get(
-        pe, (pe, {}, CONVENTIONS.get(pe, "integer"))
+        pe,
+        (pe, {}, CONVENTIONS.get(pe, "integer")),  # additive tables: integer positions
     )
     if pe == "liere":
         hparams = dict(block_size=block)

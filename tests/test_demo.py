@@ -2,15 +2,15 @@
 
 import pytest
 
-from rope_lie import demo
+from rope_lie import demo, encodings
 from tests.encodings.test_contract import RELATIVE
 
 
 @pytest.fixture
 def small(monkeypatch):
-    """4 heads of 16 channels on a 3x3 grid: the same checks, a fraction of the compile time."""
+    """4 heads of 12 channels on a 3x3 grid: the same checks, a fraction of the compile time."""
     monkeypatch.setattr(demo, "NUM_HEADS", 4)
-    monkeypatch.setattr(demo, "HEAD_DIM", 16)
+    monkeypatch.setattr(demo, "HEAD_DIM", 12)
     monkeypatch.setattr(demo, "GRID", (3, 3))
 
 
@@ -27,6 +27,14 @@ def test_every_rotary_case_keeps_norms_and_is_relative_where_the_math_says(small
         )
 
 
+def test_the_tour_shows_every_2d_example_of_every_rotary_family():
+    names = {name for _, name, _ in demo.CASES}
+    assert names == set(encodings.ROTARY) - {"rope"}  # rope is 1D
+    assert len(demo.CASES) == sum(
+        2 in ranks for m in encodings.ROTARY.values() for _, ranks in m.FAMILY.examples
+    )
+
+
 def test_alibi_bias_is_symmetric_and_shift_invariant(small):
     result = demo.check_alibi()
     assert result == {"params": 0, "symmetric": True, "shift_err": 0.0}
@@ -37,5 +45,5 @@ def test_main_prints_a_row_per_case(small, monkeypatch, capsys):
     demo.main()
     out = capsys.readouterr().out
     for label, _, _ in demo.CASES:
-        assert f"\n{label:<20}" in out, label
+        assert f"\n{label}  " in out, label
     assert "alibi (bias)" in out and "symmetric: True" in out

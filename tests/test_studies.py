@@ -281,13 +281,12 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
                 continue
             dims, _ = vit.parse_variant(m.variant, m.get("patch_size"), len(m.image_shape))
             heads = dims["num_heads"]
-            jax.eval_shape(
-                lambda c=m, n=heads, w=dims["width"]: position_hook.init_pe_params(
-                    c.pe, jax.random.key(0), num_heads=n, head_dim=w // n,
-                    num_axes=len(c.image_shape), share_heads=c.share_pe_heads,
-                    hparams=c.pe_hparams.to_dict(),
-                )
+            encoder = position_hook.pe_encoder(
+                m.pe, num_heads=heads, head_dim=dims["width"] // heads,
+                num_axes=len(m.image_shape), share_heads=m.share_pe_heads,
+                hparams=m.pe_hparams.to_dict(),
             )  # fmt: skip
+            jax.eval_shape(encoder.init, jax.random.key(0))
 
 
 def test_fit_reads_the_last_training_window_and_the_held_out_accuracy(smoke_study, tmp_path):

@@ -232,9 +232,10 @@ class ViT(nnx.Module):
         pe_kwargs = dict(num_heads=num_heads, head_dim=width // num_heads, num_axes=num_axes)
         self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
         if share_pe_layers:
-            self.pe_params = position_hook.init_pe_params(
-                pe, rngs.params(), share_heads=share_pe_heads, hparams=pe_hparams, **pe_kwargs
+            encoder = position_hook.pe_encoder(
+                pe, share_heads=share_pe_heads, hparams=pe_hparams, **pe_kwargs
             )
+            self.pe_params = position_hook.init_pe_params(encoder, rngs.params())
         attention_kwargs = dict(
             num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
             own_pe=not share_pe_layers, num_prefix=num_prefix, qkv_bias=qkv_bias,

@@ -25,11 +25,8 @@ PATCH_2D = (2, 2)
 MAX_TOKENS = 20
 # Tiny, with two layers: padding that leaked into a real token would spread in the second.
 DIMS = dict(width=16, depth=2, num_heads=2, mlp_dim=32)
-HPARAMS = {  # valid at head_dim 8, exercising the non-default structure
-    "liere": {"block_size": 4},
-    "alibi": {"learnable": True},
-    "cayley_string": {"init_std": 0.1},
-}
+# Each family's first example (its FAMILY): valid at head_dim 8, the non-default structure.
+HPARAMS = {name: dict(f.examples[0][0]) for name, f in encodings.families().items()}
 
 
 def _pe_values():

@@ -21,13 +21,8 @@ TINY = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5)
 TINY_3D = dict(
     variant="pico", patch_size=(2, 4, 4), image_shape=(4, 8, 8), channels=2, num_classes=3
 )
-# hparams valid at head_dim 16 that exercise the non-default structure.
-HPARAMS = {
-    "liere": {"block_size": 4},
-    "alibi": {"learnable": True},
-    "cayley_string": {"init_std": 0.1},
-    "comrope": {"block_size": 4},
-}
+# Each family's first example (its FAMILY): valid at head_dim 16, the non-default structure.
+HPARAMS = {name: dict(f.examples[0][0]) for name, f in encodings.families().items()}
 
 
 def _families():
