@@ -106,16 +106,23 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
     The class count is read from the checkpoint's ``head.weight`` (a fine-tuned model's head
     has its own), as ``--from=liere`` reads the architecture; ``overrides`` may repeat it.
     """
+    check_name(name)  # the tag stays: its pretrained config holds the input normalisation
     _torch_first.check()
     import timm
-    import timm.models
 
     state = None
     if checkpoint is not None:
-        state = timm.models.load_state_dict(checkpoint, weights_only=True)
+        state = _load_state_dict(checkpoint)
         overrides = {**overrides, **_head_of(state, overrides, checkpoint)}
-    check_name(name)  # the tag stays: its pretrained config holds the input normalisation
-    model = timm.create_model(name, pretrained=False, **overrides)
+    try:
+        model = timm.create_model(name, pretrained=False, **overrides)
+    except TypeError as e:  # a keyword the model class does not take
+        if not overrides:
+            raise
+        raise TypeError(
+            f"timm.create_model({name!r}) refused the overrides {overrides} ({e}); expected "
+            f"keyword arguments of timm's {name!r} (e.g. embed_dim, depth, num_heads, img_size)"
+        ) from e
     if state is not None:
         wanted = model.state_dict()
         missing, unexpected = _key_differences(wanted, state)
@@ -134,6 +141,26 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
             )
         model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def _load_state_dict(checkpoint: str) -> dict[str, Any]:
+    """timm's ``load_state_dict`` of a file, or a ValueError naming it when it is not a
+    ``state_dict`` (a dict of tensors) that timm can read without unpickling code."""
+    import timm.models
+    import torch
+
+    expected = "a timm state_dict file (.safetensors, or .pth written by torch.save)"
+    try:
+        state = timm.models.load_state_dict(checkpoint, weights_only=True)
+    except Exception as e:  # safetensors, torch.load and pickle each raise their own types
+        message = " ".join(str(e).split())[:300]
+        raise ValueError(
+            f"checkpoint {checkpoint!r} cannot be read ({type(e).__name__}: {message}); expected "
+            f"{expected}"
+        ) from e
+    if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"checkpoint {checkpoint!r} holds no state_dict; expected {expected}")
+    return state
 
 
 def _head_of(state: Mapping[str, Any], overrides: Mapping[str, Any], checkpoint: str) -> dict:
