@@ -11,8 +11,9 @@
 ``--checkpoint`` a timm-layout ``state_dict`` file (``.safetensors``/``.pth``, e.g. the
 ``naver_in1k`` weights from the Hugging Face hub) or ``none`` for timm's random
 initialisation; ``--overrides`` passes keyword arguments to ``timm.create_model``
-(``embed_dim=64,depth=2``: small models for tests; ``global_pool=token`` for DINOv3, whose timm
-default is ``"avg"``); the class count is read from the checkpoint's head (a fine-tuned
+(``embed_dim=64,depth=2``: small models for tests; ``global_pool=token`` for a DINOv3 that
+pools its class token as upstream DINOv3 does, timm's default being ``"avg"``, which converts
+too); the class count is read from the checkpoint's head (a fine-tuned
 model's; none: a headless model, converted with an identity head), and a tensor of another
 shape than the model's is named in the error. ``--from=liere``: ``--checkpoint`` is a
 LieRE reference Lightning checkpoint (or its ``state_dict``), its architecture read from the
