@@ -376,6 +376,17 @@ def test_core_only_main_says_in_one_line_to_install_the_train_extra(args):
     ), result.stderr[-3000:]
 
 
+def test_core_only_convert_says_in_one_line_to_install_the_interop_extra():
+    result = _core_only("-m", "rope_lie.convert", "--help")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: python -m rope_lie\.convert needs the interop extra, which is not installed "
+        rf"\(no module named '({'|'.join(BLOCKED)})'\): "
+        r'pip install "rope_lie\[interop\]" \(pip install -e "\.\[interop\]" in a clone\)\n',
+        result.stderr,
+    ), result.stderr[-3000:]
+
+
 def test_core_only_load_ends_in_one_line_saying_to_install_the_train_extra():
     """``rope_lie.load`` raises ModuleNotFoundError (an ImportError, for callers that catch
     it) whose message says what to install, without the chained import traceback."""
