@@ -158,7 +158,7 @@ def model_config(
     m.image_shape = image_shape  # training input (H, W) in px, or (T or D, H, W)
     m.channels = channels  # input channels C
     m.num_classes = num_classes  # classifier outputs K
-    m.pool = pool  # "cls" (class token) or "mean" (mean of the patch tokens)
+    m.pool = pool  # "cls" (class token), "mean" (the patch tokens'), "mean_with_cls" (timm's avg)
     m.dropout = dropout  # rate after the embedding, the attention output and in the MLP
     m.pe = pe  # rotary/bias family on q and k ("nope" with an additive table)
     m.pe_hparams = pe_hparams  # family init arguments
@@ -192,6 +192,8 @@ def model_config(
     m.qkv_bias = True  # biases on the q, k, v projections
     m.additive_prefix = True  # the class token has its own row of the additive table
     m.num_registers = 0  # learned register tokens after the class token (DINOv3: 4)
+    m.final_norm = True  # LayerNorm on every token before pooling (timm's norm)
+    m.fc_norm = False  # LayerNorm on the pooled feature before the head (timm's fc_norm)
     return m
 
 

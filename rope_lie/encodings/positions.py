@@ -69,14 +69,57 @@ CONVENTIONS = (
 CONVENTION_HPARAMS = {"normalized": ("value_range",), "diagonal": ("temporal_spacing",)}
 
 
-def _check_grid(grid: Sequence[int], name: str) -> tuple[int, ...]:
-    grid = tuple(grid)
-    if not 1 <= len(grid) <= 3:
-        raise ValueError(f"{name}={grid} must have rank 1, 2 or 3 (sequence, image, volume)")
-    for n in grid:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"{name}={grid} must contain positive integers")
-    return tuple(int(n) for n in grid)
+_GRID_EXPECTED = (
+    "1 to 3 positive integers (a tuple of ints, or a concrete 1-D integer numpy or JAX array)"
+)
+
+
+def _grid_int(n, name: str, grid) -> int:
+    """One entry of a grid as a Python int; anything but a positive integer is an error."""
+    if isinstance(n, jax.core.Tracer):
+        raise ValueError(
+            f"{name}={grid!r} holds a traced value {n!r}: a grid is static (it sets the token "
+            f"count); pass {_GRID_EXPECTED} from outside jit"
+        )
+    dtype = getattr(n, "dtype", None)  # numpy / JAX scalars and 0-d arrays
+    if dtype is not None and np.ndim(n) == 0:
+        shown = f"{n.item()!r} ({dtype})"
+        is_int = dtype.kind in ("i", "u")
+    else:
+        shown, is_int = repr(n), isinstance(n, int) and not isinstance(n, bool)
+    if isinstance(n, bool) or (dtype is not None and dtype.kind == "b"):
+        raise ValueError(f"{name}={grid!r} holds the boolean {shown}; expected {_GRID_EXPECTED}")
+    if not is_int:
+        raise ValueError(f"{name}={grid!r} holds {shown}; expected {_GRID_EXPECTED}")
+    if int(n) < 1:
+        raise ValueError(f"{name}={grid!r} holds {int(n)}; expected {_GRID_EXPECTED}")
+    return int(n)
+
+
+def _check_grid(grid, name: str) -> tuple[int, ...]:
+    """``grid`` (tokens per axis) as a tuple of Python ints, checked.
+
+    A tuple or list of ints (numpy and JAX integer scalars too) or a concrete 1-D integer array
+    is a grid; floats (even 4.0), booleans, values < 1, traced values and ranks other than 1-3
+    are errors naming the value.
+    """
+    if isinstance(grid, jax.core.Tracer):
+        raise ValueError(
+            f"{name}={grid!r} is a traced value: a grid is static (it sets the token count); "
+            f"pass {_GRID_EXPECTED} from outside jit"
+        )
+    if isinstance(grid, (np.ndarray, jax.Array)):
+        if grid.ndim != 1:
+            raise ValueError(f"{name}={grid!r} has {grid.ndim} dims; expected {_GRID_EXPECTED}")
+        entries = list(np.asarray(grid))  # numpy scalars of the array's dtype
+    elif isinstance(grid, (str, bytes)) or not hasattr(grid, "__iter__"):
+        raise ValueError(f"{name}={grid!r} is not a sequence; expected {_GRID_EXPECTED}")
+    else:
+        entries = list(grid)
+    out = tuple(_grid_int(n, name, grid) for n in entries)
+    if not 1 <= len(out) <= 3:
+        raise ValueError(f"{name}={out} must have rank 1, 2 or 3 (sequence, image, volume)")
+    return out
 
 
 def _axis_coords(

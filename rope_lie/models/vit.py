@@ -3,27 +3,29 @@
 1D inputs (B, L, C) with 1D patches are accepted too (e.g. for 1D RoPE, which takes A = 1).
 
 Patches (2D) or tubelets (3D) are flattened and projected (a strided convolution written as
-patchify + linear), a class token is prepended when ``pool="cls"``, an absolute table is added
-when ``additive`` is ``"ape"``/``"sincos"``, then pre-LN blocks (attention with the position-
-encoding hook of ``attention.py``, GELU MLP; ``blocks.py``), a final LayerNorm, pooling and a
-linear head.
+patchify + linear), a class token is prepended when ``pool`` is ``"cls"`` or
+``"mean_with_cls"``, an absolute table is added when ``additive`` is ``"ape"``/``"sincos"``,
+then pre-LN blocks (attention with the position-encoding hook of ``attention.py``, GELU MLP;
+``blocks.py``), a final LayerNorm, pooling and a linear head.
 
 Options that other codes' models need, off by default (``rope_lie/interop`` converts timm's
 naver RoPE ViTs, timm's DINOv3 ViTs and the LieRE reference with them): explicit ``dims``
 instead of a named variant, LayerScale, the exact (erf) GELU, the LayerNorm epsilon
 (``blocks.py``), q/k/v projections without biases (``qkv_bias``), an additive table that leaves
-the class token alone (``additive_prefix=False``, timm's ``no_embed_class``), and register
-tokens (``num_registers``).
+the class token alone (``additive_prefix=False``, timm's ``no_embed_class``), register tokens
+(``num_registers``), and timm's ``"avg"`` pooling head: the patch tokens' mean beside a class
+token (``pool="mean_with_cls"``), without the final norm (``final_norm=False``, timm's ``norm``
+an Identity) and with a LayerNorm on the pooled feature (``fc_norm=True``, timm's ``fc_norm``).
 
 Register tokens (Darcet et al., "Vision Transformers Need Registers", arXiv:2309.16588; DINOv3's
 four "storage tokens"): R learned tokens after the class token, [cls, reg_0, ..., reg_(R-1),
 patches] as timm's ``Eva`` orders them. They are prefix tokens like the class token: position 0
 on every axis (so R(0), unrotated, for every rotary family; zero ALiBi bias), their own rows of
 an additive table when ``additive_prefix``, never pooled (``pool="cls"`` takes the class token,
-``"mean"`` the patch tokens, as timm's ``"token"`` and ``"avg"``). Drawn from N(0, 0.02), as
-timm and DINOv3 do, after every other parameter: the other parameters are those of the model
-without registers (an additive table's prefix rows aside). ``num_registers=0`` (the default)
-adds nothing.
+``"mean"`` and ``"mean_with_cls"`` the patch tokens, as timm's ``"token"`` and ``"avg"``).
+Drawn from N(0, 0.02), as timm and DINOv3 do, after every other parameter: the other
+parameters are those of the model without registers (an additive table's prefix rows aside).
+``num_registers=0`` (the default) adds nothing.
 
 The token grid is derived from the input shape at every call, so the model runs at any
 resolution divisible by the patch size: positions are recomputed with ``position_convention``
@@ -65,6 +67,7 @@ from rope_lie.models.options import (  # noqa: F401  (vit.check_model_attention 
     check_options,
     check_position_hparams,
     check_registers,
+    has_class_token,
     num_prefix_tokens,
 )
 from rope_lie.models.position_hook import PositionParam
@@ -152,6 +155,8 @@ class ViT(nnx.Module):
         qkv_bias: bool = True,
         additive_prefix: bool = True,
         num_registers: int = 0,
+        final_norm: bool = True,
+        fc_norm: bool = False,
         patch_dropout: float = 0.0,
         attention: str = "xla",
         fold_mix: bool = True,
@@ -168,7 +173,9 @@ class ViT(nnx.Module):
           image_shape: training input spatial shape, (H, W) or (D, H, W).
           channels: input channels C.
           num_classes: K, classifier outputs.
-          pool: ``"cls"`` (class token) or ``"mean"`` (mean of the patch tokens, no class token).
+          pool: ``"cls"`` (class token), ``"mean"`` (mean of the patch tokens, no class token)
+            or ``"mean_with_cls"`` (mean of the patch tokens, beside a class token that is not
+            pooled: timm's ``"avg"`` with a class token).
           dropout: rate after the embedding, the attention output and in the MLP.
           pe: rotary or bias family, ``position_hook.pe_names()``.
           pe_hparams: the family's ``init`` keyword arguments.
@@ -194,6 +201,10 @@ class ViT(nnx.Module):
             the table covers the grid only (timm's ``no_embed_class``).
           num_registers: R learned register tokens after the class token (module docstring);
             0: none.
+          final_norm: a LayerNorm on every token after the blocks, before pooling (default);
+            False: none (timm's ``norm`` as an Identity, beside its ``fc_norm``).
+          fc_norm: a LayerNorm on the pooled feature, before the head (timm's ``fc_norm``);
+            False (default): none.
           attention: the attention backend, ``attention.ATTENTIONS``: ``"xla"`` (the plain
             formula), ``"cudnn"`` (GPU), ``"pallas"`` (TPU) or ``"chunked"`` (exact, O(T x
             block) memory, anywhere); ``check_model_attention`` checks it against a platform.
@@ -216,13 +227,16 @@ class ViT(nnx.Module):
         self.patch_dropout = float(patch_dropout)
         self.dtype = dt = activation_dtype(dtype)
         self.num_registers = check_registers(num_registers)
+        for name, value in (("final_norm", final_norm), ("fc_norm", fc_norm)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} must be True or False")
         self.num_prefix = num_prefix = num_prefix_tokens(pool, num_registers)
         width, num_heads = dims["width"], dims["num_heads"]
         if width % num_heads:
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
         num_axes = len(self.image_shape)
         self.embed = nnx.Linear(math.prod(self.patch) * channels, width, dtype=dt, rngs=rngs)
-        self.cls_1D = NoDecay(jnp.zeros((1, width))) if pool == "cls" else None
+        self.cls_1D = NoDecay(jnp.zeros((1, width))) if has_class_token(pool) else None
         self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
             additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
@@ -249,7 +263,9 @@ class ViT(nnx.Module):
                          **block_kwargs, **attention_kwargs)
             for _ in range(dims["depth"])
         )  # fmt: skip
-        self.norm = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
+        norm = lambda: nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
+        self.norm = norm() if final_norm else None
+        self.fc_norm = norm() if fc_norm else None
         head_init = jax.nn.initializers.zeros if head_zero_init else xavier_uniform(0, 1)
         self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
         # drawn last: the other parameters are those of the model without registers
@@ -374,13 +390,31 @@ class ViT(nnx.Module):
         x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):
             x_BTD = block(x_BTD, state, train=train, key_mask_BS=mask_BS)
-        x_BTD = self.norm(x_BTD)
+        return self.classify_features(x_BTD, mask_BT)
+
+    def classify_features(self, x_BTD: jax.Array, mask_BT: jax.Array | None = None) -> jax.Array:
+        """The head on the blocks' output: the final norm, pooling, ``fc_norm``, the classifier.
+
+        Args:
+          x_BTD: the last block's output, prefix tokens first.
+          mask_BT: which patch tokens are real (``classify_tokens``'s padded batches), for the
+            mean pools; None: every one.
+
+        Returns:
+          float32 logits (B, V).
+        """
+        if self.norm is not None:
+            x_BTD = self.norm(x_BTD)
         if self.pool == "cls":
             pooled_BD = x_BTD[:, 0]
+        elif mask_BT is None:  # the patch tokens (class token and registers are not pooled)
+            pooled_BD = jnp.mean(x_BTD[:, self.num_prefix :], axis=1)
         else:  # mean over the real patch tokens only
             weight_BT1 = mask_BT[..., None].astype(x_BTD.dtype)
             count_B1 = jnp.maximum(jnp.sum(weight_BT1, axis=1), 1)
             pooled_BD = jnp.sum(x_BTD[:, self.num_prefix :] * weight_BT1, axis=1) / count_B1
+        if self.fc_norm is not None:
+            pooled_BD = self.fc_norm(pooled_BD)
         return self.head(pooled_BD).astype(jnp.float32)
 
     def _add_table(self, x_BTD: jax.Array, grid: tuple[int, ...], num_prefix: int) -> jax.Array:
@@ -480,9 +514,4 @@ class ViT(nnx.Module):
         x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):
             x_BTD = block(x_BTD, state, train=train, chunk_plan=chunk_plan)
-        x_BTD = self.norm(x_BTD)
-        if self.pool == "cls":
-            pooled_BD = x_BTD[:, 0]
-        else:  # the patch tokens (registers are not pooled)
-            pooled_BD = jnp.mean(x_BTD[:, self.num_prefix :], axis=1)
-        return self.head(pooled_BD).astype(jnp.float32)
+        return self.classify_features(x_BTD)
