@@ -22,9 +22,10 @@ def test_every_rotary_case_keeps_norms_and_is_relative_where_the_math_says(small
             assert result["shift_err"] < 1e-5, (label, result)
         else:  # 2D LieRE with blocks > 2: its generators do not commute
             assert result["shift_err"] > 1e-2, (label, result)
-        assert (result["params"] > 0) == (
-            name not in {"nope", "rope_axial", "visionllama", "dinov3"}
+        enc = encodings.encoder(
+            name, num_heads=demo.NUM_HEADS, head_dim=demo.HEAD_DIM, num_axes=2, **hparams
         )
+        assert result["params"] == enc.param_count(), label
 
 
 def test_the_tour_shows_every_2d_example_of_every_rotary_family():
