@@ -146,23 +146,40 @@ class NNXAttention(nnx.Module):
           **settings: the family's ``init`` settings.
         """
         self.encoder = encodings.encoder(
-            name, num_heads=1 if share_heads else num_heads, head_dim=head_dim,
-            num_axes=num_axes_of(name, grid, positions), **settings,
-        )  # fmt: skip
+            name,
+            num_heads=1 if share_heads else num_heads,
+            head_dim=head_dim,
+            num_axes=num_axes_of(name, grid, positions),
+            **settings,
+        )
         self.num_prefix = num_prefix
         self.pos = nnx.data(
-            token_positions(self.encoder, grid=grid, num_prefix=num_prefix,
-                            convention=convention, positions=positions)
-        )  # fmt: skip
+            token_positions(
+                self.encoder,
+                grid=grid,
+                num_prefix=num_prefix,
+                convention=convention,
+                positions=positions,
+            )
+        )
         arrays = self.encoder.init(rngs.params())
         self.params = nnx.Dict({k: nnx.Param(v) for k, v in arrays.items()})
 
     def __call__(self, query, key, value, bias=None, mask=None, **kwargs) -> jax.Array:
         params = {k: v[...] for k, v in self.params.items()}
         return attend(
-            self.encoder, params, self.pos, self.num_prefix, nnx.dot_product_attention,
-            query, key, value, bias=bias, mask=mask, **kwargs,
-        )  # fmt: skip
+            self.encoder,
+            params,
+            self.pos,
+            self.num_prefix,
+            nnx.dot_product_attention,
+            query,
+            key,
+            value,
+            bias=bias,
+            mask=mask,
+            **kwargs,
+        )
 
 
 class LinenAttention(nn.Module):
@@ -194,10 +211,12 @@ class LinenAttention(nn.Module):
 
     def _encoder(self) -> encodings.Encoder:
         return encodings.encoder(
-            self.family, num_heads=1 if self.share_heads else self.num_heads,
-            head_dim=self.head_dim, num_axes=num_axes_of(self.family, self.grid, self.positions),
+            self.family,
+            num_heads=1 if self.share_heads else self.num_heads,
+            head_dim=self.head_dim,
+            num_axes=num_axes_of(self.family, self.grid, self.positions),
             **dict(self.settings or {}),
-        )  # fmt: skip
+        )
 
     # Linen's attention passes only the arguments an attention_fn names in its signature, so
     # every one of nn.dot_product_attention's is named here (a **kwargs would drop dropout).
@@ -222,13 +241,32 @@ class LinenAttention(nn.Module):
     ) -> jax.Array:
         encoder = self._encoder()
         params = self.param("pe", encoder.init)
-        pos = token_positions(encoder, grid=self.grid, num_prefix=self.num_prefix,
-                              convention=self.convention, positions=self.positions)  # fmt: skip
+        pos = token_positions(
+            encoder,
+            grid=self.grid,
+            num_prefix=self.num_prefix,
+            convention=self.convention,
+            positions=self.positions,
+        )
         return attend(
-            encoder, params, pos, self.num_prefix, nn.dot_product_attention, query, key, value,
-            bias=bias, mask=mask, broadcast_dropout=broadcast_dropout, dropout_rng=dropout_rng,
-            dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype,
-            precision=precision, module=module, force_fp32_for_softmax=force_fp32_for_softmax,
+            encoder,
+            params,
+            pos,
+            self.num_prefix,
+            nn.dot_product_attention,
+            query,
+            key,
+            value,
+            bias=bias,
+            mask=mask,
+            broadcast_dropout=broadcast_dropout,
+            dropout_rng=dropout_rng,
+            dropout_rate=dropout_rate,
+            deterministic=deterministic,
+            dtype=dtype,
+            precision=precision,
+            module=module,
+            force_fp32_for_softmax=force_fp32_for_softmax,
             qk_attn_weights_einsum=qk_attn_weights_einsum,
             attn_weights_value_einsum=attn_weights_value_einsum,
-        )  # fmt: skip
+        )

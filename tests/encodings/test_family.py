@@ -55,8 +55,9 @@ def test_apply_uses_what_init_was_given(module, settings):
     state = module.precompute(params, pos_TA, num_heads=N, head_dim=H)
     np.testing.assert_allclose(state.rotate(x_BTNH), want, rtol=1e-6, atol=1e-6)
     enc = encodings.encoder(module.FAMILY.name, num_heads=N, head_dim=H, num_axes=2, **settings)
-    np.testing.assert_allclose(enc.apply(enc.init(jax.random.key(0)), x_BTNH, pos_TA), want,
-                               rtol=1e-6, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        enc.apply(enc.init(jax.random.key(0)), x_BTNH, pos_TA), want, rtol=1e-6, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("module,settings", SILENT, ids=[f"{m.FAMILY.name}-{s}" for m, s in SILENT])
@@ -111,11 +112,15 @@ def test_tagged_parameters_survive_vmap_grad_tree_map_pickle_and_export():
 
 
 def test_an_encoder_is_a_hashable_value_that_checks_its_settings_at_once():
-    enc = encodings.encoder("comrope", num_heads=N, head_dim=H, num_axes=2, variant="AP",
-                            block_size=4)  # fmt: skip
+    enc = encodings.encoder(
+        "comrope", num_heads=N, head_dim=H, num_axes=2, variant="AP", block_size=4
+    )
     assert enc.hparams == {"variant": "ap", "block_size": 4, "init_std": 1.0}  # normalised
-    assert hash(enc) == hash(encodings.encoder("comrope", num_heads=N, head_dim=H, num_axes=2,
-                                               variant="ap", block_size=4))  # fmt: skip
+    assert hash(enc) == hash(
+        encodings.encoder(
+            "comrope", num_heads=N, head_dim=H, num_axes=2, variant="ap", block_size=4
+        )
+    )
     assert enc.convention == "unit_centred" and type(enc.init(jax.random.key(0))) is dict
     with pytest.raises(ValueError, match=r"unknown setting\(s\) \['bloc_size'\]"):
         encodings.encoder("liere", num_heads=N, head_dim=H, num_axes=2, bloc_size=4)
@@ -140,8 +145,9 @@ def test_precompute_once_rotates_q_and_k_as_apply_does():
 def test_comrope_takes_the_papers_upper_case_variants():
     x_BTNH, pos_TA = _inputs()
     for variant in ("LD", "AP"):
-        params = comrope.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=2,
-                              variant=variant, block_size=4)  # fmt: skip
+        params = comrope.init(
+            jax.random.key(0), num_heads=N, head_dim=H, num_axes=2, variant=variant, block_size=4
+        )
         lower = comrope.apply(dict(params), x_BTNH, pos_TA, variant=variant.lower())
         np.testing.assert_allclose(comrope.apply(params, x_BTNH, pos_TA, variant=variant), lower)
 
