@@ -261,14 +261,23 @@ def eval_entry(
     image_size: int | None = None,
     split: str | None = None,
     shuffle_patches: bool = False,
+    extrapolation: str | None = None,
 ) -> mc.ConfigDict:
-    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`."""
+    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`.
+
+    `extrapolation`: a resolution extrapolation tool for the encoder states at this entry's
+    grid (rope_lie/encodings/extrapolation.py: "pi", "ntk", "yarn", "logit", "pi+logit",
+    "ntk+logit"), chosen from the training grid with no retraining; None (the key is then left
+    out): the model as trained.
+    """
     e = mc.ConfigDict()
     e.name = mc.config_dict.placeholder(str)  # TFDS name; None = config.dataset.name
     e.image_size = mc.config_dict.placeholder(int)  # input side in px; None = dataset's
     e.split = mc.config_dict.placeholder(str)  # split; None = config.dataset.eval_split
     e.shuffle_patches = shuffle_patches  # permute the patches of every example at random
     e.name, e.image_size, e.split = name, image_size, split
+    if extrapolation is not None:
+        e.extrapolation = extrapolation  # checked against the model before training
     return e
 
 

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_lie import encodings
+from rope_lie.encodings import extrapolation as extrapolation_lib
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
 from rope_lie.models import attention, blocks, position_hook, tokens
@@ -435,16 +436,18 @@ class ViT(nnx.Module):
             **dict(self.position_hparams),
         )
 
-    def pe_states(self, pos_TA: jax.Array) -> list[State]:
+    def pe_states(
+        self, pos_TA: jax.Array, scaling: extrapolation_lib.Scaling | None = None
+    ) -> list[State]:
         """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
         Layers that share parameters share one state, so shared generators cost one exponential
-        per step, not one per layer."""
+        per step, not one per layer. ``scaling``: an extrapolation tool (``precompute_pe``)."""
         if self.pe_params is not None:  # shared across layers
-            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params)
+            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params, scaling=scaling)
             return [state] * len(self.blocks)
-        return [block.attn.pe_state(pos_TA) for block in self.blocks]
+        return [block.attn.pe_state(pos_TA, scaling=scaling) for block in self.blocks]
 
-    def precompute_pe(self, grid: Sequence[int]) -> list[State]:
+    def precompute_pe(self, grid: Sequence[int], extrapolation: str | None = None) -> list[State]:
         """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
 
         They depend on the encoder parameters and the grid only, so an evaluation loop computes
@@ -454,11 +457,20 @@ class ViT(nnx.Module):
 
         Args:
           grid: tokens per axis, e.g. ``model.input_grid(images)``.
+          extrapolation: None, or a tool for a grid larger than the training grid
+            (``encodings/extrapolation.py``: ``"pi"``, ``"ntk"``, ``"yarn"``, ``"logit"``,
+            ``"pi+logit"``, ``"ntk+logit"``), resolved from ``train_grid``; no retraining.
 
         Returns:
           a list of per-block states (pytrees of arrays).
         """
-        return self.pe_states(self.positions(grid))
+        if extrapolation is None:
+            return self.pe_states(self.positions(grid))
+        scaling = extrapolation_lib.resolve(
+            extrapolation, family=self.pe, grid=grid, train_grid=self.train_grid,
+            convention=self.position_convention, num_prefix=self.num_prefix,
+        )  # fmt: skip
+        return self.pe_states(self.positions(grid), scaling)
 
     def attention_maps(self, images: jax.Array) -> jax.Array:
         """Every layer's attention weights on a batch (eval mode), float32 (L, B, N, T, T).
