@@ -167,7 +167,8 @@ def model_config(
     m.position_convention = position_convention  # token positions (encodings/positions.py)
     # the convention's arguments, e.g. dict(temporal_spacing=2.0) for "diagonal" (VideoRoPE)
     m.position_hparams = {}
-    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training
+    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training;
+    # randomize=: RPE-2D's randomized positions from a grid that many times larger
     m.position_augment = None
     m.share_pe_heads = False  # encoder parameters per head ...
     m.share_pe_layers = False  # ... and per layer

@@ -187,7 +187,9 @@ class ViT(nnx.Module):
             ``temporal_spacing`` (delta) of ``"diagonal"``, VideoRoPE's Diagonal Layout;
             ``value_range`` of ``"normalized"``.
           position_augment: None, or ``positions.augment``'s ``shift``/``jitter``/``rescale``
-            (DINOv3's coordinate augmentations), drawn in training (``train=True``, positions
+            (DINOv3's coordinate augmentations) and ``randomize`` (RPE-2D's randomized
+            positions from a grid that many times larger, ``positions.randomize``), drawn in
+            training (``train=True``, positions
             not from ``pe_cache``) from the model's own ``augment`` RNG stream, created after
             every parameter (the parameters are those of the model without it); the train
             step reseeds it every step as it does dropout's.
@@ -436,6 +438,24 @@ class ViT(nnx.Module):
             **dict(self.position_hparams),
         )
 
+    def augmented_positions(self, grid: Sequence[int]) -> jax.Array:
+        """Training positions under ``position_augment``, from the ``augment`` stream: RPE-2D's
+        randomized positions (``randomize``, ``positions.randomize``) when asked for, then
+        DINOv3's shift, jitter and rescale (``positions.augment``)."""
+        settings = dict(self.position_augment)
+        scale = settings.pop("randomize", None)
+        key = self.augment_rngs.augment()
+        if scale is None:
+            pos_TA = self.positions(grid)
+        else:
+            key, key_random = jax.random.split(key)
+            pos_TA = positions.randomize(
+                key_random, tuple(grid), self.position_convention, scale=scale,
+                num_prefix=self.num_prefix, train_grid=self.train_grid,
+                anchor_grid=self.train_grid, **dict(self.position_hparams),
+            )  # fmt: skip
+        return positions.augment(key, pos_TA, num_prefix=self.num_prefix, **settings)
+
     def pe_states(
         self, pos_TA: jax.Array, scaling: extrapolation_lib.Scaling | None = None
     ) -> list[State]:
@@ -511,11 +531,7 @@ class ViT(nnx.Module):
         if pe_cache is not None:
             states = list(pe_cache)
         elif train and self.position_augment:
-            pos_TA = positions.augment(
-                self.augment_rngs.augment(), self.positions(grid), num_prefix=self.num_prefix,
-                **dict(self.position_augment),
-            )  # fmt: skip
-            states = self.pe_states(pos_TA)
+            states = self.pe_states(self.augmented_positions(grid))
         else:
             states = self.precompute_pe(grid)
         if len(states) != len(self.blocks):
