@@ -11,6 +11,7 @@ declares its arguments and their defaults; unknown arguments fail with the list 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import ml_collections as mc
@@ -280,6 +281,27 @@ def eval_entry(
     if extrapolation is not None:
         e.extrapolation = extrapolation  # checked against the model before training
     return e
+
+
+def add_extrapolation_evals(c: mc.ConfigDict, names: list[str]) -> list[str]:
+    """Beside each evaluation in `names`, one per extrapolation tool the model supports.
+
+    The tools are `encodings.extrapolation.tools_for(pe, position_convention)`, each alone;
+    entry `<name>@<tool>` is `<name>`'s data with `extrapolation=<tool>`: the same trained
+    model evaluated with the tool (experiments/studies read `@` as another arm of the run).
+
+    Returns:
+      the tools added.
+    """
+    from rope_lie.encodings import extrapolation
+
+    tools = list(extrapolation.tools_for(c.model.pe, c.model.position_convention))
+    for name in names:
+        for tool in tools:
+            entry = copy.deepcopy(c.evals[name])
+            entry.extrapolation = tool
+            c.evals[f"{name}@{tool}"] = entry
+    return tools
 
 
 def make_smoke(
