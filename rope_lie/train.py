@@ -258,7 +258,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     with job.user_errors():
         # The model first: a bad model fails before the workdir is created.
         abstract_model = nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
-        evaluate.check_extrapolation(abstract_model, config.evals)  # the tools at evaluation
+        evaluate.check_extrapolation(abstract_model, config.get("evals", {}))  # tools at evaluation
         # An attention this platform (or the dtype, or head_dim) rules out: fail now.
         vit.check_model_attention(config.model)
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
