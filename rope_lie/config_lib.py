@@ -11,6 +11,7 @@ declares its arguments and their defaults; unknown arguments fail with the list 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import ml_collections as mc
@@ -167,7 +168,8 @@ def model_config(
     m.position_convention = position_convention  # token positions (encodings/positions.py)
     # the convention's arguments, e.g. dict(temporal_spacing=2.0) for "diagonal" (VideoRoPE)
     m.position_hparams = {}
-    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training
+    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training;
+    # randomize=: RPE-2D's randomized positions from a grid that many times larger
     m.position_augment = None
     m.share_pe_heads = False  # encoder parameters per head ...
     m.share_pe_layers = False  # ... and per layer
@@ -261,15 +263,45 @@ def eval_entry(
     image_size: int | None = None,
     split: str | None = None,
     shuffle_patches: bool = False,
+    extrapolation: str | None = None,
 ) -> mc.ConfigDict:
-    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`."""
+    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`.
+
+    `extrapolation`: a resolution extrapolation tool for the encoder states at this entry's
+    grid (rope_lie/encodings/extrapolation.py: "pi", "ntk", "yarn", "logit", "pi+logit",
+    "ntk+logit"), chosen from the training grid with no retraining; None (the key is then left
+    out): the model as trained.
+    """
     e = mc.ConfigDict()
     e.name = mc.config_dict.placeholder(str)  # TFDS name; None = config.dataset.name
     e.image_size = mc.config_dict.placeholder(int)  # input side in px; None = dataset's
     e.split = mc.config_dict.placeholder(str)  # split; None = config.dataset.eval_split
     e.shuffle_patches = shuffle_patches  # permute the patches of every example at random
     e.name, e.image_size, e.split = name, image_size, split
+    if extrapolation is not None:
+        e.extrapolation = extrapolation  # checked against the model before training
     return e
+
+
+def add_extrapolation_evals(c: mc.ConfigDict, names: list[str]) -> list[str]:
+    """Beside each evaluation in `names`, one per extrapolation tool the model supports.
+
+    The tools are `encodings.extrapolation.tools_for(pe, position_convention)`, each alone;
+    entry `<name>@<tool>` is `<name>`'s data with `extrapolation=<tool>`: the same trained
+    model evaluated with the tool (experiments/studies read `@` as another arm of the run).
+
+    Returns:
+      the tools added.
+    """
+    from rope_lie.encodings import extrapolation
+
+    tools = list(extrapolation.tools_for(c.model.pe, c.model.position_convention))
+    for name in names:
+        for tool in tools:
+            entry = copy.deepcopy(c.evals[name])
+            entry.extrapolation = tool
+            c.evals[f"{name}@{tool}"] = entry
+    return tools
 
 
 def make_smoke(

@@ -53,6 +53,9 @@ FAMILY = family.Family(
         ({}, (2, 3)),
         ({"base": None, "min_period": 0.5, "max_period": 20.0}, (2,)),
     ),
+    pair_spectrum=lambda head_dim, num_axes, s: pair_frequencies(
+        head_dim, num_axes, s["base"], min_period=s["min_period"], max_period=s["max_period"]
+    ),
 )
 APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 

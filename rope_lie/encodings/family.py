@@ -55,6 +55,13 @@ class Family:
         positions (the model tests use it).
       variants: named variants that reproduce another paper's baseline, for a recipe's
         ``pe=``: ``{pe: (settings, convention)}``.
+      pair_spectrum: fixed-frequency families: ``(head_dim, num_axes, settings) -> (axis_F,
+        freq_F)``, the pair table before p-RoPE (pair j turns by ``pos[axis_F[j]] *
+        freq_F[j]``; settings as ``Encoder.hparams``). The extrapolation tools' NTK and YaRN
+        rescale it (``encodings/extrapolation.py``). None for the others.
+      learned_frequencies: the parameter holding learned pair frequencies ``(A, N, F)`` (pair
+        j of head n turns by ``sum_a pos_a f[a, n, j]``), which YaRN rescales; None when there
+        is none.
     """
 
     name: str
@@ -65,6 +72,10 @@ class Family:
     stored_count: Callable[[int, int, int, Mapping[str, Any]], int]
     examples: tuple[tuple[Mapping[str, Any], tuple[int, ...]], ...]
     variants: Mapping[str, tuple[Mapping[str, Any], str]] = dataclasses.field(default_factory=dict)
+    pair_spectrum: Callable[[int, int, Mapping[str, Any]], tuple[np.ndarray, np.ndarray]] | None = (
+        None
+    )
+    learned_frequencies: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -48,7 +48,9 @@ Evaluating at a new resolution is a change of positions only: pass the new ``gri
 the training grid as ``train_grid`` (sequential) or ``anchor_grid`` (autoscale).
 
 ``augment`` draws DINOv3's train-time coordinate augmentations (shift, jitter, rescale) from an
-explicit key; prefix tokens stay at 0.
+explicit key; prefix tokens stay at 0. ``randomize`` draws RPE-2D's randomized positions (a
+sorted random subset of a larger grid's positions per axis) in training, so that a larger grid
+at evaluation sees positions the model has seen.
 """
 
 from __future__ import annotations
@@ -235,11 +237,75 @@ def _check_augment(name: str, value, lowest: float) -> None:
         raise ValueError(f"{name}={value!r} must be None or a number >= {lowest}")
 
 
-def check_augment(shift=None, jitter=None, rescale=None) -> None:
-    """``augment``'s bounds: shift >= 0, jitter and rescale >= 1, or None (step skipped)."""
+def check_augment(shift=None, jitter=None, rescale=None, randomize=None) -> None:
+    """``augment``'s bounds: shift >= 0, jitter and rescale >= 1, or None (step skipped); and
+    ``randomize``'s (RPE-2D's scale): >= 1, or None."""
     _check_augment("shift", shift, 0.0)
     _check_augment("jitter", jitter, 1.0)
     _check_augment("rescale", rescale, 1.0)
+    _check_augment("randomize", randomize, 1.0)
+
+
+def randomized_grid(grid_shape: Sequence[int], scale: float) -> tuple[int, ...]:
+    """RPE-2D's larger grid: round(scale * n) positions per axis (at least n)."""
+    grid = _check_grid(grid_shape, "grid_shape")
+    _check_augment("randomize", scale, 1.0)
+    return tuple(max(n, int(round(scale * n))) for n in grid)
+
+
+def randomize(
+    key: jax.Array,
+    grid_shape: Sequence[int],
+    convention: str = "integer",
+    *,
+    scale: float,
+    num_prefix: int = 0,
+    train_grid: Sequence[int] | None = None,
+    anchor_grid: Sequence[int] | None = None,
+    value_range: tuple[float, float] = (-1.0, 1.0),
+    temporal_spacing: float = 1.0,
+) -> jax.Array:
+    """Randomized positions in training: RPE-2D (Liu et al., "Boosting Resolution
+    Generalization of Diffusion Transformers with Randomized Positional Encodings",
+    arXiv:2503.18719), the 2D form of Ruoss et al.'s randomized positional encodings
+    (arXiv:2305.16843).
+
+    What is implemented (written from the papers' descriptions, not from their code): on every
+    axis a of the n_a-token grid, independently, n_a distinct indices are drawn uniformly from
+    the L_a = round(scale n_a) indices of a larger grid and sorted (Ruoss et al.'s ordered
+    subsample, per axis as RPE-2D does for rows and columns), and each token (i, j) gets the
+    position that ``convention`` gives index (r_i, c_j) in the larger grid
+    (``index_positions``; integer positions: (r_i, c_j) themselves). Tokens keep their order
+    and their row and column structure; the gaps between them vary. At evaluation the model
+    takes its usual positions: a grid up to L_a tokens long then has positions it saw in
+    training. One draw for the whole batch (as ``augment``; Ruoss et al. draw per sequence).
+    Prefix tokens stay at 0.
+
+    Args:
+      key: PRNG key; axis a draws from its a-th split.
+      grid_shape: the token grid, rank 1-3.
+      convention: one of ``CONVENTIONS``, applied at the larger grid.
+      scale: L_a / n_a >= 1 (1: every index drawn, the usual positions).
+      num_prefix: prefix tokens, first, at position 0.
+      train_grid, anchor_grid, value_range, temporal_spacing: as ``index_positions``.
+
+    Returns:
+      float32 (num_prefix + prod(grid), A).
+    """
+    grid = _check_grid(grid_shape, "grid_shape")
+    wide = randomized_grid(grid, scale)
+    keys = jax.random.split(key, len(grid))
+    axes = [
+        jnp.sort(jax.random.choice(k, size, (n,), replace=False))
+        for k, n, size in zip(keys, grid, wide, strict=True)
+    ]
+    mesh = jnp.meshgrid(*axes, indexing="ij")
+    index_TA = jnp.stack([m.reshape(-1) for m in mesh], axis=-1)
+    pos_TA = index_positions(
+        index_TA, jnp.asarray(wide), convention, train_grid=train_grid, anchor_grid=anchor_grid,
+        value_range=value_range, temporal_spacing=temporal_spacing,
+    )  # fmt: skip
+    return jnp.concatenate([jnp.zeros((num_prefix, len(grid)), jnp.float32), pos_TA], axis=0)
 
 
 def augment(

@@ -32,6 +32,7 @@ FAMILY = family.Family(
     apply_defaults={"base": 10000.0, "rotary_fraction": 1.0},
     stored_count=lambda num_heads, head_dim, num_axes, settings: 0,
     examples=(({}, (1,)), ({"rotary_fraction": 0.5}, (1,))),  # p-RoPE: lowest pairs unrotated
+    pair_spectrum=lambda head_dim, num_axes, s: pair_frequencies(head_dim, num_axes, s["base"]),
 )
 APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 

@@ -80,6 +80,9 @@ FAMILY = family.Family(
         ({"layout": "mrope_interleaved", "sections": (2, 2, 2)}, (3,)),
         ({"layout": "videorope", "temporal_scale": 2.0}, (3,)),
     ),
+    pair_spectrum=lambda head_dim, num_axes, s: pair_frequencies(
+        head_dim, num_axes, s["base"], s["layout"], s["sections"], s["temporal_scale"]
+    ),
 )
 APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 

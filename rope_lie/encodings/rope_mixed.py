@@ -57,6 +57,7 @@ FAMILY = family.Family(
         num_axes * num_heads * (head_dim // 2)
     ),
     examples=(({}, (1, 2, 3)), ({"rotary_fraction": 0.5}, (2,))),
+    learned_frequencies="freqs_ANF",
 )
 APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 

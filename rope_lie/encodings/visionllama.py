@@ -56,6 +56,9 @@ FAMILY = family.Family(
     examples=(({}, (1, 2, 3)), ({"rotary_fraction": 0.5}, (2,)), ({"variant": "liere"}, (2,))),
     # The LieRE paper's "VisionLlama" baseline (its reference code), not VisionLLaMA's AS2DRoPE.
     variants={"visionllama_liere": ({"variant": "liere"}, "sequential")},
+    pair_spectrum=lambda head_dim, num_axes, s: (
+        liere_pair_frequencies if s["variant"] == "liere" else pair_frequencies
+    )(head_dim, num_axes, s["base"]),
 )
 APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 

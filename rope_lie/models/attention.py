@@ -387,13 +387,17 @@ class Attention(nnx.Module):
         if own_pe:
             self.pe_params = init_pe_params(self.encoder, rngs.params())
 
-    def pe_state(self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None) -> State:
+    def pe_state(
+        self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None, scaling=None
+    ) -> State:
         """This layer's encoder state (``precompute_pe``) at positions ``pos``.
 
         Args:
           pos: ``pos_TA`` (or ``pos_BTA`` for rotary families); prefix tokens at position 0.
           pe_params: encoder parameters shared across layers (a mapping of ``PositionParam``
             or arrays); None uses this layer's own.
+          scaling: None, or an extrapolation tool at an evaluation grid
+            (``encodings.extrapolation.resolve``, ``ViT.precompute_pe``).
 
         Returns:
           the family's state (``encodings/state.py``), a pytree of arrays.
@@ -407,8 +411,9 @@ class Attention(nnx.Module):
         params = self.pe_params if pe_params is None else pe_params
         params = {name: jnp.asarray(value[...]) for name, value in params.items()}
         return precompute_pe(
-            self.encoder, params, pos, num_prefix=self.num_prefix, fold=self.fold_mix
-        )
+            self.encoder, params, pos, num_prefix=self.num_prefix, fold=self.fold_mix,
+            scaling=scaling,
+        )  # fmt: skip
 
     def __call__(
         self,

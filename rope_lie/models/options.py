@@ -96,10 +96,11 @@ def check_augment(augment: Mapping[str, float] | None) -> tuple[tuple[str, float
     """``position_augment`` as sorted (name, value) pairs; () when off."""
     if augment is None:
         return ()
-    unknown = set(augment) - {"shift", "jitter", "rescale"}
+    unknown = set(augment) - {"shift", "jitter", "rescale", "randomize"}
     if unknown:
         raise ValueError(
-            f"position_augment has unknown keys {sorted(unknown)}; expected shift, jitter, rescale"
+            f"position_augment has unknown keys {sorted(unknown)}; expected shift, jitter, "
+            "rescale (DINOv3's), randomize (RPE-2D's)"
         )
     positions.check_augment(**augment)
     return tuple(sorted((k, v) for k, v in augment.items() if v is not None))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_lie import encodings
+from rope_lie.encodings import extrapolation
 from rope_lie.encodings.state import State
 from rope_lie.models.variables import NoDecay
 
@@ -112,6 +113,7 @@ def precompute_pe(
     *,
     num_prefix: int,
     fold: bool = True,
+    scaling: extrapolation.Scaling | None = None,
 ) -> State:
     """The encoder state for a position set (the family's ``precompute``).
 
@@ -124,11 +126,18 @@ def precompute_pe(
         (``state.to_fold()``, D N H^2 work per layer); False keeps it in the state, whose
         ``rotate`` then applies it to every token (B T N H^2, what the reference code does).
         The same logits either way, to float32 rounding.
+      scaling: an extrapolation tool resolved at the evaluation grid
+        (``extrapolation.resolve``); None (the default): the family's own state.
 
     Returns:
       the family's state (``encodings/state.py``), a pytree of arrays.
     """
-    pe_state = encoder.precompute(params, pos, num_prefix=num_prefix)
+    if scaling is None:
+        pe_state = encoder.precompute(params, pos, num_prefix=num_prefix)
+    else:
+        pe_state = extrapolation.precompute(
+            encoder, params, pos, num_prefix=num_prefix, scaling=scaling
+        )
     return pe_state.to_fold() if fold else pe_state
 
 

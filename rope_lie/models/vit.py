@@ -53,6 +53,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_lie import encodings
+from rope_lie.encodings import extrapolation as extrapolation_lib
 from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
 from rope_lie.models import attention, blocks, position_hook, tokens
@@ -186,7 +187,9 @@ class ViT(nnx.Module):
             ``temporal_spacing`` (delta) of ``"diagonal"``, VideoRoPE's Diagonal Layout;
             ``value_range`` of ``"normalized"``.
           position_augment: None, or ``positions.augment``'s ``shift``/``jitter``/``rescale``
-            (DINOv3's coordinate augmentations), drawn in training (``train=True``, positions
+            (DINOv3's coordinate augmentations) and ``randomize`` (RPE-2D's randomized
+            positions from a grid that many times larger, ``positions.randomize``), drawn in
+            training (``train=True``, positions
             not from ``pe_cache``) from the model's own ``augment`` RNG stream, created after
             every parameter (the parameters are those of the model without it); the train
             step reseeds it every step as it does dropout's.
@@ -435,16 +438,36 @@ class ViT(nnx.Module):
             **dict(self.position_hparams),
         )
 
-    def pe_states(self, pos_TA: jax.Array) -> list[State]:
+    def augmented_positions(self, grid: Sequence[int]) -> jax.Array:
+        """Training positions under ``position_augment``, from the ``augment`` stream: RPE-2D's
+        randomized positions (``randomize``, ``positions.randomize``) when asked for, then
+        DINOv3's shift, jitter and rescale (``positions.augment``)."""
+        settings = dict(self.position_augment)
+        scale = settings.pop("randomize", None)
+        key = self.augment_rngs.augment()
+        if scale is None:
+            pos_TA = self.positions(grid)
+        else:
+            key, key_random = jax.random.split(key)
+            pos_TA = positions.randomize(
+                key_random, tuple(grid), self.position_convention, scale=scale,
+                num_prefix=self.num_prefix, train_grid=self.train_grid,
+                anchor_grid=self.train_grid, **dict(self.position_hparams),
+            )  # fmt: skip
+        return positions.augment(key, pos_TA, num_prefix=self.num_prefix, **settings)
+
+    def pe_states(
+        self, pos_TA: jax.Array, scaling: extrapolation_lib.Scaling | None = None
+    ) -> list[State]:
         """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
         Layers that share parameters share one state, so shared generators cost one exponential
-        per step, not one per layer."""
+        per step, not one per layer. ``scaling``: an extrapolation tool (``precompute_pe``)."""
         if self.pe_params is not None:  # shared across layers
-            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params)
+            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params, scaling=scaling)
             return [state] * len(self.blocks)
-        return [block.attn.pe_state(pos_TA) for block in self.blocks]
+        return [block.attn.pe_state(pos_TA, scaling=scaling) for block in self.blocks]
 
-    def precompute_pe(self, grid: Sequence[int]) -> list[State]:
+    def precompute_pe(self, grid: Sequence[int], extrapolation: str | None = None) -> list[State]:
         """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
 
         They depend on the encoder parameters and the grid only, so an evaluation loop computes
@@ -454,11 +477,20 @@ class ViT(nnx.Module):
 
         Args:
           grid: tokens per axis, e.g. ``model.input_grid(images)``.
+          extrapolation: None, or a tool for a grid larger than the training grid
+            (``encodings/extrapolation.py``: ``"pi"``, ``"ntk"``, ``"yarn"``, ``"logit"``,
+            ``"pi+logit"``, ``"ntk+logit"``), resolved from ``train_grid``; no retraining.
 
         Returns:
           a list of per-block states (pytrees of arrays).
         """
-        return self.pe_states(self.positions(grid))
+        if extrapolation is None:
+            return self.pe_states(self.positions(grid))
+        scaling = extrapolation_lib.resolve(
+            extrapolation, family=self.pe, grid=grid, train_grid=self.train_grid,
+            convention=self.position_convention, num_prefix=self.num_prefix,
+        )  # fmt: skip
+        return self.pe_states(self.positions(grid), scaling)
 
     def attention_maps(self, images: jax.Array) -> jax.Array:
         """Every layer's attention weights on a batch (eval mode), float32 (L, B, N, T, T).
@@ -499,11 +531,7 @@ class ViT(nnx.Module):
         if pe_cache is not None:
             states = list(pe_cache)
         elif train and self.position_augment:
-            pos_TA = positions.augment(
-                self.augment_rngs.augment(), self.positions(grid), num_prefix=self.num_prefix,
-                **dict(self.position_augment),
-            )  # fmt: skip
-            states = self.pe_states(pos_TA)
+            states = self.pe_states(self.augmented_positions(grid))
         else:
             states = self.precompute_pe(grid)
         if len(states) != len(self.blocks):

@@ -171,3 +171,37 @@ def test_index_positions_errors():
         positions.index_positions(np.zeros((1, 2, 2)), np.ones((1, 2)), "sequential")
     with pytest.raises(ValueError, match="unknown position convention 'x'"):
         positions.index_positions(np.zeros((1, 2, 2)), np.ones((1, 2)), "x")
+
+
+@pytest.mark.parametrize("convention", ["integer", "sequential"])
+def test_randomize_draws_a_sorted_subset_of_a_larger_grids_positions(convention):
+    """RPE-2D: per axis, n sorted distinct indices of the round(scale n) of a larger grid, each
+    token at the position the convention gives that index there; prefix tokens at 0."""
+    grid, scale = (3, 5), 2.0
+    wide = positions.randomized_grid(grid, scale)
+    assert wide == (6, 10)
+    full = np.asarray(positions.grid_positions(wide, convention, train_grid=grid))
+    full_rows, full_cols = full[:, 0].reshape(wide)[:, 0], full[:, 1].reshape(wide)[0]
+    seen_rows, seen_cols = set(), set()
+    for seed in range(40):
+        pos = np.asarray(
+            positions.randomize(
+                jax.random.key(seed), grid, convention, scale=scale, num_prefix=2, train_grid=grid
+            )  # fmt: skip
+        )
+        assert pos.shape == (2 + 15, 2) and np.all(pos[:2] == 0)
+        rows, cols = pos[2:, 0].reshape(grid), pos[2:, 1].reshape(grid)
+        assert np.all(rows == rows[:, :1]) and np.all(cols == cols[:1])
+        rows, cols = rows[:, 0], cols[0]
+        assert np.all(np.diff(rows) > 0) and np.all(np.diff(cols) > 0)
+        assert set(rows) <= set(full_rows) and set(cols) <= set(full_cols)
+        seen_rows |= set(rows)
+        seen_cols |= set(cols)
+    assert seen_rows == set(full_rows) and seen_cols == set(full_cols)  # every index reachable
+
+
+def test_randomize_at_scale_1_is_the_usual_grid():
+    got = positions.randomize(jax.random.key(0), (4, 3), "integer", scale=1.0, num_prefix=1)
+    np.testing.assert_array_equal(got, positions.grid_positions((4, 3), "integer", num_prefix=1))
+    with pytest.raises(ValueError, match="randomize=0.5 must be None or a number >= 1"):
+        positions.randomized_grid((4, 3), 0.5)
