@@ -265,13 +265,19 @@ def eval_entry(
     image_size: int | None = None,
     split: str | None = None,
     shuffle_patches: bool = False,
+    final_only: bool = False,
 ) -> mc.ConfigDict:
-    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`."""
+    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`.
+
+    ``final_only``: evaluated at the end of the run only, not at the evaluations along the way
+    (``eval_every_epochs``), so a held-out curve of one entry does not pay for all of them.
+    """
     e = mc.ConfigDict()
     e.name = mc.config_dict.placeholder(str)  # TFDS name; None = config.dataset.name
     e.image_size = mc.config_dict.placeholder(int)  # input side in px; None = dataset's
     e.split = mc.config_dict.placeholder(str)  # split; None = config.dataset.eval_split
     e.shuffle_patches = shuffle_patches  # permute the patches of every example at random
+    e.final_only = final_only  # skipped by the evaluations before the last step
     e.name, e.image_size, e.split = name, image_size, split
     return e
 

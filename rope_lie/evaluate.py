@@ -212,6 +212,7 @@ def evaluate_all(
     patch: Sequence[int],
     step: int,
     best: dict[str, dict[str, Any]],
+    final: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate every entry of `config.evals` (sorted by name) at train step `step`.
 
@@ -223,6 +224,8 @@ def evaluate_all(
       patch: the model's patch size, for entries with `shuffle_patches`.
       step: the train step, recorded with a new best.
       best: name -> {"accuracy", "step"} of the best evaluation so far; updated in place.
+      final: whether this is the run's last evaluation; before it, entries with
+        ``final_only`` are skipped.
 
     Returns:
       name -> `evaluate` results (per-example "correct" included) plus "best_accuracy" and
@@ -230,6 +233,8 @@ def evaluate_all(
     """
     results = {}
     for name, entry in config.evals.items():
+        if not final and entry.get("final_only", False):
+            continue
         batches = tqdm(
             eval_batches(config, entry, mesh),
             desc=f"eval {name}",
