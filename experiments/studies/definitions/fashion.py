@@ -249,3 +249,43 @@ CAYLEY_FASHION_STUDY = Study(
     },
     comparisons=(("dense", "block2x2"), ("dense", "banded"), ("dense", "rope_mixed")),
 )
+
+
+# ------------------------------------------------------------------ training to a plateau
+
+PLATEAU_EVALS = ("test", "test_shuffled", "px56", "px56_shuffled")
+# test along the way every epoch (the held-out curve), the other three at the end only
+PLATEAU_EVAL_ARG = "resolution_evals=false,px56,curve_every=1"
+PLATEAU_LENGTHS = (10, 20, 40, 80)  # epochs; 80 only if 20 -> 40 still adds >= 0.3 points
+
+
+def at_epochs(base: Arm, epochs: float, name: str | None = None) -> Arm:
+    """`base` trained for `epochs` (the recipe's 200 warm-up steps kept), evaluated on
+    PLATEAU_EVALS with the held-out curve. The arm at the plateau's epochs is the same run in
+    `fashion_plateau_length` and `fashion_plateau` (same workdir name), so it trains once."""
+    arg = f"{base.arg},epochs={epochs:g},{PLATEAU_EVAL_ARG}"
+    return dataclasses.replace(
+        base,
+        name=name or f"{base.name}_e{round(epochs):03d}",
+        label=f"{base.label}, {epochs:g} epochs",
+        arg=arg,
+        paper_arg=arg,
+    )
+
+
+FASHION_PLATEAU_LENGTH_STUDY = Study(
+    name="fashion_plateau_length",
+    title="Fashion-MNIST: where does test accuracy stop rising? (APE, LieRE 8x8, 10-80 epochs)",
+    # In this order: 10 and 20 epochs of both arms first, then 40 (80 only if needed).
+    arms=tuple(at_epochs(base, e) for e in PLATEAU_LENGTHS for base in (F_APE, F_LIERE_B8)),
+    evals=PLATEAU_EVALS,
+    comparisons=(),  # one seed per arm: read as curves, no test over seeds
+    default_seeds=1,
+    curves=(
+        "epochs (the whole cosine schedule stretched; 200 warm-up steps)",
+        tuple(
+            (base.label, tuple((float(e), at_epochs(base, e).name) for e in PLATEAU_LENGTHS))
+            for base in (F_APE, F_LIERE_B8)
+        ),
+    ),
+)
