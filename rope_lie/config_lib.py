@@ -221,7 +221,10 @@ def cayley_hparams(generator: str, bandwidth: int, k: int) -> dict[str, Any]:
 def base_config() -> mc.ConfigDict:
     """Defaults shared by every recipe; recipes fill `dataset`, `model`, `evals`."""
     c = mc.ConfigDict()
-    c.seed = 0  # seeds parameter init, dropout keys and the data order
+    c.seed = 0  # seeds parameter init, dropout keys and (without data_seed) the data order
+    # the training data's order and augmentation alone; None = `seed` (the same batches as
+    # before data_seed existed): runs with different seeds and one data_seed see one stream
+    c.data_seed = mc.config_dict.placeholder(int)
     c.batch_size = 128  # global examples per step (split over all devices and processes)
     c.eval_batch_size = 256  # global examples per eval step; last batch padded and masked
     c.total_steps = 0  # training steps; 0 = num_epochs * (train examples // batch_size)

@@ -49,6 +49,13 @@ def naflex_finish(config: mc.ConfigDict, side: int | None = None):
     return naflex.example_fn(patch[0], budget, budget=budget)
 
 
+def data_seed(config: mc.ConfigDict) -> int:
+    """The seed of the training data's order and augmentation: ``config.data_seed``, or
+    ``config.seed`` where it is None or absent (every run before data_seed existed)."""
+    value = config.get("data_seed")
+    return config.seed if value is None else value
+
+
 def data_train_batches(config: mc.ConfigDict, start_step: int):
     """This process's slice of the global batches from `start_step` on (exact resume).
 
@@ -69,7 +76,7 @@ def data_train_batches(config: mc.ConfigDict, start_step: int):
         pipeline.make_train_iterator(
             config.dataset,
             batch_size=config.batch_size,
-            seed=config.seed,
+            seed=data_seed(config),
             start_step=start_step,
             process_index=shard,
             process_count=shards,
