@@ -31,11 +31,13 @@ with and without shuffled patches: `px56`, `px56_shuffled`), curve_every=<epochs
 evaluations of `test` along the way, the held-out curve that steps to an accuracy are read
 from; the other evaluations run at the end only; 0 = none>, plateau (epochs=PLATEAU_EPOCHS,
 the length at which test accuracy stops rising: the `fashion_plateau_length` study), smoke (a
-few steps; used by the tests), naflex (mixed-size batches: every training image, after its
-crop and flip, resized under a random budget of side**2 tokens, side uniform in [min_side,
-max_side], default 5-9, i.e. 20-36 px; NaFlex evaluations of the test images at sides 5, 7,
-9, 11 and 14, the px evaluations' token grids, beside the fixed-size ones;
-rope_lie/data/naflex.py),
+few steps; used by the tests), input=memory (the data held in memory as numpy arrays and
+augmented in JAX, no TensorFlow: for a machine without it; rope_lie/in_memory.py; other
+batches than input=tfds's, the default, from the same distribution), naflex (mixed-size
+batches: every training image, after its crop and flip, resized under a random budget of
+side**2 tokens, side uniform in [min_side, max_side], default 5-9, i.e. 20-36 px; NaFlex
+evaluations of the test images at sides 5, 7, 9, 11 and 14, the px evaluations' token grids,
+beside the fixed-size ones; rope_lie/data/naflex.py),
 naflex_evals=false (with naflex: the fixed-size evaluations only; the NaFlex ones repeat the
 test and px evaluations' grids through the token path, about 6 minutes a run).
 
@@ -70,7 +72,7 @@ def get_config(arg=None):
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
         k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False, naflex=False, min_side=5,
         max_side=9, resolution_evals=True, rotary_fraction=1.0, naflex_evals=True, px56=False,
-        curve_every=0.0, plateau=False,
+        curve_every=0.0, plateau=False, input="tfds",
     )  # fmt: skip
     epochs = plateau_epochs() if args.plateau else args.epochs
     c = common.base_config()
@@ -106,6 +108,9 @@ def get_config(arg=None):
         # DINOv3's coordinate rescaling in training (positions.augment): every axis times one
         # log-uniform factor in [1 / rescale, rescale] per batch
         c.model.position_augment = dict(rescale=float(args.rescale))
+    c.input = args.input  # "tfds" (tf.data) or "memory" (numpy + JAX: rope_lie/in_memory.py)
+    if args.input == "memory":
+        c.tensorboard = False  # TensorBoard's events are written through TensorFlow
     c.batch_size = 128  # examples per step
     c.num_epochs = float(epochs)  # total steps = epochs * 60,000 // 128
     c.optim.lr = 1e-3  # peak learning rate (AdamW), cosine decay to 0

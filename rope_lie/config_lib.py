@@ -260,6 +260,9 @@ def base_config() -> mc.ConfigDict:
     c.distributed.process_id = -1  # this process (-1 = detect)
     c.progress = True  # tqdm progress bar with throughput and ETA
     c.tensorboard = True  # also write TensorBoard event files to workdir/tensorboard
+    # where the data is read: "tfds" (tf.data over TFDS, rope_lie/data) or "memory" (numpy
+    # arrays augmented in JAX, no TensorFlow: rope_lie/in_memory.py, Fashion-MNIST only)
+    c.input = "tfds"
     return c
 
 

@@ -189,12 +189,17 @@ def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, n
     Batches hold `config.eval_batch_size` rounded up to a multiple of the mesh's devices
     (`sharding.padded_batch_size`), so any eval batch size works on any mesh.
     """
+    from rope_lie import in_memory
+
+    batch_size = sharding.padded_batch_size(config.eval_batch_size, mesh)
+    if in_memory.uses_memory(config):  # no TensorFlow
+        return in_memory.eval_batches(config, entry, batch_size)
     from rope_lie.data import pipeline, run_inputs  # TensorFlow is imported when data is read
 
     side = entry.get("naflex_side")
     return pipeline.make_eval_iterator(
         config.dataset,
-        batch_size=sharding.padded_batch_size(config.eval_batch_size, mesh),
+        batch_size=batch_size,
         split=entry.split,
         name=entry.name,
         image_size=entry.image_size,

@@ -120,9 +120,9 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
         dynamic_ncols=True,
         mininterval=1.0,
     )
-    from rope_lie.data import run_inputs
+    from rope_lie import in_memory  # the data's module: TFDS (imports TensorFlow) or memory
 
-    batches = run_inputs.data_train_batches(config, start)
+    batches = in_memory.run_inputs(config).data_train_batches(config, start)
 
     def next_batch():
         batch = next(batches)

@@ -17,6 +17,7 @@ import ml_collections as mc
 import numpy as np
 
 from rope_lie.data import catalog, naflex, pipeline
+from rope_lie.in_memory import data_seed  # one rule for both input paths
 from rope_lie.models import variants
 
 
@@ -47,13 +48,6 @@ def naflex_finish(config: mc.ConfigDict, side: int | None = None):
         )
     budget = naflex.side_budget(side)
     return naflex.example_fn(patch[0], budget, budget=budget)
-
-
-def data_seed(config: mc.ConfigDict) -> int:
-    """The seed of the training data's order and augmentation: ``config.data_seed``, or
-    ``config.seed`` where it is None or absent (every run before data_seed existed)."""
-    value = config.get("data_seed")
-    return config.seed if value is None else value
 
 
 def data_train_batches(config: mc.ConfigDict, start_step: int):
