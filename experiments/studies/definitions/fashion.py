@@ -289,3 +289,46 @@ FASHION_PLATEAU_LENGTH_STUDY = Study(
         ),
     ),
 )
+
+
+def at_plateau(base: Arm) -> Arm:
+    """`base` trained at the plateau schedule (configs/fashion_mnist.py's PLATEAU_EPOCHS): its
+    epochs spelled out, so that `fashion_plateau_length`'s run at that length is this arm's
+    seed 0 (one workdir name); while PLATEAU_EPOCHS is None (not measured yet), the recipe's
+    `plateau` argument, which refuses to build until it is set."""
+    if fashion_mnist.PLATEAU_EPOCHS is None:
+        arg = f"{base.arg},plateau,{PLATEAU_EVAL_ARG}"
+        label = f"{base.label}, at the plateau"
+        return dataclasses.replace(base, label=label, arg=arg, paper_arg=arg)
+    return at_epochs(base, fashion_mnist.PLATEAU_EPOCHS, name=base.name)
+
+
+# 5 seeds of the four main arms (APE and LieRE 8x8 first: their seed 0 may be the plateau
+# measurement's run), then DINOv3 and ComRoPE-LD at 3 if the budget allows. Every arm draws its
+# data order from its seed (no data_stream): seed k of every arm sees the same batches, and the
+# arms are compared as pairs (paired t, sign-flip; steps_to on the held-out curves).
+FASHION_PLATEAU_STUDY = Study(
+    name="fashion_plateau",
+    title="Fashion-MNIST trained to the plateau: accuracy, shuffled patches, 2x the pixels",
+    arms=tuple(
+        at_plateau(a) for a in (F_APE, F_LIERE_B8, F_MIXED_HEO, F_LIERE_B2, F_DINOV3, F_COMROPE)
+    ),  # fmt: skip
+    evals=PLATEAU_EVALS,
+    # Table 1 (CIFAR-100, not Fashion-MNIST): the ordering is compared, not the numbers.
+    paper={
+        "ape": {"test": 0.639},
+        "liere_b2": {"test": 0.688},
+        "liere_b8": {"test": 0.703},
+    },
+    comparisons=(
+        ("liere_b8", "ape"),
+        ("liere_b2", "ape"),
+        ("liere_b8", "liere_b2"),
+        ("liere_b2", "rope_mixed_heo"),
+        ("liere_b8", "rope_mixed_heo"),
+        ("rope_mixed_heo", "ape"),
+        ("comrope_ld", "liere_b8"),  # ComRoPE's claim: +1.6 over LieRE (ImageNet)
+        ("dinov3", "rope_mixed_heo"),  # centred [-1, 1] positions vs integer ones
+    ),
+    default_seeds=5,
+)
