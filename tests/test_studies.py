@@ -179,6 +179,19 @@ def test_summary_table_and_plot(smoke_study):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_summary_says_which_trees_and_cpus_ran_the_study():
+    row = dict(arm="a", seed=0, eval="test", tree="abc1234", cpu="AMD EPYC avx2")
+    rows = [row, {**row, "eval": "other"}, {**row, "seed": 1, "tree": "def5678+resumed"},
+            {**row, "arm": "b", "cpu": "AMD EPYC avx512"}]  # fmt: skip
+    text = report.provenance(rows)
+    assert text.startswith("Provenance: 3 runs on **2 code trees (mixed)**: abc1234 (2), ")
+    assert "def5678 (1)" in text and "AMD EPYC avx2 (2), AMD EPYC avx512 (1)" in text
+    assert "1 resumed on another tree or CPU" in text
+    assert "on one code tree: abc1234 (1)" in report.provenance(rows[:1])
+    old = [{**row, "tree": "", "cpu": ""}]
+    assert "recorded before the runner kept their code tree" in report.provenance(old)
+
+
 def test_bootstrap_ci_matches_the_normal_approximation():
     correct = np.random.default_rng(0).random((3, 4000)) < 0.8
     low, high = stats.bootstrap_ci(correct)

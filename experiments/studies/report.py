@@ -72,6 +72,34 @@ def comparisons(study: lib.Study, rows: list[dict], examples: dict) -> list[dict
     return out
 
 
+def provenance(rows: list[dict]) -> str:
+    """One line: how many runs, on which code trees and CPUs (results.csv's tree and cpu
+    columns), and whether the runs mix trees (then a comparison also compares code versions)."""
+    runs = {(r["arm"], r["seed"]): (r["tree"], r["cpu"]) for r in rows}
+    trees, cpus = defaultdict(int), defaultdict(int)
+    for tree, cpu in runs.values():
+        trees[tree.removesuffix("+resumed") or "not recorded"] += 1
+        cpus[cpu or "not recorded"] += 1
+    if set(trees) == {"not recorded"}:
+        return (
+            f"Provenance: {len(runs)} runs, recorded before the runner kept their code tree and "
+            "CPU (experiments/studies/README.md bounds the trees from git history)."
+        )
+    mixed = "one code tree" if len(trees) == 1 else f"**{len(trees)} code trees (mixed)**"
+    text = (
+        f"Provenance: {len(runs)} runs on {mixed}: {_counts(trees)} (runs per tree); CPUs: "
+        f"{_counts(cpus)}"
+    )
+    resumed = sum(tree.endswith("+resumed") for tree, _ in runs.values())
+    if resumed:
+        text += f"; {resumed} resumed on another tree or CPU than they started on"
+    return text + " (results.csv's tree and cpu columns)."
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{key} ({n})" for key, n in sorted(counts.items()))
+
+
 def _pct(x: float) -> str:
     return "" if x is None or np.isnan(x) else f"{100 * x:.1f}"
 
@@ -110,6 +138,7 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
             row.append(text)
         row.append(f"{next(iter(cells.values()))['ex_per_s']:.0f}")
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", provenance(rows)]
     tests = comparisons(study, rows, examples)
     if tests:
         lines += [
