@@ -117,10 +117,10 @@ def test_run_killed_in_its_final_evaluations_resumes_evaluating(
     workdir, final = str(tmp_path), reference[1]
     evals = train.loop.evals
 
-    def killed_at_the_end(run, state, step):
+    def killed_at_the_end(run, state, step, final=True):
         if step == run.total:
             raise KeyboardInterrupt("killed while evaluating")
-        return evals(run, state, step)
+        return evals(run, state, step, final)
 
     monkeypatch.setattr(train.loop, "evals", killed_at_the_end)
     with pytest.raises(KeyboardInterrupt):
