@@ -30,11 +30,18 @@ rescaling bound in training, e.g. 2; 0 = off>, rpe=<RPE-2D's randomized position
 training, drawn from a grid that many times larger per axis, e.g. 2; 0 = off>,
 extrapolation_evals (beside every px and canvas evaluation, one per resolution extrapolation
 tool the encoder supports, `px56@yarn` ...: the same model, evaluated with the tool;
-rope_lie/encodings/extrapolation.py), smoke (a few steps; used by the tests), naflex
-(mixed-size batches: every training image, after its crop and flip, resized under a random
-budget of side**2 tokens, side uniform in [min_side, max_side], default 5-9, i.e.
-20-36 px; NaFlex evaluations of the test images at sides 5, 7, 9, 11 and 14, the px
-evaluations' token grids, beside the fixed-size ones; rope_lie/data/naflex.py),
+rope_lie/encodings/extrapolation.py), px56 (the test images at 2x the pixels, with and
+without shuffled patches: `px56`, `px56_shuffled`), curve_every=<epochs between evaluations
+of `test` along the way, the held-out curve that steps to an accuracy are read from; the
+other evaluations run at the end only; 0 = none>, plateau (epochs=PLATEAU_EPOCHS, the length
+at which test accuracy stops rising: the `fashion_plateau_length` study), smoke (a few steps;
+used by the tests), input=memory (the data held in memory as numpy arrays and augmented in
+JAX, no TensorFlow: for a machine without it; rope_lie/in_memory.py; other batches than
+input=tfds's, the default, from the same distribution), naflex (mixed-size batches: every
+training image, after its crop and flip, resized under a random budget of side**2 tokens,
+side uniform in [min_side, max_side], default 5-9, i.e. 20-36 px; NaFlex evaluations of the
+test images at sides 5, 7, 9, 11 and 14, the px evaluations' token grids, beside the
+fixed-size ones; rope_lie/data/naflex.py),
 naflex_evals=false (with naflex: the fixed-size evaluations only; the NaFlex ones repeat the
 test and px evaluations' grids through the token path, about 6 minutes a run).
 
@@ -47,7 +54,21 @@ from rope_lie import config_lib as common
 EPOCHS = 3.0  # passes over the 60,000 training images
 CANVASES = (36, 44, 56)  # px: the 28 px image centred on a larger canvas
 UPSAMPLED = (36, 44, 56)  # px: the 28 px image resized
-WARMUP_STEPS = 200  # linear warmup steps: 14 % of the 1,404-step run
+WARMUP_STEPS = 200  # linear warmup steps: 14 % of the 1,404-step run (kept at any length)
+# >>> PLATEAU: the epoch count beyond which doubling the run adds < 0.3 points of test accuracy
+# (APE and LieRE 8x8, `fashion_plateau_length`, experiments/studies/fashion_plateau_length/).
+# None until those runs finish; the lead sets it from their results.
+PLATEAU_EPOCHS: float | None = None
+
+
+def plateau_epochs() -> float:
+    """PLATEAU_EPOCHS, or an error saying that it is not measured yet."""
+    if PLATEAU_EPOCHS is None:
+        raise ValueError(
+            "plateau: PLATEAU_EPOCHS in configs/fashion_mnist.py is None (not measured yet); "
+            "run the fashion_plateau_length study and set it, or give epochs=<N>"
+        )
+    return PLATEAU_EPOCHS
 
 
 def get_config(arg=None):
@@ -55,8 +76,9 @@ def get_config(arg=None):
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
         k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False, naflex=False, min_side=5,
         max_side=9, resolution_evals=True, rotary_fraction=1.0, naflex_evals=True, rpe=0.0,
-        extrapolation_evals=False,
+        extrapolation_evals=False, px56=False, curve_every=0.0, plateau=False, input="tfds",
     )  # fmt: skip
+    epochs = plateau_epochs() if args.plateau else args.epochs
     c = common.base_config()
     c.dataset = common.dataset_config(
         "fashion_mnist_idx/plain",  # built from the IDX files on first use
@@ -97,13 +119,17 @@ def get_config(arg=None):
         augment["randomize"] = float(args.rpe)
     if augment:
         c.model.position_augment = augment
+    c.input = args.input  # "tfds" (tf.data) or "memory" (numpy + JAX: rope_lie/in_memory.py)
+    if args.input == "memory":
+        c.tensorboard = False  # TensorBoard's events are written through TensorFlow
     c.batch_size = 128  # examples per step
-    c.num_epochs = float(args.epochs)  # total steps = epochs * 60,000 // 128
+    c.num_epochs = float(epochs)  # total steps = epochs * 60,000 // 128
     c.optim.lr = 1e-3  # peak learning rate (AdamW), cosine decay to 0
     c.optim.weight_decay = 0.05  # weight matrices only
     c.optim.warmup_steps = WARMUP_STEPS
     c.log_every_steps = 50  # steps between metrics lines (the training curve)
-    c.eval_every_epochs = 0.0  # evaluate once, at the end (no model is picked on test)
+    # evaluate at the end (no model is picked on test); with curve_every, `test` along the way too
+    c.eval_every_epochs = float(args.curve_every)
     c.eval_batch_size = 500  # 10,000 test images = 20 batches
     c.checkpoint.every_steps = 200  # steps between checkpoints
     c.evals = dict(
@@ -118,6 +144,9 @@ def get_config(arg=None):
                 for s in CANVASES
             },
         )
+    if args.px56:  # 2x the pixels, and with the patches shuffled
+        c.evals.px56 = common.eval_entry(image_size=56)
+        c.evals.px56_shuffled = common.eval_entry(image_size=56, shuffle_patches=True)
     if args.extrapolation_evals:
         if not args.resolution_evals:
             raise ValueError("extrapolation_evals needs the resolution evaluations")
@@ -127,6 +156,9 @@ def get_config(arg=None):
         sides = sorted({args.min_side, 7, args.max_side, *(s // 4 for s in UPSAMPLED)})
         eval_sides = sides if args.naflex_evals else ()
         common.add_naflex(c, args.min_side, args.max_side, eval_sides=eval_sides)
+    if args.curve_every:  # the held-out curve is `test`'s; the rest only at the end
+        for name, entry in c.evals.items():
+            entry.final_only = name != "test"
     if args.smoke:
         common.make_smoke(c, variant="mu/4")
         c.dataset.eval_split = "test[:16]"  # a slice: faster evaluation

@@ -219,7 +219,10 @@ def cayley_hparams(generator: str, bandwidth: int, k: int) -> dict[str, Any]:
 def base_config() -> mc.ConfigDict:
     """Defaults shared by every recipe; recipes fill `dataset`, `model`, `evals`."""
     c = mc.ConfigDict()
-    c.seed = 0  # seeds parameter init, dropout keys and the data order
+    c.seed = 0  # seeds parameter init, dropout keys and (without data_seed) the data order
+    # the training data's order and augmentation alone; None = `seed` (the same batches as
+    # before data_seed existed): runs with different seeds and one data_seed see one stream
+    c.data_seed = mc.config_dict.placeholder(int)
     c.batch_size = 128  # global examples per step (split over all devices and processes)
     c.eval_batch_size = 256  # global examples per eval step; last batch padded and masked
     c.total_steps = 0  # training steps; 0 = num_epochs * (train examples // batch_size)
@@ -255,6 +258,9 @@ def base_config() -> mc.ConfigDict:
     c.distributed.process_id = -1  # this process (-1 = detect)
     c.progress = True  # tqdm progress bar with throughput and ETA
     c.tensorboard = True  # also write TensorBoard event files to workdir/tensorboard
+    # where the data is read: "tfds" (tf.data over TFDS, rope_lie/data) or "memory" (numpy
+    # arrays augmented in JAX, no TensorFlow: rope_lie/in_memory.py, Fashion-MNIST only)
+    c.input = "tfds"
     return c
 
 
@@ -264,19 +270,23 @@ def eval_entry(
     split: str | None = None,
     shuffle_patches: bool = False,
     extrapolation: str | None = None,
+    final_only: bool = False,
 ) -> mc.ConfigDict:
     """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`.
 
     `extrapolation`: a resolution extrapolation tool for the encoder states at this entry's
     grid (rope_lie/encodings/extrapolation.py: "pi", "ntk", "yarn", "logit", "pi+logit",
     "ntk+logit"), chosen from the training grid with no retraining; None (the key is then left
-    out): the model as trained.
+    out): the model as trained. `final_only`: evaluated at the end of the run only, not at the
+    evaluations along the way (`eval_every_epochs`), so a held-out curve of one entry does not
+    pay for all of them.
     """
     e = mc.ConfigDict()
     e.name = mc.config_dict.placeholder(str)  # TFDS name; None = config.dataset.name
     e.image_size = mc.config_dict.placeholder(int)  # input side in px; None = dataset's
     e.split = mc.config_dict.placeholder(str)  # split; None = config.dataset.eval_split
     e.shuffle_patches = shuffle_patches  # permute the patches of every example at random
+    e.final_only = final_only  # skipped by the evaluations before the last step
     e.name, e.image_size, e.split = name, image_size, split
     if extrapolation is not None:
         e.extrapolation = extrapolation  # checked against the model before training

@@ -244,12 +244,17 @@ def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, n
     Batches hold `config.eval_batch_size` rounded up to a multiple of the mesh's devices
     (`sharding.padded_batch_size`), so any eval batch size works on any mesh.
     """
+    from rope_lie import in_memory
+
+    batch_size = sharding.padded_batch_size(config.eval_batch_size, mesh)
+    if in_memory.uses_memory(config):  # no TensorFlow
+        return in_memory.eval_batches(config, entry, batch_size)
     from rope_lie.data import pipeline, run_inputs  # TensorFlow is imported when data is read
 
     side = entry.get("naflex_side")
     return pipeline.make_eval_iterator(
         config.dataset,
-        batch_size=sharding.padded_batch_size(config.eval_batch_size, mesh),
+        batch_size=batch_size,
         split=entry.split,
         name=entry.name,
         image_size=entry.image_size,
@@ -267,6 +272,7 @@ def evaluate_all(
     patch: Sequence[int],
     step: int,
     best: dict[str, dict[str, Any]],
+    final: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate every entry of `config.evals` (sorted by name) at train step `step`.
 
@@ -278,6 +284,8 @@ def evaluate_all(
       patch: the model's patch size, for entries with `shuffle_patches`.
       step: the train step, recorded with a new best.
       best: name -> {"accuracy", "step"} of the best evaluation so far; updated in place.
+      final: whether this is the run's last evaluation; before it, entries with
+        ``final_only`` are skipped.
 
     Returns:
       name -> `evaluate` results (per-example "correct" included) plus "best_accuracy" and
@@ -285,6 +293,8 @@ def evaluate_all(
     """
     results = {}
     for name, entry in config.evals.items():
+        if not final and entry.get("final_only", False):
+            continue
         batches = tqdm(
             eval_batches(config, entry, mesh),
             desc=f"eval {name}",

@@ -76,10 +76,12 @@ def check_step(step: int, m: dict, manager, workdir: str, optim_cfg: Any = None)
     )
 
 
-def evals(run: Run, state: Any, step: int) -> dict[str, dict[str, Any]]:
-    """Scalar results of every evaluation; the per-example ones are kept in run.correct."""
+def evals(run: Run, state: Any, step: int, final: bool = True) -> dict[str, dict[str, Any]]:
+    """Scalar results of the evaluations (before the last step, those without ``final_only``);
+    the per-example ones are kept in run.correct."""
+    setup = run.setup
     results = evaluate.evaluate_all(
-        run.config, run.eval_step, state["params"], run.setup.mesh, run.setup.patch, step, run.best
+        run.config, run.eval_step, state["params"], setup.mesh, setup.patch, step, run.best, final
     )
     run.correct = {name: res.pop("correct") for name, res in results.items()}
     job.release_free_heap()  # the evaluation's freed buffers go back to the OS
@@ -118,9 +120,9 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
         dynamic_ncols=True,
         mininterval=1.0,
     )
-    from rope_lie.data import run_inputs
+    from rope_lie import in_memory  # the data's module: TFDS (imports TensorFlow) or memory
 
-    batches = run_inputs.data_train_batches(config, start)
+    batches = in_memory.run_inputs(config).data_train_batches(config, start)
 
     def next_batch():
         batch = next(batches)
@@ -161,7 +163,7 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
                 ckpt.save(run.manager, step, state, {"step": step, "best": run.best}, force=True)
             if evaluate_now:
                 pbar.set_description("evaluating")
-                results = evals(run, state, step)
+                results = evals(run, state, step, final=last)
                 pbar.set_description("")
                 record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
             if record:

@@ -263,7 +263,10 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         vit.check_model_attention(config.model)
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
-        from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read
+        from rope_lie import in_memory
+
+        # rope_lie.data.run_inputs (TFDS; imports TensorFlow only now) or rope_lie.in_memory
+        run_inputs = in_memory.run_inputs(config)
 
         # Every dataset now: a missing eval dataset fails before training, not after it.
         num_train = run_inputs.prepare_data(config)

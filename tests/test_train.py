@@ -76,6 +76,27 @@ def test_run_writes_metrics_checkpoints_and_final(reference):
     assert steps == [8, 12]  # keep=2 latest of 4, 8, 12
 
 
+def test_final_only_evals_wait_for_the_end_and_data_seed_equal_to_seed_changes_nothing(
+    reference, tfds_dir, tmp_path
+):
+    """size16 marked final_only: the evaluation at step 6 skips it, the last one has it. The
+    run sets data_seed = seed (0), which must train on the same batches as the reference (no
+    data_seed): the same losses and accuracies; an evaluation changes no training number."""
+    config = _config(tfds_dir, data_seed=0)
+    config.evals.size16.final_only = True
+    final = train.train_and_evaluate(config, str(tmp_path))
+    records = metrics.read_jsonl(str(tmp_path / "metrics.jsonl"))
+    assert "size8/accuracy" in records[2] and "size16/accuracy" not in records[2]
+    assert {"size8/accuracy", "size16/accuracy"} <= set(records[-1])
+    expected = metrics.read_jsonl(os.path.join(reference[0], "metrics.jsonl"))
+    for key in ("loss", "train_accuracy", "grad_norm"):
+        np.testing.assert_allclose(
+            [r[key] for r in records], [r[key] for r in expected], rtol=1e-6, err_msg=key
+        )
+    for name, res in reference[1]["evals"].items():
+        assert final["evals"][name]["accuracy"] == pytest.approx(res["accuracy"], abs=1e-9)
+
+
 def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir, monkeypatch, capsys):
     workdir, final = reference
     trims = []  # each evaluation hands its freed heap back (job.release_free_heap)
@@ -97,10 +118,10 @@ def test_run_killed_in_its_final_evaluations_resumes_evaluating(
     workdir, final = str(tmp_path), reference[1]
     evals = train.loop.evals
 
-    def killed_at_the_end(run, state, step):
+    def killed_at_the_end(run, state, step, final=True):
         if step == run.total:
             raise KeyboardInterrupt("killed while evaluating")
-        return evals(run, state, step)
+        return evals(run, state, step, final)
 
     monkeypatch.setattr(train.loop, "evals", killed_at_the_end)
     with pytest.raises(KeyboardInterrupt):

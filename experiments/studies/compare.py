@@ -9,31 +9,43 @@ r"""Compare two arms of a study on one evaluation, at the level of seeds.
         --versus liere_b8 ape --eval test
 
 Reads ``<results root>/<study>/results.csv`` and ``examples.npz`` (any study directory with
-those two files works, defined in `definitions` or not) and prints: each arm's seeds and their
-accuracies, the difference of the arm means a - b with its two-level bootstrap CI (seeds, then
-test examples), Welch's t over the per-seed accuracies (the primary test) and the exact
-permutation test over seeds, the seeds per arm that 80 % power would need at the measured
-spread, the example-level paired test (these trained models on this test set, not a test of the
-encodings) and, last, ``p=<Welch p>``.
+those two files works, defined in `definitions` or not). The test over seeds follows how the
+seeds were drawn, and the output says which it used:
+
+- arms that share data orders (seed k of each saw the same batches: the seed sets the data
+  order unless a study gives an arm a data stream of its own, `lib.Arm.data_stream`; arms of a
+  study `definitions` does not know are taken to share them) are compared as **pairs** over
+  the seeds both have: the paired t-test over the per-seed differences (the primary test) and
+  the exact sign-flip test (with 5 pairs it cannot go below 0.0625);
+- arms on independent data orders by **Welch's t** over the per-seed accuracies and the exact
+  permutation test over seeds.
+
+``--pairing paired`` or ``--pairing independent`` overrides what the definitions say. It prints
+each arm's seeds and their accuracies, the difference of the arm means a - b with its two-level
+bootstrap CI (seeds or seed pairs, then test examples), the tests above, the seeds (pairs, or
+seeds per arm) that 80 % power would need at the measured spread, the example-level paired test
+(these trained models on this test set, not a test of the encodings) and, last,
+``p=<the primary test's p>``.
 
 With several evaluations (a comma-separated list, or ``all`` for every one both arms have) it
-prints one markdown table row per evaluation: seeds, difference with its CI, Welch's p, the
-p-value Holm-adjusted over the listed evaluations (one claim tested on several: the family-wise
-level stays at 0.05), the permutation p and the seeds 80 % power would need; last,
-``p=<Welch p of each evaluation, comma-separated>``.
+prints one markdown table row per evaluation: seeds, the test, difference with its CI, its p,
+the p-value Holm-adjusted over the listed evaluations (one claim tested on several: the
+family-wise level stays at 0.05), the sign-flip or permutation p and the seeds 80 % power would
+need; last, ``p=<p of each evaluation, comma-separated>``.
 
-With ``--paired`` the arms are two evaluations of the same trained runs (an arm and its
-``eval_suffix`` arm: the same model with and without an extrapolation tool), so seed s of a
-and of b is one model: it adds the paired t-test over the seeds' differences
-(`stats.paired_seeds`, on the seeds both have) and ``p=`` is its p.
+An arm with an ``eval_suffix`` (the same trained runs evaluated with, say, an extrapolation
+tool) shares its base arm's data orders, so the two are compared as pairs: seed s of each is
+one model.
 
     python -m experiments.studies.compare fashion_extrapolation rope_axial_ntk rope_axial \
-        --eval px56 --paired
+        --eval px56
 
 With ``--versus C D`` it asks instead whether the gap a - b differs from the gap c - d (e.g.
 LieRE - APE at 10 % of the data against LieRE - APE at 100 %): the difference of differences
-of the four arms' seed means, Welch-Satterthwaite's t over the four arms' seeds
-(`stats.gap_change`), one line per evaluation (Holm-adjusted when there are several) and
+of the four arms' seed means, tested per seed pair when the four arms share data orders
+(`stats.paired_gap_change`: a one-sample t over the seeds' differences of differences, and the
+sign-flip test) and otherwise by Welch-Satterthwaite's t over the four arms' seeds
+(`stats.gap_change`); one line per evaluation (Holm-adjusted when there are several) and
 ``p=<p of each evaluation>`` last.
 """
 
@@ -58,17 +70,25 @@ def study_directory(study: str, results_root: str | None, scale: str) -> str:
     )
 
 
-def arm_examples(rows: list[dict], examples: dict, arm: str, eval_name: str) -> np.ndarray:
-    """bool (S, N): the per-example results of every recorded seed of `arm` on `eval_name`."""
-    seeds = sorted({r["seed"] for r in rows if r["arm"] == arm and r["eval"] == eval_name})
-    if not seeds:
+def arm_seeds(rows: list[dict], arm: str, eval_name: str) -> set[int]:
+    """The seeds of `arm` recorded on `eval_name`."""
+    return {r["seed"] for r in rows if r["arm"] == arm and r["eval"] == eval_name}
+
+
+def arm_examples(
+    rows: list[dict], examples: dict, arm: str, eval_name: str, seeds=None
+) -> np.ndarray:
+    """bool (S, N): the per-example results of `arm` on `eval_name`, every recorded seed or
+    those of `seeds` (sorted)."""
+    recorded = arm_seeds(rows, arm, eval_name)
+    if not recorded:
         arms = sorted({r["arm"] for r in rows})
         evals = sorted({r["eval"] for r in rows if r["arm"] == arm})
         raise SystemExit(
             f"no results for arm {arm!r} on eval {eval_name!r}; arms: {arms}"
             + (f"; evals of {arm!r}: {evals}" if evals else "")
         )
-    keys = [f"{arm}/{s}/{eval_name}" for s in seeds]
+    keys = [f"{arm}/{s}/{eval_name}" for s in sorted(recorded if seeds is None else seeds)]
     missing = [k for k in keys if k not in examples]
     if missing:
         raise SystemExit(f"examples.npz lacks {missing}: per-example results are needed")
@@ -90,20 +110,42 @@ def describe(arm_a: str, arm_b: str, result: dict) -> list[str]:
         )
     lines.append(
         f"difference of means a - b: {_pts(result['diff'])} points, 95 % CI "
-        f"[{_pts(result['ci_low'])}, {_pts(result['ci_high'])}] (two-level bootstrap: seeds "
-        f"within each arm, then test examples; B = {stats.B})"
-    )
-    lines.append(
-        f"seed level: Welch t = {result['t']:.2f} (df {result['df']:.1f}), p = {result['p']:.3g}; "
-        f"exact permutation over seeds p = {result['p_perm']:.3g} (the smallest these seeds can "
-        f"give: {result['p_perm_min']:.3g})"
+        f"[{_pts(result['ci_low'])}, {_pts(result['ci_high'])}] (two-level bootstrap: "
+        + ("seed pairs" if result["test"] == stats.PAIRED else "seeds within each arm")
+        + f", then test examples; B = {stats.B})"
     )
     need = result["seeds_needed"]
-    lines.append(
-        f"seed spread: pooled SD {100 * result['sd']:.2f} points; 80 % power at alpha 0.05 for a "
-        f"difference of {abs(100 * result['diff']):.2f} points needs "
-        + ("(no difference measured)" if math.isinf(need) else f"~{need:.0f} seeds per arm")
+    power = (
+        "(no difference measured)"
+        if math.isinf(need)
+        else f"~{need:.0f} seed pairs"
+        if result["test"] == stats.PAIRED
+        else f"~{need:.0f} seeds per arm"
     )
+    if result["test"] == stats.PAIRED:
+        lines.append(
+            f"seed level, as pairs (seed k of each arm saw the same data order): paired t = "
+            f"{result['t']:.2f} (df {result['df']:.0f}), p = {result['p']:.3g}; exact sign-flip "
+            f"over the {len(result['acc_a'])} pairs p = {result['p_perm']:.3g} (the smallest "
+            f"they can give: {result['p_perm_min']:.3g}); Welch on the same seeds, which treats "
+            f"them as independent, p = {result['p_welch']:.3g}"
+        )
+        lines.append(
+            f"seed spread: SD of the pair differences {100 * result['sd']:.2f} points; 80 % "
+            f"power at alpha 0.05 for a difference of {abs(100 * result['diff']):.2f} points "
+            f"needs {power}"
+        )
+    else:
+        lines.append(
+            f"seed level (independent data orders): Welch t = {result['t']:.2f} (df "
+            f"{result['df']:.1f}), p = {result['p']:.3g}; exact permutation over seeds p = "
+            f"{result['p_perm']:.3g} (the smallest these seeds can give: "
+            f"{result['p_perm_min']:.3g})"
+        )
+        lines.append(
+            f"seed spread: pooled SD {100 * result['sd']:.2f} points; 80 % power at alpha 0.05 "
+            f"for a difference of {abs(100 * result['diff']):.2f} points needs {power}"
+        )
     lines.append(
         f"example level (these trained models on this test set, not the encodings): paired "
         f"z = {result['z_examples']:.2f}, p = {result['p_examples']:.3g}"
@@ -114,20 +156,29 @@ def describe(arm_a: str, arm_b: str, result: dict) -> list[str]:
 
 def table(arm_a: str, arm_b: str, results: dict[str, dict]) -> list[str]:
     """Markdown lines: one row per evaluation of `results` ({eval: `stats.compare_arms`}), with
-    Welch's p Holm-adjusted over them; `p=` with every Welch p is the last line."""
+    the primary test's p Holm-adjusted over them; `p=` with every p is the last line."""
     holm = stats.holm([r["p"] for r in results.values()])
+    paired = any(r["test"] == stats.PAIRED for r in results.values())
     lines = [
-        f"a = {arm_a}, b = {arm_b}",
+        f"a = {arm_a}, b = {arm_b}"
+        + (
+            " (as pairs: seed k of each saw the same data order)"
+            if paired
+            else " (independent data orders)"
+        ),
         "",
-        "| eval | seeds a + b | a - b, points [95 % CI] | Welch p | Holm p | permutation p "
-        "(smallest possible) | seeds per arm for 80 % power |",
-        "|---|---|---|---|---|---|---|",
+        "| eval | seeds a + b | test | a - b, points [95 % CI] | p | Holm p | "
+        + ("sign-flip p" if paired else "permutation p")
+        + " (smallest possible) | "
+        + ("seed pairs" if paired else "seeds per arm")
+        + " for 80 % power |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (name, r), p_holm in zip(results.items(), holm, strict=True):
         need = r["seeds_needed"]
         need = "-" if math.isnan(need) or math.isinf(need) else f"{need:.0f}"
         lines.append(
-            f"| {name} | {r['seeds_a']} + {r['seeds_b']} | {_pts(r['diff'])} "
+            f"| {name} | {r['seeds_a']} + {r['seeds_b']} | {r['test']} | {_pts(r['diff'])} "
             f"[{_pts(r['ci_low'])}, {_pts(r['ci_high'])}] | {r['p']:.2g} | {p_holm:.2g} | "
             f"{r['p_perm']:.2g} ({r['p_perm_min']:.2g}) | {need} |"
         )
@@ -140,50 +191,22 @@ def gap_lines(arms: tuple[str, str, str, str], results: dict[str, dict]) -> list
     `stats.gap_change`'s test (Holm-adjusted over the evaluations); `p=` is the last line."""
     a, b, c, d = arms
     holm = stats.holm([r["p"] for r in results.values()])
-    lines = [f"gap change: ({a} - {b}) - ({c} - {d}), seed level (Welch-Satterthwaite)"]
+    paired = any("p_flip" in r for r in results.values())
+    how = (
+        "as pairs (seed k of the four arms saw one data order): one-sample t over the seeds' "
+        "differences of differences, and the exact sign-flip test"
+        if paired
+        else "independent data orders: Welch-Satterthwaite"
+    )
+    lines = [f"gap change: ({a} - {b}) - ({c} - {d}), seed level, {how}"]
     for (name, r), p_holm in zip(results.items(), holm, strict=True):
         seeds = " + ".join(str(n) for n in r["seeds"])
         adjusted = f", Holm p = {p_holm:.3g}" if len(results) > 1 else ""
+        flip = f", sign-flip p = {r['p_flip']:.3g}" if "p_flip" in r else ""
         lines.append(
             f"{name}: {a} - {b} = {_pts(r['gap_ab'])}, {c} - {d} = {_pts(r['gap_cd'])} points; "
             f"change {_pts(r['diff'])} points, t = {r['t']:.2f} (df {r['df']:.1f}), "
-            f"p = {r['p']:.3g}{adjusted} (seeds {seeds})"
-        )
-    lines.append("p=" + ",".join(f"{r['p']:.4g}" for r in results.values()))
-    return lines
-
-
-def paired_lines(rows: list[dict], examples: dict, arm_a: str, arm_b: str, names) -> list[str]:
-    """Per evaluation: each seed's a and b, the paired t-test (`stats.paired_seeds`) over the
-    seeds both have, Holm-adjusted over the evaluations; ``p=`` with every paired p is last."""
-    results = {}
-    for name in names:
-        seeds = [
-            sorted({r["seed"] for r in rows if r["arm"] == arm and r["eval"] == name})
-            for arm in (arm_a, arm_b)
-        ]
-        common = sorted(set(seeds[0]) & set(seeds[1]))
-        if len(common) < 2:
-            raise SystemExit(
-                f"eval {name!r}: arms {arm_a!r} and {arm_b!r} share {len(common)} seed(s) "
-                f"({seeds[0]} and {seeds[1]}); a paired test needs 2"
-            )
-        acc = [
-            np.array([examples[f"{arm}/{s}/{name}"].mean() for s in common])
-            for arm in (arm_a, arm_b)
-        ]
-        results[name] = dict(stats.paired_seeds(*acc), seeds=common, acc=acc)
-    holm = stats.holm([r["p"] for r in results.values()])
-    lines = [f"a = {arm_a}, b = {arm_b}, paired t over seeds (a_s - b_s, one model per seed)"]
-    for (name, r), p_holm in zip(results.items(), holm, strict=True):
-        per_seed = ", ".join(
-            f"{s}: {100 * x:.2f} - {100 * y:.2f}"
-            for s, x, y in zip(r["seeds"], *r["acc"], strict=True)
-        )
-        adjusted = f", Holm p = {p_holm:.3g}" if len(results) > 1 else ""
-        lines.append(
-            f"{name}: a - b = {_pts(r['diff'])} points (seeds {per_seed}); t = {r['t']:.2f} "
-            f"(df {r['df']:.0f}), p = {r['p']:.3g}{adjusted}"
+            f"p = {r['p']:.3g}{adjusted}{flip} (seeds {seeds})"
         )
     lines.append("p=" + ",".join(f"{r['p']:.4g}" for r in results.values()))
     return lines
@@ -222,48 +245,77 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="test whether the gap a - b differs from the gap c - d (arms of the same study)",
     )
-    parser.add_argument(
-        "--paired",
-        action="store_true",
-        help="a and b are evaluations of the same runs: pair the seeds (paired t-test)",
-    )
     parser.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
     parser.add_argument("--results", default=None, help="results root (default: this folder)")
+    parser.add_argument(
+        "--pairing",
+        choices=("auto", "paired", "independent"),
+        default="auto",
+        help="auto: as pairs where the study's arms share data orders (its definitions)",
+    )
     args = parser.parse_args(argv)
     directory = study_directory(args.study, args.results, args.scale)
     rows, examples = lib.read_results(directory), lib.read_examples(directory)
     if not rows:
         raise SystemExit(f"no results.csv with rows in {directory}")
     names = eval_names(rows, args.arm_a, args.arm_b, args.eval_name)
+    arms = (args.arm_a, args.arm_b, *(args.versus or ()))
+    paired = _paired(args.pairing, args.study, arms)
     if args.versus:
-        arms = (args.arm_a, args.arm_b, *args.versus)
         gaps = {}
         for name in names:
-            accs = [stats.seed_accuracies(arm_examples(rows, examples, a, name)) for a in arms]
+            seeds = _common_seeds(rows, arms, name) if paired else None
+            accs = [
+                stats.seed_accuracies(arm_examples(rows, examples, a, name, seeds)) for a in arms
+            ]
+            test = stats.paired_gap_change if paired else stats.gap_change
             try:
-                gaps[name] = dict(stats.gap_change(*accs), seeds=[len(x) for x in accs])
+                gaps[name] = dict(test(*accs), seeds=[len(x) for x in accs])
             except ValueError as e:  # too few seeds: a message, not a traceback
                 raise SystemExit(f"eval {name!r}, arms {list(arms)}: {e}") from None
         print(f"{args.study}, eval {','.join(names)} ({directory})")
         print("\n".join(gap_lines(arms, gaps)))
         return 0
-    if args.paired:
-        print(f"{args.study}, eval {','.join(names)} ({directory}), paired by seed")
-        print("\n".join(paired_lines(rows, examples, args.arm_a, args.arm_b, names)))
-        return 0
-    results = {
-        name: stats.compare_arms(
-            arm_examples(rows, examples, args.arm_a, name),
-            arm_examples(rows, examples, args.arm_b, name),
+    results = {}
+    for name in names:
+        seeds = _common_seeds(rows, arms, name) if paired else None
+        results[name] = stats.compare_arms(
+            arm_examples(rows, examples, args.arm_a, name, seeds),
+            arm_examples(rows, examples, args.arm_b, name, seeds),
+            paired=paired,
         )
-        for name in names
-    }
     print(f"{args.study}, eval {','.join(names)} ({directory})")
     if len(names) == 1:
         print("\n".join(describe(args.arm_a, args.arm_b, results[names[0]])))
     else:
         print("\n".join(table(args.arm_a, args.arm_b, results)))
     return 0
+
+
+def _paired(pairing: str, study_name: str, arms: tuple[str, ...]) -> bool:
+    """Whether `arms` are compared as seed pairs: `pairing`, or with "auto" whether the study's
+    definitions give them one data stream (`lib.shares_data`)."""
+    if pairing != "auto":
+        return pairing == "paired"
+    from experiments.studies.definitions import STUDIES
+
+    study = STUDIES.get(study_name)
+    return all(lib.shares_data(study, arms[0], other) for other in arms[1:])
+
+
+def _common_seeds(rows: list[dict], arms: tuple[str, ...], eval_name: str) -> list[int] | None:
+    """The seeds every arm of `arms` has on `eval_name` (the pairs); None when an arm has none
+    (`arm_examples` names it)."""
+    for arm in arms:
+        if not arm_seeds(rows, arm, eval_name):
+            return None
+    common = set.intersection(*(arm_seeds(rows, arm, eval_name) for arm in arms))
+    if not common:
+        raise SystemExit(
+            f"arms {list(arms)} share no seed on {eval_name!r}: no pairs (--pairing independent "
+            "compares them as independent)"
+        )
+    return sorted(common)
 
 
 if __name__ == "__main__":

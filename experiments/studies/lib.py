@@ -54,6 +54,7 @@ RESULT_COLUMNS = (
 )  # fmt: skip
 PROVENANCE = "provenance.json"  # in a run's workdir: the code tree and CPU that trained it
 EVAL_SUFFIX = "@"  # <eval>@<name>: an evaluation that an arm with eval_suffix reads
+DATA_STREAM_STRIDE = 1000  # Arm.data_stream k: data_seed = 1000 k + seed (seeds below 1000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,11 @@ class Arm:
       paper_recipe: the recipe at ``--scale paper`` when it is another one (None: recipe).
       eval_suffix: None, or ``EVAL_SUFFIX`` + a name: this arm is the evaluations
         ``<eval><suffix>`` of the run (module docstring), not a run of its own.
+      data_stream: None: the run's data order is its seed's (``config.data_seed`` unset), so
+        seed k of every such arm saw the same batches and arms are compared as pairs; k >= 1:
+        ``data_seed = DATA_STREAM_STRIDE * k + seed``, a data order no other stream shares
+        (arms on different streams are compared as independent, by Welch's test). The init
+        seed stays ``seed`` either way.
     """
 
     name: str
@@ -82,6 +88,7 @@ class Arm:
     cpu_overrides: tuple[tuple[str, Any], ...] = ()
     paper_recipe: str | None = None
     eval_suffix: str | None = None
+    data_stream: int | None = None
 
     def __post_init__(self):
         if self.eval_suffix is not None and not (
@@ -91,6 +98,21 @@ class Arm:
                 f"arm {self.name!r}: eval_suffix={self.eval_suffix!r} must be "
                 f"{EVAL_SUFFIX!r} followed by a name"
             )
+        if self.data_stream is not None and (
+            not isinstance(self.data_stream, int) or self.data_stream < 1
+        ):
+            raise ValueError(
+                f"arm {self.name!r}: data_stream={self.data_stream!r}; expected None (the "
+                "seed's data order) or an integer >= 1"
+            )
+
+    def data_seed(self, seed: int) -> int | None:
+        """The run's ``config.data_seed``: None (the seed's own order) or its stream's."""
+        if self.data_stream is None:
+            return None
+        if not 0 <= seed < DATA_STREAM_STRIDE:
+            raise ValueError(f"seed={seed}: data streams hold seeds 0-{DATA_STREAM_STRIDE - 1}")
+        return DATA_STREAM_STRIDE * self.data_stream + seed
 
     def recipe_for(self, scale: str) -> str:
         return self.paper_recipe if scale == "paper" and self.paper_recipe else self.recipe
@@ -177,7 +199,10 @@ def run_dir(root: str, arm: Arm, seed: int, scale: str) -> str:
     arg = arm.argument(scale)
     overrides = arm.all_overrides(scale)
     recipe = arm.recipe_for(scale)
-    key = json.dumps([recipe, arg, [list(o) for o in overrides], seed, scale])
+    parts = [recipe, arg, [list(o) for o in overrides], seed, scale]
+    if arm.data_stream is not None:  # runs without a stream keep the names they had
+        parts.append(["data_stream", arm.data_stream])
+    key = json.dumps(parts)
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     readable = re.sub(r"[^A-Za-z0-9=.]+", "_", f"{recipe}_{arg}").strip("_")
     return os.path.join(root, "runs", scale, f"{readable}_seed{seed}_{digest}")
@@ -189,8 +214,18 @@ def command(arm: Arm, seed: int, scale: str, workdir: str, extra: Sequence[str] 
     arg = arm.argument(scale)
     cmd = [sys.executable, "-m", "rope_lie.main", f"--config={config}:{arg}"]
     cmd += [f"--workdir={workdir}", f"--config.seed={seed}"]
+    if arm.data_stream is not None:
+        cmd.append(f"--config.data_seed={arm.data_seed(seed)}")
     cmd += [f"--config.{k}={v}" for k, v in arm.all_overrides(scale)]
     return cmd + list(extra)
+
+
+def shares_data(study: Study | None, arm_a: str, arm_b: str) -> bool:
+    """Whether seed k of `arm_a` and seed k of `arm_b` saw the same data order (the same
+    ``data_stream``), so that they are compared as pairs. Arms `study` does not define (or no
+    study) ran with the seed's own order, as every run before data streams existed."""
+    streams = {a.name: a.data_stream for a in study.arms} if study is not None else {}
+    return streams.get(arm_a) == streams.get(arm_b)
 
 
 def is_finished(workdir: str) -> bool:

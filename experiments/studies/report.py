@@ -1,7 +1,8 @@
 """A study's summary: per arm and evaluation, the seed mean, the seeds' range and a bootstrap
 95 % CI over test examples, beside the paper's number; seed-level comparisons of the study's
-arm pairs (difference of means, two-level bootstrap CI, Welch and permutation p over seeds,
-seeds needed for 80 % power) with the example-level paired z beside; one plot.
+arm pairs (difference of means, two-level bootstrap CI, and over seeds the paired t and
+sign-flip tests for arms that share data orders or Welch's and the permutation test for arms
+that do not, seeds needed for 80 % power) with the example-level paired z beside; one plot.
 
 Written to ``<study>/summary.md`` and ``<study>/accuracy.png`` by
 ``python -m experiments.studies.run <study> --report``.
@@ -45,38 +46,59 @@ def arm_stats(study: lib.Study, rows: list[dict], examples: dict) -> list[dict]:
 
 
 def comparisons(study: lib.Study, rows: list[dict], examples: dict) -> list[dict]:
-    """`stats.compare_arms` of the study's (a, b) arm pairs on every reported eval, each arm
-    with all its recorded seeds (arms are compared by their seeds, not paired by seed number).
-    Arms that read the same trained runs (``lib.same_runs``: one is the other's evaluations
-    under an ``eval_suffix``) also get ``stats.paired_seeds`` over their common seeds
-    (``paired``: its result, else None).
-    """
+    """`stats.compare_arms` of the study's (a, b) arm pairs on every reported eval. Arms that
+    share data orders (`lib.shares_data`; an arm with an ``eval_suffix`` reads its base arm's
+    very runs) are compared as pairs over the seeds both have; arms on independent data orders
+    by all their recorded seeds."""
     seeds = defaultdict(set)
     for row in rows:
         seeds[(row["arm"], row["eval"])].add(row["seed"])
     out = []
     for a, b in study.comparisons:
+        paired = lib.shares_data(study, a, b)
         for name in study.evals:
-            keys_a = [f"{a}/{s}/{name}" for s in sorted(seeds[(a, name)])]
-            keys_b = [f"{b}/{s}/{name}" for s in sorted(seeds[(b, name)])]
+            seeds_a, seeds_b = seeds[(a, name)], seeds[(b, name)]
+            if paired:
+                seeds_a = seeds_b = seeds_a & seeds_b
+            keys_a = [f"{a}/{s}/{name}" for s in sorted(seeds_a)]
+            keys_b = [f"{b}/{s}/{name}" for s in sorted(seeds_b)]
             if not keys_a or not keys_b or not all(k in examples for k in keys_a + keys_b):
                 continue
             test = stats.compare_arms(
-                np.stack([examples[k] for k in keys_a]), np.stack([examples[k] for k in keys_b])
+                np.stack([examples[k] for k in keys_a]),
+                np.stack([examples[k] for k in keys_b]),
+                paired=paired,
             )
-            paired = None
-            common = sorted(seeds[(a, name)] & seeds[(b, name)])
-            if len(common) >= 2 and lib.same_runs(study.arm(a), study.arm(b)):
-                paired = stats.paired_seeds(
-                    *(
-                        stats.seed_accuracies(
-                            np.stack([examples[f"{x}/{s}/{name}"] for s in common])
-                        )
-                        for x in (a, b)
-                    )
-                )
-            out.append(dict(a=a, b=b, eval=name, paired=paired, **test))
+            out.append(dict(a=a, b=b, eval=name, **test))
     return out
+
+
+def provenance(rows: list[dict]) -> str:
+    """One line: how many runs, on which code trees and CPUs (results.csv's tree and cpu
+    columns), and whether the runs mix trees (then a comparison also compares code versions)."""
+    runs = {(r["arm"], r["seed"]): (r["tree"], r["cpu"]) for r in rows}
+    trees, cpus = defaultdict(int), defaultdict(int)
+    for tree, cpu in runs.values():
+        trees[tree.removesuffix("+resumed") or "not recorded"] += 1
+        cpus[cpu or "not recorded"] += 1
+    if set(trees) == {"not recorded"}:
+        return (
+            f"Provenance: {len(runs)} runs, recorded before the runner kept their code tree and "
+            "CPU (experiments/studies/README.md bounds the trees from git history)."
+        )
+    mixed = "one code tree" if len(trees) == 1 else f"**{len(trees)} code trees (mixed)**"
+    text = (
+        f"Provenance: {len(runs)} runs on {mixed}: {_counts(trees)} (runs per tree); CPUs: "
+        f"{_counts(cpus)}"
+    )
+    resumed = sum(tree.endswith("+resumed") for tree, _ in runs.values())
+    if resumed:
+        text += f"; {resumed} resumed on another tree or CPU than they started on"
+    return text + " (results.csv's tree and cpu columns)."
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{key} ({n})" for key, n in sorted(counts.items()))
 
 
 def _pct(x: float) -> str:
@@ -117,24 +139,28 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
             row.append(text)
         row.append(f"{next(iter(cells.values()))['ex_per_s']:.0f}")
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", provenance(rows)]
     tests = comparisons(study, rows, examples)
     if tests:
         lines += [
             "",
             "Comparisons at the level of seeds (the unit of replication): a - b is the difference "
-            "of the arms' seed means in points, its 95 % CI a two-level bootstrap (seeds within "
-            "each arm, then test examples); p is Welch's t over the per-seed accuracies (the "
-            "primary test), perm. p the exact permutation test over seeds (with 3 seeds per arm "
-            "it cannot go below 0.1); seeds for 80 % power: per arm, at alpha 0.05, for the "
-            "measured difference and pooled seed SD (n = 2 (t + t)^2 SD^2 / d^2, t quantiles at "
-            "2 n - 2 degrees of freedom). The last column is the example-level paired z-test "
-            "(seed-mean per example), which compares *these trained models on this test "
-            "set*, not the encodings: it ignores seed variance and rejects even between seeds of "
-            "one arm.",
+            "of the arms' seed means in points, its 95 % CI a two-level bootstrap (seeds, or seed "
+            "pairs, then test examples). Arms whose seed k saw the same data order (the seed "
+            "sets it unless an arm has a data stream of its own) are compared as pairs over the "
+            "seeds both have (test: paired t over the per-seed differences; perm. p the exact "
+            "sign-flip test, which with 5 pairs cannot go below 0.0625, with 3 below 0.25; seed "
+            "SD the SD of the differences; seeds for 80 % power: pairs, n = (t + t)^2 SD^2 / d^2 "
+            "at n - 1 degrees of freedom); arms on independent data orders by Welch's t over the "
+            "per-seed accuracies (perm. p the exact permutation test over seeds; seed SD pooled; "
+            "seeds per arm for 80 % power, n = 2 (t + t)^2 SD^2 / d^2 at 2 n - 2 degrees of "
+            "freedom). The last column is the example-level paired z-test (seed-mean per "
+            "example), which compares *these trained models on this test set*, not the "
+            "encodings: it ignores seed variance and rejects even between seeds of one arm.",
             "",
-            "| a | b | eval | seeds | a - b | 95 % CI | p | perm. p | seed SD | seeds for 80 % "
-            "| examples: z (p) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| a | b | eval | seeds | test | a - b | 95 % CI | p | perm. p | seed SD "
+            "| seeds for 80 % | examples: z (p) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for t in tests:
             need = t["seeds_needed"]
@@ -143,35 +169,12 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
             )
             lines.append(
                 f"| {t['a']} | {t['b']} | {t['eval']} | {t['seeds_a']}+{t['seeds_b']} "
+                f"| {t['test']} "
                 f"| {100 * t['diff']:+.2f} | [{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] "
                 f"| {t['p']:.2g} | {t['p_perm']:.2g} | {100 * t['sd']:.2f} | {need_text} "
                 f"| {t['z_examples']:.1f} ({t['p_examples']:.2g}) |"
             )
-        lines += _paired_lines([t for t in tests if t["paired"] is not None])
     return "\n".join(lines) + "\n"
-
-
-def _paired_lines(tests: list[dict]) -> list[str]:
-    """The paired-by-seed table of the comparisons between arms that share their runs."""
-    if not tests:
-        return []
-    lines = [
-        "",
-        "Paired by seed: a and b are evaluations of the same trained runs (one of them with an "
-        "extrapolation tool, say), so seed s of each is one model; p is the paired t-test over "
-        "the seeds' differences d_s = a_s - b_s (df = seeds - 1), the primary test for these "
-        "pairs.",
-        "",
-        "| a | b | eval | seeds | a - b | t | paired p |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for t in tests:
-        r = t["paired"]
-        lines.append(
-            f"| {t['a']} | {t['b']} | {t['eval']} | {r['df'] + 1:.0f} | {100 * r['diff']:+.2f} "
-            f"| {r['t']:.2f} | {r['p']:.2g} |"
-        )
-    return lines
 
 
 def _pyplot():

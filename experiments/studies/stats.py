@@ -3,12 +3,18 @@
 The unit of replication is the seed (one trained model): two arms differ when their seeds'
 accuracies do, not when these particular models disagree on many test examples. The primary
 comparison is therefore seed-level: the difference of the arms' seed means with a two-level
-bootstrap CI (`seed_bootstrap_diff`: seeds resampled within each arm, then test examples), a
-Welch t-test over the per-seed accuracies (`welch_t`) and an exact permutation test over seeds
-(`permutation_test`); `gap_change` tests whether a gap between two arms changes between two
-conditions (a difference of differences); `seeds_for_power` says how many seeds a difference of
-the measured size would need, and `holm` adjusts the p-values of a family of comparisons (one
-claim over several evaluations or arms) so that the chance of any false rejection stays at alpha.
+bootstrap CI (`seed_bootstrap_diff`: seeds resampled within each arm, or seed pairs, then test
+examples), and a test over seeds that fits how the seeds were drawn. A recipe's seed fixes the
+initialisation and the data order, so seed k of arm A and seed k of arm B saw the same batches:
+such arms are *paired* and are compared by a paired t-test over the per-seed differences
+(`paired_t`) and the exact sign-flip test (`sign_flip_test`; with 5 pairs it cannot go below
+0.0625). Arms given independent data orders (``config.data_seed``) are compared by a Welch
+t-test over the per-seed accuracies (`welch_t`) and an exact permutation test over seeds
+(`permutation_test`). `gap_change` (or `paired_gap_change`) tests whether a gap between two arms
+changes between two conditions (a difference of differences); `seeds_for_power` says how many
+seeds a difference of the measured size would need, and `holm` adjusts the p-values of a
+family of comparisons (one claim over several evaluations or arms) so that the chance of any
+false rejection stays at alpha.
 
 The LieRE paper reports 95 % CIs from B = 1000 bootstrap resamples of the test examples, and a
 paired z-test for its initialisation table; `bootstrap_ci` and `paired_z` are those
@@ -103,11 +109,13 @@ def seed_bootstrap_diff(
     num_resamples: int = B,
     alpha: float = ALPHA,
     seed: int = 0,
+    paired: bool = False,
 ) -> dict[str, float]:
     """Difference of the arms' seed-mean accuracies, a - b, with a two-level bootstrap CI.
 
     Each resample draws the seeds of each arm with replacement (S_a from arm a's S_a, S_b from
-    arm b's), then the test examples with replacement; both arms are scored on the same test
+    arm b's; with `paired`, one draw of seed indices for both arms, whose rows are the pairs),
+    then the test examples with replacement; both arms are scored on the same test
     set, so one resample of the examples serves every seed of both arms (the pairing of the
     test set is kept). The interval is the percentile interval of the resampled differences.
     With 3 seeds an arm's resampled mean takes few values and the bootstrap variance is
@@ -119,6 +127,7 @@ def seed_bootstrap_diff(
       num_resamples: B.
       alpha: 1 - coverage.
       seed: of the resampling (fixed: the same results give the same interval).
+      paired: row s of both arms is one pair (the same data order): resample pairs.
 
     Returns:
       {"diff", "ci_low", "ci_high", "seeds_a", "seeds_b"}.
@@ -130,14 +139,18 @@ def seed_bootstrap_diff(
             f"seed_bootstrap_diff needs the same non-empty test set on both sides: examples "
             f"{a_SN.shape[1]} vs {b_SN.shape[1]}"
         )
+    if paired and len(a_SN) != len(b_SN):
+        raise ValueError(f"paired seeds need as many in each arm, got {len(a_SN)} and {len(b_SN)}")
     num = a_SN.shape[1]
     rng = np.random.default_rng(seed)
     # Example weights of each resample (counts / N): accuracy of seed s = correct_sN @ w_N.
     weights_BN = rng.multinomial(num, np.full(num, 1.0 / num), size=num_resamples) / num
     means = []
+    pick_BS = None
     for x_SN in (a_SN, b_SN):
         acc_BS = weights_BN @ x_SN.T
-        pick_BS = rng.integers(0, x_SN.shape[0], size=acc_BS.shape)
+        if pick_BS is None or not paired:
+            pick_BS = rng.integers(0, x_SN.shape[0], size=acc_BS.shape)
         means.append(np.take_along_axis(acc_BS, pick_BS, axis=1).mean(axis=1))
     diffs_B = means[0] - means[1]
     low, high = np.quantile(diffs_B, [alpha / 2, 1 - alpha / 2])
@@ -166,35 +179,100 @@ def welch_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
     return dict(diff=diff, **_satterthwaite_t(diff, [a, b]))
 
 
-def paired_seeds(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
-    """Paired t-test over seeds: a and b are two evaluations of the same trained runs (seed s of
-    a and of b is one model, e.g. with and without an extrapolation tool), so the seed-to-seed
-    spread cancels in d_s = a_s - b_s.
+def paired_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
+    """Paired t-test of mean(a - b) over seed pairs (row s of both arms saw the same data).
 
-    No spread in d (every seed moved alike): t is undefined, p = 1 when the mean is 0, NaN
-    otherwise (as ``welch_t``).
+    With no spread in the differences, t is undefined: p = 1 when they are all 0, NaN
+    otherwise (as `welch_t`).
 
     Args:
-      acc_a_S, acc_b_S: float (S,) per-seed accuracies in the same seed order, S >= 2.
+      acc_a_S, acc_b_S: float (S,), (S,) per-seed accuracies, pair s = seed s of each arm; at
+        least 2 pairs.
 
     Returns:
       {"diff", "t", "df", "p"} (two-sided p, df = S - 1).
     """
     from scipy import stats as scipy_stats
 
-    a, b = np.asarray(acc_a_S, np.float64), np.asarray(acc_b_S, np.float64)
-    if a.shape != b.shape or len(a) < 2:
-        raise ValueError(
-            f"paired_seeds needs >= 2 seeds on both sides, alike: {a.shape}, {b.shape}"
-        )
-    d = a - b
-    diff, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
-    df = float(len(d) - 1)
+    d = _pair_differences(acc_a_S, acc_b_S, "paired_t")
+    diff = float(d.mean())
+    se = float(d.std(ddof=1) / math.sqrt(len(d)))
     if se == 0.0:
-        return dict(diff=diff, t=0.0 if diff == 0.0 else float("nan"), df=df,
-                    p=1.0 if diff == 0.0 else float("nan"))  # fmt: skip
+        nan = float("nan")
+        return dict(diff=diff, t=0.0 if diff == 0.0 else nan, df=float(len(d) - 1),
+                    p=1.0 if diff == 0.0 else nan)  # fmt: skip
     t = diff / se
-    return dict(diff=diff, t=float(t), df=df, p=float(2 * scipy_stats.t.sf(abs(t), df)))
+    df = len(d) - 1
+    return dict(diff=diff, t=float(t), df=float(df), p=float(2 * scipy_stats.t.sf(abs(t), df)))
+
+
+def _pair_differences(acc_a_S, acc_b_S, name: str, minimum: int = 2) -> np.ndarray:
+    a, b = np.asarray(acc_a_S, np.float64), np.asarray(acc_b_S, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < minimum:
+        raise ValueError(
+            f"{name} needs {minimum} or more seed pairs (as many seeds in each arm), got "
+            f"{len(a)} and {len(b)}"
+        )
+    return a - b
+
+
+MAX_EXACT_FLIPS = 2**17  # beyond this many sign vectors, a Monte Carlo sign-flip test
+
+
+def sign_flip_test(
+    acc_a_S: np.ndarray, acc_b_S: np.ndarray, *, num_random: int = 100_000, seed: int = 0
+) -> dict[str, float]:
+    """Exact sign-flip (paired permutation) test of mean(a - b) over seed pairs, two-sided.
+
+    Under the null the two arms of a pair are exchangeable, so each pair's difference is as
+    likely with either sign: p is the share of the 2^S sign vectors whose |mean of the signed
+    differences| reaches the observed one (every vector up to `MAX_EXACT_FLIPS`, beyond that
+    `num_random` random ones, the observed one counted in). The observed vector and its mirror
+    always count: with 5 pairs p >= 2 / 32 = 0.0625, with 3 pairs p >= 0.25.
+
+    Returns:
+      {"diff", "p", "min_p", "exact"}.
+    """
+    d = _pair_differences(acc_a_S, acc_b_S, "sign_flip_test", minimum=1)
+    n = len(d)
+    observed = abs(d.mean())
+    exact = 2**n <= MAX_EXACT_FLIPS
+    if exact:
+        signs_PN = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)[None]) & 1)
+    else:
+        signs_PN = np.where(np.random.default_rng(seed).random((num_random, n)) < 0.5, -1, 1)
+    hits = int(np.sum(np.abs(signs_PN @ d / n) >= observed - 1e-12))
+    if exact:
+        p, min_p = hits / 2**n, 2 / 2**n
+    else:
+        p, min_p = (hits + 1) / (num_random + 1), 1 / (num_random + 1)
+    return dict(diff=float(d.mean()), p=float(p), min_p=float(min(min_p, 1.0)), exact=exact)
+
+
+def paired_gap_change(
+    acc_a_S: np.ndarray, acc_b_S: np.ndarray, acc_c_S: np.ndarray, acc_d_S: np.ndarray
+) -> dict[str, float]:
+    """`gap_change` for four arms whose seed s saw one data order: per seed, the difference of
+    differences (a_s - b_s) - (c_s - d_s), tested by a one-sample t over the seeds (df S - 1)
+    and the exact sign-flip test (``p_flip``).
+
+    Returns:
+      {"diff", "gap_ab", "gap_cd", "t", "df", "p", "p_flip", "p_flip_min"}.
+    """
+    arms = [np.asarray(x, np.float64) for x in (acc_a_S, acc_b_S, acc_c_S, acc_d_S)]
+    if len({len(x) for x in arms}) != 1 or len(arms[0]) < 2:
+        raise ValueError(
+            f"paired_gap_change needs 2 or more seeds, as many in each arm, got "
+            f"{[len(x) for x in arms]}"
+        )
+    a, b, c, d = arms
+    gaps = (a - b) - (c - d)
+    test = paired_t(gaps, np.zeros_like(gaps))
+    flip = sign_flip_test(gaps, np.zeros_like(gaps))
+    return dict(
+        diff=test["diff"], gap_ab=float((a - b).mean()), gap_cd=float((c - d).mean()),
+        t=test["t"], df=test["df"], p=test["p"], p_flip=flip["p"], p_flip_min=flip["min_p"],
+    )  # fmt: skip
 
 
 def _satterthwaite_t(diff: float, arms: list[np.ndarray]) -> dict[str, float]:
@@ -285,34 +363,44 @@ def permutation_test(
 
 
 def seeds_for_power(
-    sd: float, diff: float, *, alpha: float = ALPHA, power: float = 0.8, small_sample: bool = True
+    sd: float,
+    diff: float,
+    *,
+    alpha: float = ALPHA,
+    power: float = 0.8,
+    small_sample: bool = True,
+    paired: bool = False,
 ) -> float:
     """Seeds per arm for a two-sided two-sample test at level `alpha` to detect `diff` with
     `power`: n = 2 (z_(1 - alpha / 2) + z_power)^2 sd^2 / diff^2 (the normal approximation), at
     least 2. With `small_sample` the z quantiles become Student t quantiles with 2 n - 2
     degrees of freedom and n is the smallest that satisfies the formula: at a few seeds the
     normal formula promises power it does not have (a difference of 3 SDs: 2 seeds by the
-    normal formula, 4 with t). inf for diff = 0.
+    normal formula, 4 with t). inf for diff = 0. With `paired`, seed pairs for the paired
+    t-test: n = (z + z)^2 sd^2 / diff^2 with `sd` the SD of the pair differences, t quantiles
+    at n - 1 degrees of freedom.
 
     Args:
-      sd: the per-seed standard deviation of accuracy (e.g. `pooled_sd` of the measured seeds).
+      sd: the per-seed standard deviation of accuracy (e.g. `pooled_sd` of the measured seeds),
+        or with `paired` that of the per-pair differences.
       diff: the difference of means to detect.
     """
     if sd < 0 or not 0 < alpha < 1 or not 0 < power < 1:
         raise ValueError(f"seeds_for_power: sd={sd}, alpha={alpha}, power={power} out of range")
     if diff == 0:
         return math.inf
+    arms = 1 if paired else 2  # the variance of the difference: sd^2 (pairs) or 2 sd^2
     ratio = sd**2 / diff**2
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
-    n = max(2, math.ceil(2 * z**2 * ratio))
+    n = max(2, math.ceil(arms * z**2 * ratio))
     if not small_sample:
         return float(n)
     from scipy import stats as scipy_stats
 
     while True:  # the t formula's n is at least the normal one: count up from it
-        dof = 2 * n - 2
+        dof = n - 1 if paired else 2 * n - 2
         t = scipy_stats.t.ppf(1 - alpha / 2, dof) + scipy_stats.t.ppf(power, dof)
-        if n >= 2 * t**2 * ratio:
+        if n >= arms * t**2 * ratio:
             return float(n)
         n += 1
 
@@ -343,32 +431,50 @@ def pooled_sd(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> float:
     return float(math.sqrt(ss / dof))
 
 
-def compare_arms(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, float]:
+PAIRED, WELCH = "paired t", "Welch"  # compare_arms' "test": which test gave "p"
+
+
+def compare_arms(
+    correct_a_SN: np.ndarray, correct_b_SN: np.ndarray, *, paired: bool = False
+) -> dict[str, float]:
     """Every comparison of two arms on one evaluation, seed level first.
 
-    Returns a dict: ``seeds_a``, ``seeds_b``, ``acc_a``, ``acc_b`` (per-seed accuracies),
-    ``diff`` and its two-level bootstrap CI (``ci_low``, ``ci_high``), ``p`` (Welch over
-    seeds: the primary test), ``t``, ``df``, ``p_perm`` / ``p_perm_min`` (exact permutation over
-    seeds), ``sd`` (pooled per-seed SD), ``seeds_needed`` (per arm, 80 % power at alpha 0.05
-    for the measured difference), and the example-level paired test of these trained models
-    (``z_examples``, ``p_examples``, ``ci_examples``).
+    Args:
+      correct_a_SN, correct_b_SN: per-example results of the arms' seeds on one test set.
+      paired: row s of both arms is one pair (seed s of each, the same data order; as many
+        rows in each): the paired t-test and the sign-flip test instead of Welch's and the
+        two-sample permutation test, a pair bootstrap, and pairs for 80 % power.
+
+    Returns a dict: ``test`` ("paired t" or "Welch"), ``seeds_a``, ``seeds_b``, ``acc_a``,
+    ``acc_b`` (per-seed accuracies), ``diff`` and its two-level bootstrap CI (``ci_low``,
+    ``ci_high``), ``p`` (the primary test over seeds, ``test``), ``t``, ``df``, ``p_perm`` /
+    ``p_perm_min`` (exact sign-flip over pairs, or permutation over seeds), ``p_welch``
+    (Welch on the same seeds, for reference where paired), ``sd`` (the SD of the pair
+    differences, or the pooled per-seed SD), ``seeds_needed`` (pairs, or seeds per arm, for 80
+    % power at alpha 0.05 at the measured difference), and the example-level paired test of
+    these trained models (``z_examples``, ``p_examples``, ``ci_examples``).
     """
     acc_a, acc_b = seed_accuracies(correct_a_SN), seed_accuracies(correct_b_SN)
-    boot = seed_bootstrap_diff(correct_a_SN, correct_b_SN)
+    boot = seed_bootstrap_diff(correct_a_SN, correct_b_SN, paired=paired)
     enough = len(acc_a) >= 2 and len(acc_b) >= 2
     nan = float("nan")
     welch = welch_t(acc_a, acc_b) if enough else dict(t=nan, df=nan, p=nan)
-    perm = permutation_test(acc_a, acc_b)
-    sd = pooled_sd(acc_a, acc_b) if len(acc_a) + len(acc_b) >= 3 else nan
-    need = seeds_for_power(sd, boot["diff"]) if not math.isnan(sd) else nan
-    paired = paired_z(correct_a_SN, correct_b_SN)  # seed means per example: any seed counts
+    if paired:
+        test = paired_t(acc_a, acc_b) if enough else dict(t=nan, df=nan, p=nan)
+        perm = sign_flip_test(acc_a, acc_b)
+        sd = float(np.std(acc_a - acc_b, ddof=1)) if enough else nan
+    else:
+        test, perm = welch, permutation_test(acc_a, acc_b)
+        sd = pooled_sd(acc_a, acc_b) if len(acc_a) + len(acc_b) >= 3 else nan
+    need = seeds_for_power(sd, boot["diff"], paired=paired) if not math.isnan(sd) else nan
+    examples = paired_z(correct_a_SN, correct_b_SN)  # seed means per example: any seed counts
     return dict(
-        seeds_a=len(acc_a), seeds_b=len(acc_b), acc_a=acc_a, acc_b=acc_b,
-        diff=boot["diff"], ci_low=boot["ci_low"], ci_high=boot["ci_high"],
-        p=welch["p"], t=welch["t"], df=welch["df"],
-        p_perm=perm["p"], p_perm_min=perm["min_p"], sd=sd, seeds_needed=need,
-        z_examples=paired["z"], p_examples=paired["p"],
-        ci_examples=(paired["ci_low"], paired["ci_high"]),
+        test=PAIRED if paired else WELCH, seeds_a=len(acc_a), seeds_b=len(acc_b),
+        acc_a=acc_a, acc_b=acc_b, diff=boot["diff"], ci_low=boot["ci_low"],
+        ci_high=boot["ci_high"], p=test["p"], t=test["t"], df=test["df"],
+        p_perm=perm["p"], p_perm_min=perm["min_p"], p_welch=welch["p"], sd=sd,
+        seeds_needed=need, z_examples=examples["z"], p_examples=examples["p"],
+        ci_examples=(examples["ci_low"], examples["ci_high"]),
     )  # fmt: skip
 
 

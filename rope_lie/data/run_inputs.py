@@ -17,6 +17,7 @@ import ml_collections as mc
 import numpy as np
 
 from rope_lie.data import catalog, naflex, pipeline
+from rope_lie.in_memory import data_seed  # one rule for both input paths
 from rope_lie.models import variants
 
 
@@ -69,7 +70,7 @@ def data_train_batches(config: mc.ConfigDict, start_step: int):
         pipeline.make_train_iterator(
             config.dataset,
             batch_size=config.batch_size,
-            seed=config.seed,
+            seed=data_seed(config),
             start_step=start_step,
             process_index=shard,
             process_count=shards,

@@ -41,6 +41,8 @@ STUDIES: dict[str, Study] = {
         fashion.FASHION_EXTRAPOLATION_STUDY,
         fashion.FASHION_DATA_FRACTION_STUDY,
         fashion.CAYLEY_FASHION_STUDY,
+        fashion.FASHION_PLATEAU_LENGTH_STUDY,
+        fashion.FASHION_PLATEAU_STUDY,
         naflex.NAFLEX_STUDY,
         naflex.FASHION_NAFLEX_STUDY,
     )

@@ -322,3 +322,91 @@ CAYLEY_FASHION_STUDY = Study(
     },
     comparisons=(("dense", "block2x2"), ("dense", "banded"), ("dense", "rope_mixed")),
 )
+
+
+# ------------------------------------------------------------------ training to a plateau
+
+PLATEAU_EVALS = ("test", "test_shuffled", "px56", "px56_shuffled")
+# test along the way every epoch (the held-out curve), the other three at the end only
+PLATEAU_EVAL_ARG = "resolution_evals=false,px56,curve_every=1"
+PLATEAU_LENGTHS = (10, 20, 40, 80)  # epochs; 80 only if 20 -> 40 still adds >= 0.3 points
+# The warm-up stays the recipe's 200 steps at every length: it lets AdamW's moment estimates
+# settle over the first steps, which does not depend on how long the run goes on. Scaled with
+# the run (14 % of it), it would be 2,600 steps at 40 epochs, holding the learning rate low for
+# five epochs and shifting every held-out curve, so that steps to an accuracy would differ
+# between lengths for the schedule's sake. The cosine decay stretches with the run.
+
+
+def at_epochs(base: Arm, epochs: float, name: str | None = None) -> Arm:
+    """`base` trained for `epochs` (the recipe's 200 warm-up steps kept), evaluated on
+    PLATEAU_EVALS with the held-out curve. The arm at the plateau's epochs is the same run in
+    `fashion_plateau_length` and `fashion_plateau` (same workdir name), so it trains once."""
+    arg = f"{base.arg},epochs={epochs:g},{PLATEAU_EVAL_ARG}"
+    return dataclasses.replace(
+        base,
+        name=name or f"{base.name}_e{round(epochs):03d}",
+        label=f"{base.label}, {epochs:g} epochs",
+        arg=arg,
+        paper_arg=arg,
+    )
+
+
+FASHION_PLATEAU_LENGTH_STUDY = Study(
+    name="fashion_plateau_length",
+    title="Fashion-MNIST: where does test accuracy stop rising? (APE, LieRE 8x8, 10-80 epochs)",
+    # In this order: 10 and 20 epochs of both arms first, then 40 (80 only if needed).
+    arms=tuple(at_epochs(base, e) for e in PLATEAU_LENGTHS for base in (F_APE, F_LIERE_B8)),
+    evals=PLATEAU_EVALS,
+    comparisons=(),  # one seed per arm: read as curves, no test over seeds
+    default_seeds=1,
+    curves=(
+        "epochs (the whole cosine schedule stretched; 200 warm-up steps)",
+        tuple(
+            (base.label, tuple((float(e), at_epochs(base, e).name) for e in PLATEAU_LENGTHS))
+            for base in (F_APE, F_LIERE_B8)
+        ),
+    ),
+)
+
+
+def at_plateau(base: Arm) -> Arm:
+    """`base` trained at the plateau schedule (configs/fashion_mnist.py's PLATEAU_EPOCHS): its
+    epochs spelled out, so that `fashion_plateau_length`'s run at that length is this arm's
+    seed 0 (one workdir name); while PLATEAU_EPOCHS is None (not measured yet), the recipe's
+    `plateau` argument, which refuses to build until it is set."""
+    if fashion_mnist.PLATEAU_EPOCHS is None:
+        arg = f"{base.arg},plateau,{PLATEAU_EVAL_ARG}"
+        label = f"{base.label}, at the plateau"
+        return dataclasses.replace(base, label=label, arg=arg, paper_arg=arg)
+    return at_epochs(base, fashion_mnist.PLATEAU_EPOCHS, name=base.name)
+
+
+# 5 seeds of the four main arms (APE and LieRE 8x8 first: their seed 0 may be the plateau
+# measurement's run), then DINOv3 and ComRoPE-LD at 3 if the budget allows. Every arm draws its
+# data order from its seed (no data_stream): seed k of every arm sees the same batches, and the
+# arms are compared as pairs (paired t, sign-flip; steps_to on the held-out curves).
+FASHION_PLATEAU_STUDY = Study(
+    name="fashion_plateau",
+    title="Fashion-MNIST trained to the plateau: accuracy, shuffled patches, 2x the pixels",
+    arms=tuple(
+        at_plateau(a) for a in (F_APE, F_LIERE_B8, F_MIXED_HEO, F_LIERE_B2, F_DINOV3, F_COMROPE)
+    ),  # fmt: skip
+    evals=PLATEAU_EVALS,
+    # Table 1 (CIFAR-100, not Fashion-MNIST): the ordering is compared, not the numbers.
+    paper={
+        "ape": {"test": 0.639},
+        "liere_b2": {"test": 0.688},
+        "liere_b8": {"test": 0.703},
+    },
+    comparisons=(
+        ("liere_b8", "ape"),
+        ("liere_b2", "ape"),
+        ("liere_b8", "liere_b2"),
+        ("liere_b2", "rope_mixed_heo"),
+        ("liere_b8", "rope_mixed_heo"),
+        ("rope_mixed_heo", "ape"),
+        ("comrope_ld", "liere_b8"),  # ComRoPE's claim: +1.6 over LieRE (ImageNet)
+        ("dinov3", "rope_mixed_heo"),  # centred [-1, 1] positions vs integer ones
+    ),
+    default_seeds=5,
+)

@@ -1,0 +1,275 @@
+"""A run's data held in memory (numpy) and augmented in JAX: training without TensorFlow.
+
+``config.input = "memory"`` (``configs/fashion_mnist.py:...,input=memory``) makes the training
+job read its data here instead of through tf.data and TFDS (``rope_lie/data/run_inputs.py``), so
+it runs on a machine that has JAX but no TensorFlow, such as an accelerator image with jax,
+flax, optax and orbax only (set ``tensorboard=False`` there as well: TensorBoard's events are
+written through TensorFlow). The two paths do not give the same batches; they draw from the same
+distribution (tests/test_in_memory.py compares their statistics).
+
+Datasets: ``fashion_mnist_idx/plain`` (``train``, ``test``) and ``fashion_mnist_idx/canvas36``,
+``canvas44``, ``canvas56`` (``test``), read from Fashion-MNIST's IDX files
+(``rope_lie/fashion_mnist_files.py``: ``$ROPE_LIE_FASHION_MNIST_DIR`` or Debian's path), once
+per process (60,000 x 28 x 28 bytes: 47 MB). Splits may be sliced (``test[:16]``).
+
+Training stream (one process; ``data_seed``, else ``seed``): epoch e is the training examples
+(the first ``train_fraction`` of them) in the order ``np.random.default_rng([data_seed, e])``
+permutes them; epochs are concatenated and cut into batches, so batch k holds stream positions
+[k B, (k + 1) B), may straddle two epochs, and is the same whatever step the stream starts at
+(an exact resume). Batch k is augmented in JAX with the key fold_in(key(data_seed), k): per
+example, a random crop after ``crop_padding`` px of zero padding (``augment.crop="pad"``) and a
+left-right flip with probability 1/2 (``augment.flip``), the augmentations of the
+Fashion-MNIST recipe; others (inception crops, RandAugment, mixup, cutmix, label smoothing,
+NaFlex) are refused with a message. Evaluation: every example of the split once, in file order,
+resized (bilinear, antialiased, rounded to bytes as the TFDS path does) to the entry's
+``image_size``, the last batch padded with ``mask`` 0. The TFDS path evaluates the same
+examples in TFDS's stored order (a hash of the keys), so per-example results (a study's
+``examples.npz``) line up only between runs of one path: a study runs all its arms on one.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mc
+import numpy as np
+
+from rope_lie import fashion_mnist_files
+
+DATASET = "fashion_mnist_idx"
+CANVASES = {"plain": fashion_mnist_files.SIDE, "canvas36": 36, "canvas44": 44, "canvas56": 56}
+NUM_CLASSES = len(fashion_mnist_files.CLASS_NAMES)
+
+
+def uses_memory(config: mc.ConfigDict) -> bool:
+    """Whether the run reads its data here (``config.input == "memory"``) rather than through
+    TFDS (``"tfds"``, the default, and what a config without the field means)."""
+    source = config.get("input", "tfds")
+    if source not in ("tfds", "memory"):
+        raise ValueError(f"input={source!r}; expected 'tfds' (tf.data) or 'memory' (no TF)")
+    return source == "memory"
+
+
+def run_inputs(config: mc.ConfigDict):
+    """The module that reads the run's data: this one, or ``rope_lie.data.run_inputs`` (which
+    imports TensorFlow). Both have ``prepare_data(config)`` and
+    ``data_train_batches(config, start_step)``."""
+    if uses_memory(config):
+        import rope_lie.in_memory as module
+
+        return module
+    from rope_lie.data import run_inputs as module
+
+    return module
+
+
+def data_seed(config: mc.ConfigDict) -> int:
+    """The seed of the training data's order and augmentation: ``config.data_seed``, or
+    ``config.seed`` where it is None or absent (every run before data_seed existed)."""
+    value = config.get("data_seed")
+    return config.seed if value is None else value
+
+
+# --------------------------------------------------------------------------- the arrays
+
+
+def _parse(name: str, split: str) -> tuple[str, str, slice]:
+    """(canvas config, split, slice) of a dataset name and a split such as ``test[:16]``."""
+    base, _, variant = name.partition("/")
+    variant = variant.split(":")[0] or "plain"
+    if base != DATASET or variant not in CANVASES:
+        raise ValueError(
+            f"input='memory' reads {DATASET}/{{{', '.join(CANVASES)}}}, not {name!r}; "
+            "other datasets need input='tfds'"
+        )
+    match = re.fullmatch(r"(train|test)(?:\[(-?\d*):(-?\d*)\])?", split)
+    if match is None:
+        raise ValueError(f"split={split!r}; expected train or test, optionally [a:b] (integers)")
+    start, stop = (int(x) if x else None for x in match.group(2, 3))
+    if variant != "plain" and match.group(1) != "test":
+        raise ValueError(f"{name} holds the test split only, not {split!r}")
+    return variant, match.group(1), slice(start, stop)
+
+
+@functools.cache
+def _split_arrays(directory: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = fashion_mnist_files.load_split(split, directory)
+    return images, labels.astype(np.int32)
+
+
+def arrays(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 (N, S, S, 1) images and int32 (N,) labels of a dataset split, in stored order (S:
+    28, or the canvas side)."""
+    variant, base_split, part = _parse(name, split)
+    images, labels = _split_arrays(fashion_mnist_files.idx_dir(), base_split)
+    images = fashion_mnist_files.on_canvas(images[part], CANVASES[variant])
+    return images[..., None], labels[part]
+
+
+def train_arrays(ds_cfg: mc.ConfigDict) -> tuple[np.ndarray, np.ndarray]:
+    """The training examples: the first round(train_fraction N) of ``train_split``."""
+    images, labels = arrays(ds_cfg.name, ds_cfg.train_split)
+    if ds_cfg.train_fraction != 1.0:
+        count = round(ds_cfg.train_fraction * len(labels))
+        if count < 1:
+            raise ValueError(f"train_fraction={ds_cfg.train_fraction} of {len(labels)} keeps none")
+        images, labels = images[:count], labels[:count]
+    return images, labels
+
+
+def check_config(config: mc.ConfigDict) -> None:
+    """Raise ValueError naming what the in-memory path does not do (a single process, the
+    recipe's pad-and-crop and flip, no NaFlex)."""
+    ds, aug = config.dataset, config.dataset.augment
+    _parse(ds.name, ds.train_split)
+    shards = config.get("data_shards", 0)
+    supported = (  # (field, value, whether supported, what is)
+        ("augment.crop", aug.crop, aug.crop in ("none", "pad"), "'none' or 'pad'"),
+        ("augment.randaugment.num_layers", aug.randaugment.num_layers,
+         not aug.randaugment.num_layers, "0"),
+        ("augment.mixup_alpha", aug.mixup_alpha, not aug.mixup_alpha, "0"),
+        ("augment.cutmix_alpha", aug.cutmix_alpha, not aug.cutmix_alpha, "0"),
+        ("augment.label_smoothing", aug.label_smoothing, not aug.label_smoothing, "0"),
+        ("naflex", "set" if config.get("naflex") else None, not config.get("naflex"), "unset"),
+        ("processes", jax.process_count(), jax.process_count() == 1, "1"),
+        ("data_shards", shards, shards in (0, 1), "0 or 1"),
+    )  # fmt: skip
+    for field, value, ok, expected in supported:
+        if not ok:
+            raise ValueError(
+                f"input='memory': {field}={value!r}; it supports {expected} (input='tfds' "
+                "supports more)"
+            )
+
+
+def prepare_data(config: mc.ConfigDict) -> int:
+    """Read the training split and every evaluation's dataset into memory, check them against
+    ``config.model``; returns the number of training examples."""
+    check_config(config)
+    images, _ = train_arrays(config.dataset)
+    side = config.dataset.image_size or images.shape[1]
+    model = config.model
+    expected = ((side, side), 1, NUM_CLASSES)
+    actual = (tuple(model.image_shape), model.channels, model.num_classes)
+    if expected != actual:
+        raise ValueError(
+            f"config.model (image_shape, channels, num_classes)={actual} does not match "
+            f"dataset {config.dataset.name!r} (image_size={config.dataset.image_size}): {expected}"
+        )
+    for entry in config.evals.values():
+        if entry.get("naflex_side") is not None:
+            raise ValueError("input='memory' has no NaFlex evaluations; use input='tfds'")
+        arrays(entry.name or config.dataset.name, entry.split or config.dataset.eval_split)
+    return len(images)
+
+
+# --------------------------------------------------------------------------- in JAX
+
+
+@functools.partial(jax.jit, static_argnames=("padding", "flip", "size"))
+def augment_batch(
+    images_BHWC: jax.Array, key: jax.Array, *, padding: int, flip: bool, size: int | None
+) -> jax.Array:
+    """uint8 (B, H, W, C) -> uint8 (B, H, W, C) (or size x size): per example, a random H x W
+    window of the image zero-padded by `padding` px (0: none), resized to `size` (None: kept),
+    then mirrored left-right with probability 1/2 when `flip`."""
+    b, h, w, c = images_BHWC.shape
+    crop_key, flip_key = jax.random.split(key)
+    out = images_BHWC
+    if padding:
+        pads = ((0, 0), (padding, padding), (padding, padding), (0, 0))
+        padded = jnp.pad(images_BHWC, pads)
+        offsets_B2 = jax.random.randint(crop_key, (b, 2), 0, 2 * padding + 1)
+        out = jax.vmap(lambda im, o: jax.lax.dynamic_slice(im, (o[0], o[1], 0), (h, w, c)))(
+            padded, offsets_B2
+        )
+    if size is not None and size != h:
+        out = resize(out, size)
+    if flip:
+        mirror_B = jax.random.bernoulli(flip_key, 0.5, (b,))
+        out = jnp.where(mirror_B[:, None, None, None], out[:, :, ::-1], out)
+    return out
+
+
+def resize(images_BHWC: jax.Array, size: int) -> jax.Array:
+    """Bilinear, antialiased resize to size x size, rounded and saturated to uint8 (as the
+    TFDS path's ``augment.resize``)."""
+    b, _, _, c = images_BHWC.shape
+    out = jax.image.resize(
+        images_BHWC.astype(jnp.float32), (b, size, size, c), "bilinear", antialias=True
+    )
+    return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
+
+
+def normalise(images_BHWC: jax.Array, ds_cfg: mc.ConfigDict) -> jax.Array:
+    """(x / 255 - mean) / std, float32."""
+    mean_111C = jnp.asarray(ds_cfg.mean, jnp.float32).reshape(1, 1, 1, -1)
+    std_111C = jnp.asarray(ds_cfg.std, jnp.float32).reshape(1, 1, 1, -1)
+    return (images_BHWC.astype(jnp.float32) / 255.0 - mean_111C) / std_111C
+
+
+# --------------------------------------------------------------------------- the streams
+
+
+@functools.lru_cache(maxsize=2)  # the epoch a batch is in, and the one it may straddle into
+def epoch_order(seed: int, epoch: int, num: int) -> np.ndarray:
+    """The example order of one epoch: a permutation of range(num) from (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(num)
+
+
+def batch_indices(seed: int, step: int, batch_size: int, num: int) -> np.ndarray:
+    """Example indices of batch `step`: stream positions [step B, (step + 1) B) of the
+    concatenated epochs (a batch may straddle two)."""
+    positions = np.arange(step * batch_size, (step + 1) * batch_size)
+    epochs = positions // num
+    out = np.empty(batch_size, np.int64)
+    for epoch in np.unique(epochs):
+        here = epochs == epoch
+        out[here] = epoch_order(seed, int(epoch), num)[positions[here] % num]
+    return out
+
+
+def data_train_batches(config: mc.ConfigDict, start_step: int) -> Iterator[dict[str, Any]]:
+    """Infinite training batches from `start_step` on: {"image": float32 (B, H, W, C),
+    "label": int32 (B,)}, batch k the same whatever step the stream started at."""
+    check_config(config)
+    if start_step < 0:
+        raise ValueError(f"start_step={start_step} must be >= 0")
+    ds = config.dataset
+    images, labels = train_arrays(ds)
+    seed, batch, num = data_seed(config), config.batch_size, len(labels)
+    padding = ds.augment.crop_padding if ds.augment.crop == "pad" else 0
+    base_key = jax.random.key(seed)
+    for step in itertools.count(start_step):
+        index = batch_indices(seed, step, batch, num)
+        out = augment_batch(
+            jnp.asarray(images[index]), jax.random.fold_in(base_key, step), padding=padding,
+            flip=bool(ds.augment.flip), size=ds.image_size,
+        )  # fmt: skip
+        yield {"image": normalise(out, ds), "label": jnp.asarray(labels[index])}
+
+
+def eval_batches(config: mc.ConfigDict, entry: mc.ConfigDict, batch_size: int):
+    """Every example of an evaluation entry once, in stored order: {"image", "label", "mask"},
+    the last batch padded with zeros and mask 0."""
+    ds = config.dataset
+    images, labels = arrays(entry.name or ds.name, entry.split or ds.eval_split)
+    size = entry.image_size or ds.image_size
+    for start in range(0, len(labels), batch_size):
+        chunk = jnp.asarray(images[start : start + batch_size])
+        real = chunk.shape[0]
+        if size is not None and size != chunk.shape[1]:
+            chunk = resize(chunk, size)
+        pad = batch_size - real
+        image = np.asarray(normalise(chunk, ds))  # numpy: evaluate's patch shuffle reads it
+        yield {
+            "image": np.pad(image, ((0, pad), (0, 0), (0, 0), (0, 0))),
+            "label": np.pad(labels[start : start + batch_size], (0, pad)),
+            "mask": np.pad(np.ones(real, np.float32), (0, pad)),
+        }
