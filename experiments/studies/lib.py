@@ -22,7 +22,7 @@ An arm with an ``eval_suffix`` trains nothing of its own: it reads the evaluatio
 ``<eval><suffix>`` (``EVAL_SUFFIX`` "@", e.g. ``px56@yarn``: an extrapolation tool applied at
 evaluation) of the run of the same recipe, argument and overrides, recorded under their plain
 names; an arm without one takes the evaluations without a suffix. So one trained model gives
-several arms, paired by seed (``report``'s paired test, ``compare --paired``).
+several arms, paired by seed (they share its data orders: ``lib.shares_data``).
 
 Collecting appends one row per evaluation to ``results.csv`` (columns ``RESULT_COLUMNS``) and the
 per-example results to ``examples.npz`` (packed bits, key ``arm/seed/eval``), both written
