@@ -50,6 +50,7 @@ from rope_lie import (
     run_config,
     sharding,
 )
+from rope_lie.encodings import _sharding
 from rope_lie.job import say
 from rope_lie.models import ViT, attention, tokens, vit
 
@@ -148,6 +149,9 @@ def make_train_step(setup: Setup):
     """Jitted (state, batch, other, dropout_key) -> (state, metrics); the state is donated."""
 
     def loss_fn(params, batch, other, key):
+        # Under Explicit mesh axes fsdp-split parameters are gathered for the forward pass (a
+        # no-op under the loop's Auto axes, where XLA places the gathers).
+        params = jax.tree.map(_sharding.replicated, params)
         model = merge_model(setup, params, fresh_rng_state(other, key))
         if "image" in batch and model.patch_dropout == 0:
             logits_BV = model(batch["image"], train=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rope_lie.encodings import _sharding
+
 __all__ = [
     "apply_blocks",
     "cayley",
@@ -183,6 +185,8 @@ def apply_blocks(x_BTNH: jax.Array, r_XTNKbb: jax.Array) -> jax.Array:
     x32 = x_BTNH.astype(jnp.float32)
     xb = x32[..., :used].reshape(*x32.shape[:-1], num_blocks, block)
     r32 = r_XTNKbb.astype(jnp.float32)
+    if r32.ndim == 6:  # per example: split as x is (Explicit mesh axes; else unchanged)
+        r32 = _sharding.split_batch(r32, _sharding.batch_axes(x_BTNH))
     heads = "N" if r32.shape[-4] == x_BTNH.shape[2] else ""
     if not heads:  # one set of rotations for all heads
         r32 = jnp.squeeze(r32, axis=-4)
