@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections as mc
 import optax
 from flax import nnx
 
@@ -53,6 +52,9 @@ from rope_lie import (
 from rope_lie.encodings import _sharding
 from rope_lie.job import say
 from rope_lie.models import ViT, attention, tokens, vit
+
+if TYPE_CHECKING:  # configs are read by attribute: the step needs no ml_collections
+    import ml_collections as mc
 
 # fold_in data of the patch-dropout key, derived from a step's dropout key (the model's RNG
 # streams take fold_in(key, i) with i their small leaf index: no collision).
