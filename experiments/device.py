@@ -1105,7 +1105,7 @@ STAGE_FNS = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help="folder of the JSON and Markdown")
-    parser.add_argument("--budget", type=float, default=560.0, help="seconds for every stage")
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for every stage")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes (automatic on CPU)")
     parser.add_argument("--encoders", default="", help="a subset of ENCODERS, comma-separated")
     parser.add_argument("--attention", default="", help="a subset of the backends")
