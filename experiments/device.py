@@ -27,10 +27,10 @@ goes on:
    is the min.
 5. ``rotations``: ``lie.apply_blocks``'s two block products alone at ViT-B/16's shapes (LieRE
    8x8 and dense; forward, and forward plus backward), and each one's error against float64.
-6. ``profile``: the LieRE 8x8 and RoPE-Mixed steps (each on its fastest backend) traced by
-   ``jax.profiler``: the top operations by device time per step (read from the trace's
-   XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin), beside the compiled
-   program's instruction counts and XLA's cost analysis.
+6. ``profile``: the LieRE 8x8 (with each block product) and RoPE-Mixed steps, on their
+   fastest backend, traced by ``jax.profiler``: the top operations by device time per step
+   (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),
+   beside the compiled program's instruction counts and XLA's cost analysis.
 7. ``largest_batch``: for the encoders in ``ENCODERS`` order, on their fastest backend, the
    largest power-of-two batch whose compiled step fits the device's memory (predicted from
    batch 64's buffer sizes, checked by compiling the candidate and its half), timed as in 4.
@@ -455,8 +455,10 @@ def start_pytest(paths: tuple[str, ...], env_extra: dict, workers: int, log_path
     env = dict(os.environ, **env_extra)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     log = open(log_path, "w")  # noqa: SIM115  (closed by finish_pytest)
+    # A process group of its own (xdist's workers included) to stop at the deadline; not a
+    # session of its own, so nothing outlives the command that started the queue.
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=0
     )
     return {"proc": proc, "log": log, "log_path": log_path, "cmd": cmd, "began": time.monotonic()}
 
@@ -518,6 +520,13 @@ def stage_tests(q: Queue) -> str:
     return q.data["tests"]["gpu"].get("summary", "")
 
 
+def stop_background(q: Queue) -> None:
+    """Stop the background tests' process groups (a run that ends early or overstays)."""
+    for run in q.background.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run["proc"].pid, signal.SIGKILL)
+
+
 def wait_for_encoder_tests(q: Queue) -> None:
     run = q.background.pop("encoder_tests", None)
     if run is not None:
@@ -559,8 +568,11 @@ def jax_clear_caches() -> None:
 def default_product(platform: str) -> str:
     from rope_lie.encodings import lie
 
-    key = "cpu" if platform == "cpu" else platform
-    return lie.BLOCK_PRODUCTS.get(key, lie.BLOCK_PRODUCTS["default"])
+    # jax.default_backend()'s "gpu" is "cuda" or "rocm" to lax.platform_dependent.
+    for key in {"gpu": ("cuda", "rocm")}.get(platform, (platform,)):
+        if key in lie.BLOCK_PRODUCTS:
+            return lie.BLOCK_PRODUCTS[key]
+    return lie.BLOCK_PRODUCTS["default"]
 
 
 def other_product(platform: str) -> str:
@@ -1003,15 +1015,23 @@ def profile_case(q: Queue, key: tuple, case: dict) -> dict:
 def stage_profile(q: Queue) -> str:
     best = best_rows(q.data["rows"], q.shapes["batch"])
     q.data["profiles"] = {}
+    targets = {}  # name: key of the compiled step
     for encoder in PROFILED:
-        if encoder not in best or q.left("profile") <= 0:
-            continue
-        row = best[encoder]
-        key = (encoder, row["attention"], row["batch"], None)
+        if encoder in best:
+            row = best[encoder]
+            targets[encoder] = (encoder, row["attention"], row["batch"], None)
+    if "liere" in targets:  # LieRE 8x8 with the other block product, on the same backend
+        other = other_product(q.data["platform"])
+        key = ("liere", targets["liere"][1], q.shapes["batch"], other)
+        if "compiled" in q.compiled.get(key, {}):
+            targets[f"liere ({other} block product)"] = key
+    for name, key in targets.items():
+        if q.left("profile") <= 0:
+            break
         try:
-            q.data["profiles"][encoder] = profile_case(q, key, q.compiled[key])
+            q.data["profiles"][name] = profile_case(q, key, q.compiled[key])
         except Exception as e:
-            q.data["profiles"][encoder] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            q.data["profiles"][name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         q.results.save()
     return f"profiled {sorted(q.data['profiles'])}"
 
@@ -1156,7 +1176,7 @@ def main(argv=None) -> dict | None:
     print(f"writing {results.json_path}", flush=True)
     q = Queue(args, shapes, results)
     # A run that overstays its budget stops; what it measured is already on disk.
-    watchdog = threading.Timer(args.budget + 20, lambda: os._exit(3))
+    watchdog = threading.Timer(args.budget + 20, lambda: (stop_background(q), os._exit(3)))
     watchdog.daemon = True
     watchdog.start()
     skip = set(filter(None, args.skip.split(",")))
@@ -1169,8 +1189,8 @@ def main(argv=None) -> dict | None:
         wait_for_encoder_tests(q)
     finally:
         watchdog.cancel()
-        if getattr(q, "pool", None) is not None:
-            q.pool.shutdown(wait=True, cancel_futures=True)
+        stop_background(q)
+        q.pool.shutdown(wait=True, cancel_futures=True)
         data["seconds"] = round(time.monotonic() - q.start, 1)
         results.save()
     print(f"wrote {results.json_path} and {results.md_path} in {data['seconds']} s", flush=True)

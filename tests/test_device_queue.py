@@ -111,7 +111,8 @@ def test_dry_run_largest_batch(dry_run):
 
 
 def test_dry_run_profiles_read_the_trace(dry_run):
-    for encoder in device.PROFILED:
+    assert set(dry_run["profiles"]) == {*device.PROFILED, "liere (broadcast block product)"}
+    for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
         assert "error" not in profile, profile
         trace = profile["trace"]
