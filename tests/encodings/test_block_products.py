@@ -11,7 +11,6 @@ from flax import nnx
 from rope_lie.encodings import lie, liere
 from rope_lie.models import ViT
 
-
 # The einsum is a matrix product: on NVIDIA GPUs jax's default precision may run float32 products
 # in TF32 (10 bits of mantissa; the device queue measures it), the broadcast sum in float32.
 FLOAT32_RTOL = 2e-6 if jax.default_backend() == "cpu" else 2e-3
