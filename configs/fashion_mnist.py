@@ -26,7 +26,11 @@ of 35-100 % of the area in training, for the resolution study), resolution_evals
 `test` and `test_shuffled`: a short run's evaluation then costs about a minute, not four),
 rotary_fraction=<p-RoPE's fraction of frequency pairs rotated per axis, e.g. 0.75; 1 =
 all; for the families config_lib.p_rope_families() lists>, rescale=<DINOv3's coordinate
-rescaling bound in training, e.g. 2; 0 = off>, smoke (a few steps; used by the tests), naflex
+rescaling bound in training, e.g. 2; 0 = off>, rpe=<RPE-2D's randomized positions in
+training, drawn from a grid that many times larger per axis, e.g. 2; 0 = off>,
+extrapolation_evals (beside every px and canvas evaluation, one per resolution extrapolation
+tool the encoder supports, `px56@yarn` ...: the same model, evaluated with the tool;
+rope_lie/encodings/extrapolation.py), smoke (a few steps; used by the tests), naflex
 (mixed-size batches: every training image, after its crop and flip, resized under a random
 budget of side**2 tokens, side uniform in [min_side, max_side], default 5-9, i.e.
 20-36 px; NaFlex evaluations of the test images at sides 5, 7, 9, 11 and 14, the px
@@ -50,7 +54,8 @@ def get_config(arg=None):
     args = common.parse_arg(
         arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
         k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False, naflex=False, min_side=5,
-        max_side=9, resolution_evals=True, rotary_fraction=1.0, naflex_evals=True,
+        max_side=9, resolution_evals=True, rotary_fraction=1.0, naflex_evals=True, rpe=0.0,
+        extrapolation_evals=False,
     )  # fmt: skip
     c = common.base_config()
     c.dataset = common.dataset_config(
@@ -81,10 +86,17 @@ def get_config(arg=None):
             )
         # p-RoPE (Barbero et al., 2025): the lowest frequencies of every axis left unrotated
         c.model.pe_hparams.rotary_fraction = float(args.rotary_fraction)
+    augment = {}
     if args.rescale:
         # DINOv3's coordinate rescaling in training (positions.augment): every axis times one
         # log-uniform factor in [1 / rescale, rescale] per batch
-        c.model.position_augment = dict(rescale=float(args.rescale))
+        augment["rescale"] = float(args.rescale)
+    if args.rpe:
+        # RPE-2D (positions.randomize): per axis, a sorted random subset of the positions of a
+        # grid rpe times larger, one draw per batch
+        augment["randomize"] = float(args.rpe)
+    if augment:
+        c.model.position_augment = augment
     c.batch_size = 128  # examples per step
     c.num_epochs = float(args.epochs)  # total steps = epochs * 60,000 // 128
     c.optim.lr = 1e-3  # peak learning rate (AdamW), cosine decay to 0
@@ -106,6 +118,11 @@ def get_config(arg=None):
                 for s in CANVASES
             },
         )
+    if args.extrapolation_evals:
+        if not args.resolution_evals:
+            raise ValueError("extrapolation_evals needs the resolution evaluations")
+        sized = [f"px{s}" for s in UPSAMPLED] + [f"canvas{s}" for s in CANVASES]
+        common.add_extrapolation_evals(c, sized)
     if args.naflex:  # the fixed-size evaluations above stay
         sides = sorted({args.min_side, 7, args.max_side, *(s // 4 for s in UPSAMPLED)})
         eval_sides = sides if args.naflex_evals else ()

@@ -30,6 +30,11 @@ def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
       (model, config): the NNX ViT with the checkpoint's parameters, and the workdir's
       ``config.json``.
     """
-    from rope_lie import run_config  # JAX and Flax are imported only when a model is loaded
+    try:
+        from rope_lie import run_config  # JAX and Flax are imported only when a model is loaded
+    except ModuleNotFoundError as e:  # the core install: one line naming the extra to install
+        from rope_lie import _extras
+
+        _extras.raise_missing(e, "rope_lie.load")
 
     return run_config.load(workdir, step)

@@ -11,9 +11,12 @@ declares its arguments and their defaults; unknown arguments fail with the list 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import ml_collections as mc
+
+from rope_lie import encodings
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> mc.ConfigDict:
@@ -62,18 +65,15 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
 
 
 DIM_KEYS = ("width", "depth", "num_heads", "mlp_dim")  # model.dims (models/variants.py)
-ADDITIVE_PES = ("ape", "sincos")  # `pe=` values that are tables added to the tokens
-# Each family's reference positions; others: "integer".
-CONVENTIONS = {
-    "liere": "sequential", "visionllama": "autoscale", "comrope": "unit_centred",
-    "dinov3": "centred",
-}  # fmt: skip
+# Read from the families' own declarations (``encodings/family.py``: ``FAMILY``):
+ADDITIVE_PES = tuple(encodings.ADDITIVE)  # `pe=` values that are tables added to the tokens
+# Each family's reference positions.
+CONVENTIONS = {name: f.convention for name, f in encodings.families().items()}
 # `pe=` values that name a variant of a family: (family, its init arguments, positions).
 PE_VARIANTS = {
-    # The LieRE paper's "VisionLlama" baseline (its reference code), not VisionLLaMA's AS2DRoPE.
-    "visionllama_liere": ("visionllama", dict(variant="liere"), "sequential"),
-    # ComRoPE's axis-partition variant (pe=comrope is the linearly dependent one).
-    "comrope_ap": ("comrope", dict(variant="ap"), "unit_centred"),
+    pe: (name, dict(settings), convention)
+    for name, f in encodings.families().items()
+    for pe, (settings, convention) in f.variants.items()
 }
 APE_INIT_STD = 0.02  # ViT/timm's APE init std (quickstart, digits, Cayley recipes)
 LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py); LieRE recipes
@@ -82,8 +82,6 @@ LIERE_APE_INIT_STD = 1.0  # the LieRE reference: torch.randn (its models/vit.py)
 def pe_choices() -> list[str]:
     """Every value a recipe's ``pe=`` accepts: the rotary and bias families
     (``rope_lie.encodings``), their named variants (``PE_VARIANTS``) and the additive tables."""
-    from rope_lie import encodings
-
     return (
         sorted(encodings.ROTARY) + sorted(encodings.BIAS) + sorted(PE_VARIANTS) + list(ADDITIVE_PES)
     )
@@ -91,14 +89,10 @@ def pe_choices() -> list[str]:
 
 def p_rope_families() -> list[str]:
     """The rotary families whose ``init`` takes p-RoPE's ``rotary_fraction``."""
-    import inspect
-
-    from rope_lie import encodings
-
     return sorted(
         name
-        for name, module in encodings.ROTARY.items()
-        if "rotary_fraction" in inspect.signature(module.init).parameters
+        for name, f in encodings.families().items()
+        if "rotary_fraction" in f.settings_of_init()
     )
 
 
@@ -118,7 +112,8 @@ def pe_fields(
         raise ValueError(f"unknown pe={pe!r}; expected one of {', '.join(pe_choices())}")
     additive = pe if pe in ADDITIVE_PES else "none"
     family, hparams, default_convention = PE_VARIANTS.get(
-        pe, (pe, {}, CONVENTIONS.get(pe, "integer"))
+        pe,
+        (pe, {}, CONVENTIONS.get(pe, "integer")),  # additive tables: integer positions
     )
     if pe == "liere":
         hparams = dict(block_size=block)
@@ -164,7 +159,7 @@ def model_config(
     m.image_shape = image_shape  # training input (H, W) in px, or (T or D, H, W)
     m.channels = channels  # input channels C
     m.num_classes = num_classes  # classifier outputs K
-    m.pool = pool  # "cls" (class token) or "mean" (mean of the patch tokens)
+    m.pool = pool  # "cls" (class token), "mean" (the patch tokens'), "mean_with_cls" (timm's avg)
     m.dropout = dropout  # rate after the embedding, the attention output and in the MLP
     m.pe = pe  # rotary/bias family on q and k ("nope" with an additive table)
     m.pe_hparams = pe_hparams  # family init arguments
@@ -173,7 +168,8 @@ def model_config(
     m.position_convention = position_convention  # token positions (encodings/positions.py)
     # the convention's arguments, e.g. dict(temporal_spacing=2.0) for "diagonal" (VideoRoPE)
     m.position_hparams = {}
-    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training
+    # None, or dict(shift=, jitter=, rescale=): DINOv3's coordinate augmentation in training;
+    # randomize=: RPE-2D's randomized positions from a grid that many times larger
     m.position_augment = None
     m.share_pe_heads = False  # encoder parameters per head ...
     m.share_pe_layers = False  # ... and per layer
@@ -198,6 +194,8 @@ def model_config(
     m.qkv_bias = True  # biases on the q, k, v projections
     m.additive_prefix = True  # the class token has its own row of the additive table
     m.num_registers = 0  # learned register tokens after the class token (DINOv3: 4)
+    m.final_norm = True  # LayerNorm on every token before pooling (timm's norm)
+    m.fc_norm = False  # LayerNorm on the pooled feature before the head (timm's fc_norm)
     return m
 
 
@@ -265,15 +263,45 @@ def eval_entry(
     image_size: int | None = None,
     split: str | None = None,
     shuffle_patches: bool = False,
+    extrapolation: str | None = None,
 ) -> mc.ConfigDict:
-    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`."""
+    """One entry of `config.evals`: which data to evaluate on, relative to `config.dataset`.
+
+    `extrapolation`: a resolution extrapolation tool for the encoder states at this entry's
+    grid (rope_lie/encodings/extrapolation.py: "pi", "ntk", "yarn", "logit", "pi+logit",
+    "ntk+logit"), chosen from the training grid with no retraining; None (the key is then left
+    out): the model as trained.
+    """
     e = mc.ConfigDict()
     e.name = mc.config_dict.placeholder(str)  # TFDS name; None = config.dataset.name
     e.image_size = mc.config_dict.placeholder(int)  # input side in px; None = dataset's
     e.split = mc.config_dict.placeholder(str)  # split; None = config.dataset.eval_split
     e.shuffle_patches = shuffle_patches  # permute the patches of every example at random
     e.name, e.image_size, e.split = name, image_size, split
+    if extrapolation is not None:
+        e.extrapolation = extrapolation  # checked against the model before training
     return e
+
+
+def add_extrapolation_evals(c: mc.ConfigDict, names: list[str]) -> list[str]:
+    """Beside each evaluation in `names`, one per extrapolation tool the model supports.
+
+    The tools are `encodings.extrapolation.tools_for(pe, position_convention)`, each alone;
+    entry `<name>@<tool>` is `<name>`'s data with `extrapolation=<tool>`: the same trained
+    model evaluated with the tool (experiments/studies read `@` as another arm of the run).
+
+    Returns:
+      the tools added.
+    """
+    from rope_lie.encodings import extrapolation
+
+    tools = list(extrapolation.tools_for(c.model.pe, c.model.position_convention))
+    for name in names:
+        for tool in tools:
+            entry = copy.deepcopy(c.evals[name])
+            entry.extrapolation = tool
+            c.evals[f"{name}@{tool}"] = entry
+    return tools
 
 
 def make_smoke(

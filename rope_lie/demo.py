@@ -1,7 +1,7 @@
 """A tour of every rotary and bias encoder: parameters, norms, relativity, measured here.
 
 Run: ``python -m rope_lie.demo`` (CPU, a few seconds). For each family on a 2D 6x6 grid with
-ViT-S-like heads (6 heads of 64 channels) it prints the number of learned parameters, the worst
+ViT-S-like heads (6 heads of 48 channels) it prints the number of learned parameters, the worst
 change of a token's norm under the rotation, and how much q.k changes when both positions are
 shifted by the same offset: zero (to float32 rounding) where the math says the encoding depends
 only on relative position, clearly non-zero for 2D LieRE with blocks larger than 2 (its
@@ -16,28 +16,20 @@ import jax.numpy as jnp
 from rope_lie import encodings
 from rope_lie.encodings import positions
 
-NUM_HEADS, HEAD_DIM, GRID = 6, 64, (6, 6)
-# (label, family, hparams). init_std > 0 so Cayley-STRING's P is not the identity.
-CASES = (
-    ("nope", "nope", {}),
-    ("rope_axial", "rope_axial", {}),
-    ("rope_mixed", "rope_mixed", {}),
-    ("visionllama", "visionllama", {}),
-    ("liere b=2", "liere", {"block_size": 2}),
-    ("liere b=8", "liere", {"block_size": 8}),
-    ("liere dense", "liere", {}),
-    ("cayley dense", "cayley_string", {"generator": "dense", "init_std": 0.1}),
-    ("cayley block2x2", "cayley_string", {"generator": "block2x2", "init_std": 0.1}),
-    (
-        "cayley banded b=4",
-        "cayley_string",
-        {"generator": "banded", "bandwidth": 4, "init_std": 0.1},
-    ),
-    ("cayley topk k=48", "cayley_string", {"generator": "topk", "k": 48, "init_std": 0.1}),
-    ("circulant_string", "circulant_string", {}),
-    ("comrope ld b=8", "comrope", {"variant": "ld", "block_size": 8}),
-    ("comrope ap b=8", "comrope", {"variant": "ap", "block_size": 8}),
-    ("dinov3", "dinov3", {}),
+# 6 heads of 48 channels: ViT-S-like, and a head size every family's example settings divide.
+NUM_HEADS, HEAD_DIM, GRID = 6, 48, (6, 6)
+
+
+def _label(name: str, hparams: dict) -> str:
+    return " ".join([name, *(f"{k}={v}" for k, v in hparams.items())])
+
+
+# (label, family, settings): every 2D example that each rotary family declares (its FAMILY).
+CASES = tuple(
+    (_label(name, hparams), name, dict(hparams))
+    for name, module in encodings.ROTARY.items()
+    for hparams, ranks in module.FAMILY.examples
+    if len(GRID) in ranks
 )
 
 
@@ -52,14 +44,13 @@ def check_rotary(name: str, hparams: dict, seed: int = 0) -> dict:
     params = module.init(
         key_p, num_heads=NUM_HEADS, head_dim=HEAD_DIM, num_axes=len(GRID), **hparams
     )
-    kw = {k: hparams[k] for k in module.APPLY_HPARAMS if k in hparams}
     pos_TA = positions.grid_positions(GRID, "integer")
     shape = (1, pos_TA.shape[0], NUM_HEADS, HEAD_DIM)
     q_BTNH, k_BTNH = jax.random.normal(key_q, shape), jax.random.normal(key_k, shape)
 
     def scores(offset):
-        q = module.apply(params, q_BTNH, pos_TA + offset, **kw)
-        k = module.apply(params, k_BTNH, pos_TA + offset, **kw)
+        q = module.apply(params, q_BTNH, pos_TA + offset)  # init's settings, from params
+        k = module.apply(params, k_BTNH, pos_TA + offset)
         return jnp.einsum("BTNH,BSNH->BNTS", q, k), q
 
     base, q_rot = scores(0.0)
@@ -87,16 +78,15 @@ def check_alibi() -> dict:
 def main() -> None:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; grid {GRID}, ", end="")
     print(f"{NUM_HEADS} heads x head_dim {HEAD_DIM}, per layer\n")
-    print(f"{'encoder':<20}{'params':>8}  {'max |norm change|':>18}  {'rel. change of q.k':>19}")
-    print(f"{'':<20}{'':>8}  {'':>18}  {'under a shift':>19}")
+    w = max(len(label) for label, _, _ in CASES) + 2
+    print(f"{'encoder':<{w}}{'params':>8}  {'max |norm change|':>18}  {'rel. change of q.k':>19}")
+    print(f"{'':<{w}}{'':>8}  {'':>18}  {'under a shift':>19}")
     for label, name, hparams in CASES:
         r = check_rotary(name, hparams)
-        print(f"{label:<20}{r['params']:>8}  {r['norm_err']:>18.1e}  {r['shift_err']:>19.1e}")
+        print(f"{label:<{w}}{r['params']:>8}  {r['norm_err']:>18.1e}  {r['shift_err']:>19.1e}")
     a = check_alibi()
-    print(
-        f"{'alibi (bias)':<20}{a['params']:>8}  {'symmetric: ' + str(a['symmetric']):>18}  ", end=""
-    )
-    print(f"{a['shift_err']:>19.1e}")
+    symmetric = "symmetric: " + str(a["symmetric"])
+    print(f"{'alibi (bias)':<{w}}{a['params']:>8}  {symmetric:>18}  {a['shift_err']:>19.1e}")
     print(
         "\nRelative encodings change q.k by float32 rounding only (~1e-6); 2D LieRE with blocks "
         "> 2 is\nnot translation invariant (its generators do not commute), as the math says."

@@ -12,6 +12,8 @@ tokens are the patches: a model that ignores positions scores the same shuffled 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from tqdm import tqdm
@@ -74,6 +77,8 @@ class EvalStep(NamedTuple):
       the per-example "correct_B" and "mask_B" (B,).
     precompute: (params, spatial_shape) -> cache, the encoder states at that resolution
       (``spatial_shape`` static); None when the model takes no cache (``cache`` is then None).
+      When ``precompute_fn`` takes an ``extrapolation`` keyword, ``precompute(params,
+      spatial_shape, extrapolation=tool)`` gives the states under that tool (static too).
     """
 
     step: Callable
@@ -91,7 +96,9 @@ def make_eval_step(
         ``precompute_fn``'s output for the images' spatial shape, or None without one. A
         NaFlex batch (no "image") passes ``batch_tokens(batch)`` as the images, and no cache.
       precompute_fn: (params, spatial_shape) -> cache, e.g. ``ViT.precompute_pe`` of the
-        grid; None to compute everything per batch.
+        grid; None to compute everything per batch. With an ``extrapolation`` keyword
+        argument (a tool name or None, ``ViT.precompute_pe``), the evaluation entries'
+        ``extrapolation`` tools reach it.
     """
 
     @jax.jit
@@ -109,7 +116,11 @@ def make_eval_step(
             "mask_B": mask_B.astype(bool),
         }
 
-    precompute = None if precompute_fn is None else jax.jit(precompute_fn, static_argnums=1)
+    precompute = None
+    if precompute_fn is not None:
+        tools = "extrapolation" in inspect.signature(precompute_fn).parameters
+        static = dict(static_argnames=("extrapolation",)) if tools else {}
+        precompute = jax.jit(precompute_fn, static_argnums=1, **static)
     return EvalStep(eval_step, precompute)
 
 
@@ -121,6 +132,7 @@ def evaluate(
     *,
     shuffle_patch: Sequence[int] | None = None,
     seed: int = 0,
+    extrapolation: str | None = None,
 ) -> dict[str, float]:
     """Accuracy, mean loss and example count over every batch of an eval iterator.
 
@@ -132,6 +144,8 @@ def evaluate(
       shuffle_patch: when set, shuffle patches of this size (one permutation per example,
         reproducible from `seed`).
       seed: seed of the shuffling.
+      extrapolation: None, or the tool the encoder states are computed with
+        (``ViT.precompute_pe``'s ``extrapolation``; fixed-size images only).
 
     Returns:
       {"accuracy", "loss", "num_examples", "resolution", "correct"}: resolution is the spatial
@@ -148,14 +162,23 @@ def evaluate(
         if "image" not in batch:  # NaFlex tokens: positions per example, no shared cache
             if shuffle_patch is not None:
                 raise ValueError("shuffle_patches needs fixed-size images, not NaFlex tokens")
+            if extrapolation is not None:
+                raise ValueError(
+                    f"extrapolation={extrapolation!r} needs fixed-size images, not NaFlex tokens"
+                )
             resolution = f"tokens{batch['patches'].shape[1]}"
             sums = eval_step.step(params, sharding.shard_batch(batch, mesh), None)
             correct.append(_add_sums(totals, sums))
             continue
         spatial = tuple(int(d) for d in batch["image"].shape[1:-1])
         resolution = "x".join(str(d) for d in spatial)
+        if extrapolation is not None and eval_step.precompute is None:
+            raise ValueError(f"extrapolation={extrapolation!r} needs an eval step with precompute")
         if eval_step.precompute is not None and spatial not in caches:
-            caches[spatial] = eval_step.precompute(params, spatial)
+            if extrapolation is None:
+                caches[spatial] = eval_step.precompute(params, spatial)
+            else:
+                caches[spatial] = eval_step.precompute(params, spatial, extrapolation=extrapolation)
         if shuffle_patch is not None:
             batch["image"] = shuffle_patches(batch["image"], shuffle_patch, rng)
         sums = eval_step.step(params, sharding.shard_batch(batch, mesh), caches.get(spatial))
@@ -181,6 +204,38 @@ def _add_sums(totals: dict[str, float], sums: dict[str, Any]) -> np.ndarray:
     for key in totals:
         totals[key] += float(sums[key])
     return np.asarray(correct_B)[np.asarray(mask_B)]
+
+
+def check_extrapolation(model: vit.ViT, evals: Mapping[str, Any]) -> None:
+    """Every ``evals`` entry's ``extrapolation`` tool works for this model (before training).
+
+    Each is traced (``jax.eval_shape``, no arrays) at twice the training grid, where every tool
+    acts, so an unknown tool, one the family or convention does not support, or a spectrum NTK
+    and YaRN refuse fails now, with the entry's name.
+
+    Args:
+      model: the model (an abstract one from ``nnx.eval_shape`` will do).
+      evals: ``config.evals``.
+    """
+    grid = tuple(2 * n for n in model.train_grid)
+    graphdef, state = nnx.split(model)
+
+    def states(abstract_state, tool):
+        return nnx.merge(graphdef, abstract_state).precompute_pe(grid, tool)
+
+    for name, entry in evals.items():
+        tool = entry.get("extrapolation")
+        if tool is None:
+            continue
+        if entry.get("naflex_side") is not None:
+            raise ValueError(
+                f"evals.{name}.extrapolation={tool!r}: extrapolation tools need fixed-size "
+                "images, not NaFlex tokens"
+            )
+        try:
+            jax.eval_shape(functools.partial(states, tool=tool), state)
+        except ValueError as e:
+            raise ValueError(f"evals.{name}.extrapolation={tool!r}: {e}") from None
 
 
 def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, np.ndarray]]:
@@ -246,6 +301,7 @@ def evaluate_all(
             mesh,
             shuffle_patch=patch if entry.shuffle_patches else None,
             seed=config.seed,
+            extrapolation=entry.get("extrapolation"),
         )
         if name not in best or res["accuracy"] > best[name]["accuracy"]:
             best[name] = {"accuracy": res["accuracy"], "step": step}

@@ -31,10 +31,17 @@ import sys
 # CPU features) before anything of ours; keep its warnings and errors. A user's own setting wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from absl import flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+try:
+    from absl import flags, logging  # noqa: E402
+    from ml_collections import config_flags  # noqa: E402
 
-from rope_lie import config_lib  # noqa: E402
+    from rope_lie import config_lib  # noqa: E402
+except ModuleNotFoundError as _error:  # the core install: one line naming the extra to install
+    from rope_lie import _extras
+
+    if __name__ != "__main__":
+        _extras.raise_missing(_error, "rope_lie.main")
+    _extras.exit_missing(_error, "python -m rope_lie.main")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",

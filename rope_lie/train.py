@@ -215,9 +215,9 @@ def make_eval_fn(
             return model.classify_tokens(images)
         return model(images, train=False, pe_cache=cache, chunk_plan=plan)
 
-    def precompute_fn(params, spatial_shape):
+    def precompute_fn(params, spatial_shape, extrapolation=None):
         model = merge_model(setup, params, other)
-        return model.precompute_pe(model.grid_of(spatial_shape))
+        return model.precompute_pe(model.grid_of(spatial_shape), extrapolation)
 
     return evaluate.make_eval_step(apply_fn, precompute_fn)
 
@@ -263,7 +263,8 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     # (job.user_errors; rope_lie.main prints them as one line).
     with job.user_errors():
         # The model first: a bad model fails before the workdir is created.
-        nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
+        abstract_model = nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
+        evaluate.check_extrapolation(abstract_model, config.get("evals", {}))  # tools at evaluation
         # An attention this platform (or the dtype, or head_dim) rules out: fail now.
         vit.check_model_attention(config.model)
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save

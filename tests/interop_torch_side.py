@@ -34,6 +34,16 @@ DINOV3_CASES = {
     "dinov3_qkvb": "vit_small_patch16_dinov3_qkvb",
 }
 DINOV3_KW = dict(TINY_TIMM, global_pool="token")
+# timm's "avg" pooling (the patch tokens' mean beside the class token): DINOv3's timm default
+# (its final norm before pooling, no fc_norm), the same with timm's fc_norm instead of the final
+# norm, and a naver RoPE-Mixed ViT with global_pool="avg" (timm then turns fc_norm on): case:
+# (timm name, create_model keyword arguments)
+AVG_CASES = {
+    "dinov3_avg": ("vit_small_patch16_dinov3", TINY_TIMM),
+    "dinov3_avg_fc_norm": ("vit_small_patch16_dinov3_qkvb", dict(TINY_TIMM, use_fc_norm=True)),
+    "rope_mixed_avg": ("vit_small_patch16_rope_mixed_224",
+                       dict(TINY_TIMM, global_pool="avg", dynamic_img_size=True)),
+}  # fmt: skip
 GAINS = dict(attention_gain=8.0, embed_gain=4.0)
 LIERE_CASES = {  # case: (block size b, per_layer, per_head)
     "liere_dense_per_layer_head": (64, True, True),
@@ -109,6 +119,15 @@ def _dinov3(out: str) -> None:
         convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
                       f"--workdir={out}/{case}", _overrides(DINOV3_KW)])  # fmt: skip
         np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48)))
+    for case, (name, kw) in AVG_CASES.items():
+        torch.manual_seed(2)
+        model = timm_eva.create(name, **kw)
+        checks.scale_weights(model, seed=2, **GAINS)
+        path = os.path.join(out, f"{case}.pth")
+        torch.save(model.state_dict(), path)
+        convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
+                      f"--workdir={out}/{case}", _overrides(kw)])  # fmt: skip
+        np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48), seed=2))
     # DINOv3's pretrained weights have no classifier (num_classes=0): converted without a class
     # count, the head is the identity and the logits are the pooled features.
     headless = {k: v for k, v in DINOV3_KW.items() if k != "num_classes"}
@@ -175,10 +194,11 @@ def _errors(out: str) -> dict[str, str]:
         TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "num_classes": 7}))  # fmt: skip
     record("width_differs", lambda: timm_eva.create(
         TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "embed_dim": 32}))  # fmt: skip
-    avg = timm_eva.create("vit_small_patch16_rope_224", global_pool="avg", **TINY_TIMM)
-    record("avg_pool", lambda: timm_eva.model_config(avg))
-    dinov3_avg = timm_eva.create(DINOV3_CASES["dinov3"], **TINY_TIMM)  # timm's default pooling
-    record("dinov3_avg_pool", lambda: timm_eva.model_config(dinov3_avg))
+    max_pool = timm_eva.create("vit_small_patch16_rope_224", global_pool="max", **TINY_TIMM)
+    record("max_pool", lambda: timm_eva.model_config(max_pool))
+    both_eps = timm_eva.create(DINOV3_CASES["dinov3"], use_fc_norm=True, **TINY_TIMM)
+    both_eps.fc_norm.eps = 1e-6  # the blocks' 1e-5: rope_lie's ViT has one epsilon
+    record("fc_norm_eps", lambda: timm_eva.model_config(both_eps))
     record("dinov3_swiglu", lambda: timm_eva.check_name("vit_small_plus_patch16_dinov3"))
     record("not_empty", lambda: convert.main([
         "--from=timm", "--model=vit_small_patch16_rope_224", "--checkpoint=none",

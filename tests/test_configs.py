@@ -50,6 +50,7 @@ RECIPES = [
     ("arrows", "pe=liere,mixed_grids"),
     ("digits", "naflex,min_side=2,max_side=5"),
     ("fashion_mnist", "pe=alibi,naflex"),
+    ("fashion_mnist", "pe=rope_axial,extrapolation_evals,rpe=2"),
 ]
 # End-to-end smoke runs, one per distinct path through data and model. arrows:smoke is the
 # quickstart's path (LieRE mu/8 on spatial_arrows/c8_g8, larger grids, shuffled patches) and

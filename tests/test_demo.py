@@ -2,15 +2,15 @@
 
 import pytest
 
-from rope_lie import demo
+from rope_lie import demo, encodings
 from tests.encodings.test_contract import RELATIVE
 
 
 @pytest.fixture
 def small(monkeypatch):
-    """4 heads of 16 channels on a 3x3 grid: the same checks, a fraction of the compile time."""
+    """4 heads of 12 channels on a 3x3 grid: the same checks, a fraction of the compile time."""
     monkeypatch.setattr(demo, "NUM_HEADS", 4)
-    monkeypatch.setattr(demo, "HEAD_DIM", 16)
+    monkeypatch.setattr(demo, "HEAD_DIM", 12)
     monkeypatch.setattr(demo, "GRID", (3, 3))
 
 
@@ -22,9 +22,18 @@ def test_every_rotary_case_keeps_norms_and_is_relative_where_the_math_says(small
             assert result["shift_err"] < 1e-5, (label, result)
         else:  # 2D LieRE with blocks > 2: its generators do not commute
             assert result["shift_err"] > 1e-2, (label, result)
-        assert (result["params"] > 0) == (
-            name not in {"nope", "rope_axial", "visionllama", "dinov3"}
+        enc = encodings.encoder(
+            name, num_heads=demo.NUM_HEADS, head_dim=demo.HEAD_DIM, num_axes=2, **hparams
         )
+        assert result["params"] == enc.param_count(), label
+
+
+def test_the_tour_shows_every_2d_example_of_every_rotary_family():
+    names = {name for _, name, _ in demo.CASES}
+    assert names == set(encodings.ROTARY) - {"rope"}  # rope is 1D
+    assert len(demo.CASES) == sum(
+        2 in ranks for m in encodings.ROTARY.values() for _, ranks in m.FAMILY.examples
+    )
 
 
 def test_alibi_bias_is_symmetric_and_shift_invariant(small):
@@ -37,5 +46,5 @@ def test_main_prints_a_row_per_case(small, monkeypatch, capsys):
     demo.main()
     out = capsys.readouterr().out
     for label, _, _ in demo.CASES:
-        assert f"\n{label:<20}" in out, label
+        assert f"\n{label}  " in out, label
     assert "alibi (bias)" in out and "symmetric: True" in out

@@ -24,6 +24,7 @@ stayed green on a machine that had it installed by hand.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import pathlib
 import re
@@ -34,6 +35,8 @@ from importlib import metadata
 
 import pytest
 from packaging.requirements import Requirement
+
+from rope_lie import _extras
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 FIRST_PARTY = {"rope_lie", "configs", "experiments", "tests"}
@@ -174,7 +177,7 @@ def _py(*folders: str) -> list[pathlib.Path]:
     return sorted(p for f in folders for p in (REPO / f).rglob("*.py"))
 
 
-CORE = ("rope_lie/__init__.py", "rope_lie/demo.py", "rope_lie/encodings")
+CORE = ("rope_lie/__init__.py", "rope_lie/_extras.py", "rope_lie/demo.py", "rope_lie/encodings")
 
 
 def _core_files() -> list[pathlib.Path]:
@@ -307,3 +310,127 @@ def test_encoders_import_and_run_without_the_train_extra(pyproject):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("loaded: []"), result.stdout
+
+
+_CORE_MODULES = ("jax", "jaxlib", "numpy", "chex")
+
+
+def test_the_extras_modules_are_the_train_extras():
+    """``rope_lie._extras.TRAIN_MODULES`` (what the one-line "install rope_lie[train]" errors
+    recognise) holds every module of the train extra that the package and recipes import, and
+    only modules that the train extra's distributions provide."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    train_only = _train_only_modules(pyproject)
+    imported = {m for p in _py("rope_lie", "configs") for m, _, _ in import_sites(p)}
+    assert {"flax", "ml_collections", "tensorflow"} <= imported & train_only
+    assert imported & train_only <= _extras.TRAIN_MODULES, imported & train_only
+    installed = {m for m in _extras.TRAIN_MODULES if importlib.util.find_spec(m) is not None}
+    assert installed <= train_only, installed - train_only
+    assert not _extras.TRAIN_MODULES & set(_CORE_MODULES)
+
+
+# What a core install lacks (the train extra's main modules), refused by the import system of a
+# fresh interpreter (`_RUN_CORE_ONLY`) that then runs `-m MODULE ARGS...` or `-c CODE`.
+BLOCKED = ("flax", "ml_collections", "tensorflow", "tensorflow_datasets", "optax", "orbax")
+_RUN_CORE_ONLY = """
+import importlib.abc, runpy, sys
+BLOCKED = set(sys.argv[1].split(","))
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Refuse())
+how, target, *args = sys.argv[2:]
+sys.argv = [target, *args]
+if how == "-m":
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
+else:
+    exec(compile(target, "<core-only>", "exec"))
+"""
+_TRAIN_HINT = r'pip install "rope_lie\[train\]" \(pip install -e "\.\[train\]" in a clone\)'
+
+
+def _core_only(how: str, target: str, *args: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [sys.executable, "-c", _RUN_CORE_ONLY, ",".join(BLOCKED), how, target]
+    return subprocess.run(
+        command + list(args), env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize("args", [("--help",), ("--config=quickstart:smoke", "--workdir=x")])
+def test_core_only_main_says_in_one_line_to_install_the_train_extra(args):
+    result = _core_only("-m", "rope_lie.main", *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == ""
+    assert re.fullmatch(
+        r"error: python -m rope_lie\.main needs the train extra, which is not installed "
+        rf"\(no module named '({'|'.join(BLOCKED)})'\): {_TRAIN_HINT}\n",
+        result.stderr,
+    ), result.stderr[-3000:]
+
+
+def test_core_only_convert_says_in_one_line_to_install_the_interop_extra():
+    result = _core_only("-m", "rope_lie.convert", "--help")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: python -m rope_lie\.convert needs the interop extra, which is not installed "
+        rf"\(no module named '({'|'.join(BLOCKED)})'\): "
+        r'pip install "rope_lie\[interop\]" \(pip install -e "\.\[interop\]" in a clone\)\n',
+        result.stderr,
+    ), result.stderr[-3000:]
+
+
+def test_core_only_load_ends_in_one_line_saying_to_install_the_train_extra():
+    """``rope_lie.load`` raises ModuleNotFoundError (an ImportError, for callers that catch
+    it) whose message says what to install, without the chained import traceback."""
+    result = _core_only("-c", "import rope_lie; rope_lie.load('some_workdir')")
+    assert result.returncode == 1
+    assert "During handling" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"ModuleNotFoundError: rope_lie\.load needs the train extra, which is not installed "
+        rf"\(no module named '\w+'\): {_TRAIN_HINT}",
+        last,
+    ), result.stderr[-3000:]
+
+
+def test_core_only_demo_and_encoders_run():
+    """The demo (two cases on a small grid: tests/test_demo.py checks its numbers) and the
+    encoders import and run with the train extra refused."""
+    code = (
+        "from rope_lie import demo\n"
+        "demo.CASES, demo.GRID, demo.NUM_HEADS, demo.HEAD_DIM = demo.CASES[:2], (3, 3), 2, 8\n"
+        "demo.main()\n"
+        "import rope_lie.encodings\n"
+        "print(sorted(rope_lie.encodings.ROTARY)[:1])\n"
+    )
+    result = _core_only("-c", code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "alibi (bias)" in result.stdout and "['" in result.stdout.splitlines()[-1]
+
+
+def test_importing_the_package_and_encoders_loads_no_train_module():
+    """In this full install: ``import rope_lie``, ``rope_lie.encodings`` and ``rope_lie.demo``
+    leave flax, ml_collections, TensorFlow, optax and orbax unimported (what keeps them
+    working in a core install, and quick to import)."""
+    code = (
+        "import sys, rope_lie, rope_lie.encodings, rope_lie.demo\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in sys.argv[1].split(',')))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code, ",".join(_extras.TRAIN_MODULES)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout

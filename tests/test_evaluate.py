@@ -93,3 +93,69 @@ def test_evaluate_caches_encoder_states_once_per_resolution():
         np.testing.assert_array_equal(got["correct"], np.argmax(logits, -1) == labels)
         assert got["correct"].dtype == bool and got["correct"].mean() == got["accuracy"]
     assert calls == [(8, 12), (12, 16)]  # once per resolution, not once per batch
+
+
+def test_an_evaluation_with_a_tool_computes_its_states_with_it():
+    """``evaluate(..., extrapolation=tool)``: the logits of ``precompute_pe(grid, tool)``; at the
+    training size the tool changes nothing, above it the loss moves; a precompute without the
+    keyword, or NaFlex tokens, are errors."""
+    from flax import nnx
+
+    from rope_lie import sharding
+
+    _, uncached, params, graphdef = _liere_eval_steps()
+
+    def apply_fn(p, images, cache):
+        return nnx.merge(graphdef, p)(images, pe_cache=cache)
+
+    def precompute_fn(p, spatial_shape, extrapolation=None):
+        merged = nnx.merge(graphdef, p)
+        return merged.precompute_pe(merged.grid_of(spatial_shape), extrapolation)
+
+    step = evaluate.make_eval_step(apply_fn, precompute_fn)
+    mesh = sharding.make_mesh({"data": -1})
+    rng = np.random.default_rng(0)
+    model = nnx.merge(graphdef, params)
+    for size in [(8, 12), (16, 24)]:
+        images = rng.normal(size=(4, *size, 3)).astype(np.float32)
+        batches = [{"image": images, "label": rng.integers(0, 5, size=(4,))}]
+        plain = evaluate.evaluate(step, params, batches, mesh)
+        with_pi = evaluate.evaluate(step, params, batches, mesh, extrapolation="pi+logit")
+        cache = model.precompute_pe(model.input_grid(images), "pi+logit")
+        logits = model(jnp.asarray(images), pe_cache=cache)
+        loss = evaluate.cross_entropy(logits, jnp.asarray(batches[0]["label"])).mean()
+        np.testing.assert_allclose(with_pi["loss"], loss, rtol=1e-5)
+        if size == (8, 12):
+            assert with_pi["loss"] == plain["loss"]
+        else:
+            assert abs(with_pi["loss"] - plain["loss"]) > 1e-4
+    with pytest.raises(ValueError, match="needs an eval step with precompute"):
+        evaluate.evaluate(uncached, params, batches, mesh, extrapolation="pi")
+    tokens = {"patches": np.zeros((1, 2, 3)), "index": np.zeros((1, 2, 2), np.int32),
+              "grid": np.ones((1, 2), np.int32), "token_mask": np.ones((1, 2)),
+              "label": np.zeros((1,), np.int32)}  # fmt: skip
+    with pytest.raises(ValueError, match="needs fixed-size images, not NaFlex tokens"):
+        evaluate.evaluate(step, params, [tokens], mesh, extrapolation="pi")
+
+
+def test_check_extrapolation_names_the_entry_before_training():
+    import ml_collections as mc
+    from flax import nnx
+
+    from rope_lie.models.vit import ViT
+
+    model = nnx.eval_shape(
+        lambda: ViT(variant="pico/4", image_shape=(8, 8), channels=1, num_classes=2,
+                    pe="rope_mixed", rngs=nnx.Rngs(0))
+    )  # fmt: skip
+    ok = mc.ConfigDict({"test": {"split": "test"}, "px16_yarn": {"extrapolation": "yarn"}})
+    evaluate.check_extrapolation(model, ok)
+    for tool, match in [
+        ("ntk", "evals.bad.extrapolation='ntk'.*supports"),
+        ("pi+yarn", "evals.bad.extrapolation='pi\\+yarn'.*expected one of"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            evaluate.check_extrapolation(model, mc.ConfigDict({"bad": {"extrapolation": tool}}))
+    naflex = mc.ConfigDict({"bad": {"extrapolation": "pi", "naflex_side": 7}})
+    with pytest.raises(ValueError, match="not NaFlex tokens"):
+        evaluate.check_extrapolation(model, naflex)

@@ -26,6 +26,7 @@ import pytest
 import tensorflow_datasets as tfds
 from flax import nnx
 
+import rope_lie
 from rope_lie import checkpoint, config_lib, interop, train
 from rope_lie.data.spatial_arrows import SpatialArrowsConfig
 from rope_lie.interop import timm_eva
@@ -127,6 +128,32 @@ def test_timm_dinov3_vits_give_the_same_logits_at_two_resolutions(converted, cas
     assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
 
 
+@pytest.mark.parametrize(
+    "case, final_norm, fc_norm",
+    [
+        ("dinov3_avg", True, False),
+        ("dinov3_avg_fc_norm", False, True),
+        ("rope_mixed_avg", False, True),
+    ],
+)
+def test_timm_avg_pooling_gives_the_same_logits_at_two_resolutions(
+    converted, case, final_norm, fc_norm
+):
+    """timm's global_pool="avg" (DINOv3's default in timm): the mean of the patch tokens, the
+    class token and registers left out, with timm's final norm before it (DINOv3's
+    use_fc_norm=False) or its fc_norm after it (use_fc_norm=True; a naver ViT with "avg"),
+    converted from a checkpoint file: equal logits at 32 px and 48 px, and the workdir loads
+    with rope_lie.load. Pooling the class token instead moves the logits: the check sees it."""
+    model, config = rope_lie.load(os.path.join(converted, case))
+    assert config.model.pool == "mean_with_cls"
+    assert (config.model.final_norm, config.model.fc_norm) == (final_norm, fc_norm)
+    assert (model.norm is not None, model.fc_norm is not None) == (final_norm, fc_norm)
+    diffs = _max_diffs(converted, case, TIMM_SIDES, model)
+    assert max(diffs.values()) < TOL, diffs
+    model.pool = "cls"
+    assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
+
+
 def test_a_headless_dinov3_converts_with_an_identity_head(converted):
     """DINOv3's released weights have no classifier: converted without a class count, the model
     returns timm's pooled features (width 64), and the config says so. A pretrained tag's input
@@ -206,8 +233,9 @@ def test_conversion_errors_name_the_problem(converted):
     assert "head of 10 classes" in errors["head_differs"]
     assert "'blocks.0.attn.qkv.weight': ((192, 64), (96, 32))" in errors["width_differs"]
     assert "vit_large_patch16_rope_mixed_ape_224" in errors["name"]  # lists the supported
-    assert "global_pool='avg', expected 'token'" in errors["avg_pool"]
-    assert "--overrides=global_pool=token" in errors["dinov3_avg_pool"]
+    assert "global_pool='max', expected one of ['token', 'avg']" in errors["max_pool"]
+    assert "fc_norm=LayerNorm((64,), eps=1e-06" in errors["fc_norm_eps"]
+    assert "expected Identity or a timm LayerNorm with eps=1e-05" in errors["fc_norm_eps"]
     assert "'vit_small_plus_patch16_dinov3' is not supported" in errors["dinov3_swiglu"]
     assert errors["not_empty"].startswith("FileExistsError") and "not empty" in errors["not_empty"]
     assert "'depth': (3, 2)" in errors["spec_differs"]

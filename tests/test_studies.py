@@ -175,10 +175,16 @@ def test_blind_ceiling_of_the_arrows_task():
 
 
 def test_every_study_has_distinct_arms_and_runs():
+    """Distinct runs, except that an arm with an eval_suffix reads the run of an arm of its
+    study without one (the same model, evaluated with a tool)."""
     for study in definitions.STUDIES.values():
         assert len(set(study.arm_names)) == len(study.arms), study.name
-        dirs = {lib.run_dir("/r", a, 0, "cpu") for a in study.arms}
-        assert len(dirs) == len(study.arms), study.name
+        own = [a for a in study.arms if a.eval_suffix is None]
+        dirs = {lib.run_dir("/r", a, 0, "cpu") for a in own}
+        assert len(dirs) == len(own), study.name
+        for arm in study.arms:
+            if arm.eval_suffix is not None:
+                assert lib.run_dir("/r", arm, 0, "cpu") in dirs, (study.name, arm.name)
         assert all(a in study.arm_names for pair in study.comparisons for a in pair)
         assert set(study.paper) <= set(study.arm_names)
 
@@ -281,13 +287,12 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
                 continue
             dims, _ = vit.parse_variant(m.variant, m.get("patch_size"), len(m.image_shape))
             heads = dims["num_heads"]
-            jax.eval_shape(
-                lambda c=m, n=heads, w=dims["width"]: position_hook.init_pe_params(
-                    c.pe, jax.random.key(0), num_heads=n, head_dim=w // n,
-                    num_axes=len(c.image_shape), share_heads=c.share_pe_heads,
-                    hparams=c.pe_hparams.to_dict(),
-                )
+            encoder = position_hook.pe_encoder(
+                m.pe, num_heads=heads, head_dim=dims["width"] // heads,
+                num_axes=len(m.image_shape), share_heads=m.share_pe_heads,
+                hparams=m.pe_hparams.to_dict(),
             )  # fmt: skip
+            jax.eval_shape(encoder.init, jax.random.key(0))
 
 
 def test_fit_reads_the_last_training_window_and_the_held_out_accuracy(smoke_study, tmp_path):
@@ -701,6 +706,10 @@ def test_every_study_reports_evaluations_its_recipes_make(scale):
         assert view.evals, (study.name, scale)
         for arm in study.arms:
             made = set(attention_maps.load_config(arm, seed=0, scale=scale).evals)
+            if arm.eval_suffix is not None:  # the tool's evaluations, at the larger sizes
+                read = set(lib.own_evals(arm, made))
+                assert read and read <= set(view.evals), (study.name, arm.name, sorted(made))
+                continue
             assert set(view.evals) <= made, (study.name, arm.name, scale, sorted(made))
         assert all(set(cells) <= set(view.evals) for cells in view.paper.values()), study.name
         if view.eval_curves is not None:
@@ -784,3 +793,105 @@ def test_reference_lines_are_drawn_at_cpu_scale_only(name, scale, tmp_path, monk
     run.main([name, f"--scale={scale}", "--report", f"--results={tmp_path}"])
     expected = ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling"))
     assert drawn == [expected if scale == "cpu" else ()]
+
+
+def _finished_run(workdir, evals: dict[str, float], num: int = 50, seed: int = 0) -> None:
+    """A workdir as rope_lie.main leaves it: final.json and eval_examples.npz."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(workdir, exist_ok=True)
+    examples = {name: rng.random(num) < acc for name, acc in evals.items()}
+    final = {"step": 10, "evals": {n: {"accuracy": float(e.mean()), "num_examples": num}
+                                   for n, e in examples.items()}}  # fmt: skip
+    with open(os.path.join(workdir, "final.json"), "w") as f:
+        json.dump(final, f)
+    np.savez(os.path.join(workdir, lib.EXAMPLES), **examples)
+
+
+def test_an_eval_suffix_arm_reads_the_suffixed_evaluations_of_its_arms_run(tmp_path, monkeypatch):
+    base = lib.Arm("rope", "RoPE", "digits", "pe=rope_axial")
+    tool = dataclasses.replace(base, name="rope_pi", label="RoPE + PI", eval_suffix="@pi")
+    study = lib.Study(name="s", title="S", arms=(base, tool), evals=("test", "big"),
+                      comparisons=(("rope_pi", "rope"),))  # fmt: skip
+    assert lib.same_runs(base, tool) and lib.run_dir("/r", base, 0, "cpu") == lib.run_dir(
+        "/r", tool, 0, "cpu"
+    )
+    root, results = str(tmp_path / "runs"), str(tmp_path / "results")
+    for seed in range(3):
+        _finished_run(lib.run_dir(root, base, seed, "cpu"),
+                      {"test": 0.9, "big": 0.3, "big@pi": 0.6}, seed=seed)  # fmt: skip
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    handled = lib.run_study(study, seeds=3, scale="cpu", root=root, study_dir=results,
+                            log=lambda *_: None)  # fmt: skip
+    assert calls == [] and len(handled) == 6  # nothing trained: every run was finished
+    rows = lib.read_results(results)
+    assert {(r["arm"], r["eval"]) for r in rows} == {
+        ("rope", "test"),
+        ("rope", "big"),
+        ("rope_pi", "big"),
+    }
+    examples = lib.read_examples(results)
+    with np.load(os.path.join(lib.run_dir(root, base, 1, "cpu"), lib.EXAMPLES)) as npz:
+        np.testing.assert_array_equal(examples["rope_pi/1/big"], npz["big@pi"])
+        np.testing.assert_array_equal(examples["rope/1/big"], npz["big"])
+    # the report pairs the two arms by seed, and compare --paired does too
+    text = report.markdown(study, rows, examples)
+    assert "Paired by seed" in text and "| rope_pi | rope | big | 3 |" in text
+    with pytest.raises(ValueError, match="must be '@' followed by a name"):
+        dataclasses.replace(base, eval_suffix="pi")
+
+
+def test_a_suffixed_arm_is_not_copied_from_another_studys_plain_arm(tmp_path):
+    base = lib.Arm("rope", "RoPE", "digits", "pe=rope_axial")
+    tool = dataclasses.replace(base, name="rope_pi", eval_suffix="@pi")
+    other = lib.Study(name="o", title="O", arms=(base,), evals=("big",))
+    _tmp_study(str(tmp_path / "o"), {"rope": [0.5]}, evals=("big",))
+    assert lib.recorded_elsewhere(base, 0, "cpu", [(other, str(tmp_path / "o"))]) is not None
+    assert lib.recorded_elsewhere(tool, 0, "cpu", [(other, str(tmp_path / "o"))]) is None
+
+
+def test_paired_seeds_is_scipys_paired_t_test():
+    a, b = [0.61, 0.55, 0.70, 0.64], [0.40, 0.41, 0.52, 0.47]
+    got, want = stats.paired_seeds(a, b), scipy_stats.ttest_rel(a, b)
+    assert got["t"] == pytest.approx(want.statistic) and got["p"] == pytest.approx(want.pvalue)
+    assert got["df"] == 3 and got["diff"] == pytest.approx(np.mean(np.subtract(a, b)))
+    same = stats.paired_seeds([0.5, 0.6], [0.4, 0.5])  # every seed moved alike: undefined
+    assert np.isnan(same["p"])
+    assert stats.paired_seeds([0.5, 0.6], [0.5, 0.6])["p"] == 1.0
+
+
+def test_compare_paired_pairs_seeds_and_prints_the_paired_p_last(tmp_path, capsys):
+    from experiments.studies import compare
+
+    _tmp_study(str(tmp_path / "tmp"), {"a": [0.61, 0.55, 0.70], "b": [0.40, 0.41, 0.52]})
+    compare.main(["tmp", "a", "b", "--eval", "test", "--paired", f"--results={tmp_path}"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    expected = stats.paired_seeds([0.61, 0.55, 0.70], [0.40, 0.41, 0.52])
+    assert lines[-1] == f"p={expected['p']:.4g}"
+    assert "0: 61.00 - 40.00" in lines[-2] and "(df 2)" in lines[-2]
+    _tmp_study(str(tmp_path / "one"), {"a": [0.6], "b": [0.4]})
+    with pytest.raises(SystemExit, match="share 1 seed"):
+        compare.main(["one", "a", "b", "--eval", "test", "--paired", f"--results={tmp_path}"])
+
+
+def test_fashion_extrapolation_arms_read_the_tools_the_recipe_evaluates():
+    """Each integer-position arm's tools are those the library supports for its encoder
+    (extrapolation.tools_for), and its recipe evaluates each at every px and canvas size."""
+    from experiments.studies import attention_maps
+    from experiments.studies.definitions import fashion
+    from rope_lie.encodings import extrapolation
+
+    study = definitions.STUDIES["fashion_extrapolation"]
+    for base, tools in fashion.EXTRAPOLATION_TOOLS.items():
+        config = attention_maps.load_config(study.arm(base), seed=0, scale="cpu")
+        assert tools == extrapolation.tools_for(config.model.pe, config.model.position_convention)
+        for tool in tools:
+            arm = study.arm(f"{base}_{tool}")
+            assert lib.same_runs(arm, study.arm(base)) and arm.eval_suffix == f"@{tool}"
+            assert set(lib.own_evals(arm, config.evals)) == set(study.evals) - {"test"}
+            for name in lib.own_evals(arm, config.evals).values():
+                assert config.evals[name].extrapolation == tool
+    # the [-1, 1] arms are fashion_resolution's (or fashion's) runs, not new ones
+    resolution = definitions.STUDIES["fashion_resolution"]
+    for name in ("rope_mixed_heo_normalized", "dinov3", "comrope_ld"):
+        assert study.arm(name) == resolution.arm(name)

@@ -17,6 +17,7 @@ import pytest
 
 from configs import digits
 from rope_lie import checkpoint, job, metrics, train
+from rope_lie import config_lib as common
 from rope_lie.data import run_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -451,3 +452,14 @@ def test_an_unwritable_workdir_fails_before_reading_data(tfds_dir, tmp_path, mon
     monkeypatch.setattr(run_inputs, "prepare_data", prepare_data)
     with pytest.raises(OSError, match=f"cannot write in '{re.escape(unwritable)}'"):
         train.train_and_evaluate(_config(tfds_dir), workdir)
+
+
+def test_an_extrapolation_tool_the_model_lacks_fails_before_the_workdir_is_made(tfds_dir, tmp_path):
+    """evals.<name>.extrapolation is checked against the model first: NTK needs a fixed
+    spectrum, and digits' LieRE has learned generators."""
+    config = _config(tfds_dir)
+    config.evals["size16_ntk"] = common.eval_entry(image_size=16, extrapolation="ntk")
+    workdir = str(tmp_path / "never")
+    with pytest.raises(ValueError, match="evals.size16_ntk.extrapolation='ntk'.*supports") as e:
+        train.train_and_evaluate(config, workdir)
+    assert job.is_user_error(e.value) and not os.path.exists(workdir)

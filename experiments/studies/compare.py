@@ -22,6 +22,14 @@ p-value Holm-adjusted over the listed evaluations (one claim tested on several: 
 level stays at 0.05), the permutation p and the seeds 80 % power would need; last,
 ``p=<Welch p of each evaluation, comma-separated>``.
 
+With ``--paired`` the arms are two evaluations of the same trained runs (an arm and its
+``eval_suffix`` arm: the same model with and without an extrapolation tool), so seed s of a
+and of b is one model: it adds the paired t-test over the seeds' differences
+(`stats.paired_seeds`, on the seeds both have) and ``p=`` is its p.
+
+    python -m experiments.studies.compare fashion_extrapolation rope_axial_ntk rope_axial \
+        --eval px56 --paired
+
 With ``--versus C D`` it asks instead whether the gap a - b differs from the gap c - d (e.g.
 LieRE - APE at 10 % of the data against LieRE - APE at 100 %): the difference of differences
 of the four arms' seed means, Welch-Satterthwaite's t over the four arms' seeds
@@ -145,6 +153,42 @@ def gap_lines(arms: tuple[str, str, str, str], results: dict[str, dict]) -> list
     return lines
 
 
+def paired_lines(rows: list[dict], examples: dict, arm_a: str, arm_b: str, names) -> list[str]:
+    """Per evaluation: each seed's a and b, the paired t-test (`stats.paired_seeds`) over the
+    seeds both have, Holm-adjusted over the evaluations; ``p=`` with every paired p is last."""
+    results = {}
+    for name in names:
+        seeds = [
+            sorted({r["seed"] for r in rows if r["arm"] == arm and r["eval"] == name})
+            for arm in (arm_a, arm_b)
+        ]
+        common = sorted(set(seeds[0]) & set(seeds[1]))
+        if len(common) < 2:
+            raise SystemExit(
+                f"eval {name!r}: arms {arm_a!r} and {arm_b!r} share {len(common)} seed(s) "
+                f"({seeds[0]} and {seeds[1]}); a paired test needs 2"
+            )
+        acc = [
+            np.array([examples[f"{arm}/{s}/{name}"].mean() for s in common])
+            for arm in (arm_a, arm_b)
+        ]
+        results[name] = dict(stats.paired_seeds(*acc), seeds=common, acc=acc)
+    holm = stats.holm([r["p"] for r in results.values()])
+    lines = [f"a = {arm_a}, b = {arm_b}, paired t over seeds (a_s - b_s, one model per seed)"]
+    for (name, r), p_holm in zip(results.items(), holm, strict=True):
+        per_seed = ", ".join(
+            f"{s}: {100 * x:.2f} - {100 * y:.2f}"
+            for s, x, y in zip(r["seeds"], *r["acc"], strict=True)
+        )
+        adjusted = f", Holm p = {p_holm:.3g}" if len(results) > 1 else ""
+        lines.append(
+            f"{name}: a - b = {_pts(r['diff'])} points (seeds {per_seed}); t = {r['t']:.2f} "
+            f"(df {r['df']:.0f}), p = {r['p']:.3g}{adjusted}"
+        )
+    lines.append("p=" + ",".join(f"{r['p']:.4g}" for r in results.values()))
+    return lines
+
+
 def eval_names(rows: list[dict], arm_a: str, arm_b: str, spec: str) -> list[str]:
     """The evaluations `spec` names: a comma-separated list, or ``all`` (those both arms have,
     in results.csv's order)."""
@@ -178,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="test whether the gap a - b differs from the gap c - d (arms of the same study)",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="a and b are evaluations of the same runs: pair the seeds (paired t-test)",
+    )
     parser.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
     parser.add_argument("--results", default=None, help="results root (default: this folder)")
     args = parser.parse_args(argv)
@@ -197,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"eval {name!r}, arms {list(arms)}: {e}") from None
         print(f"{args.study}, eval {','.join(names)} ({directory})")
         print("\n".join(gap_lines(arms, gaps)))
+        return 0
+    if args.paired:
+        print(f"{args.study}, eval {','.join(names)} ({directory}), paired by seed")
+        print("\n".join(paired_lines(rows, examples, args.arm_a, args.arm_b, names)))
         return 0
     results = {
         name: stats.compare_arms(

@@ -18,6 +18,12 @@ arm share its runs. The runner:
    runs recorded before they were kept; "+resumed" when a run was resumed on another tree or
    CPU).
 
+An arm with an ``eval_suffix`` trains nothing of its own: it reads the evaluations named
+``<eval><suffix>`` (``EVAL_SUFFIX`` "@", e.g. ``px56@yarn``: an extrapolation tool applied at
+evaluation) of the run of the same recipe, argument and overrides, recorded under their plain
+names; an arm without one takes the evaluations without a suffix. So one trained model gives
+several arms, paired by seed (``report``'s paired test, ``compare --paired``).
+
 Collecting appends one row per evaluation to ``results.csv`` (columns ``RESULT_COLUMNS``) and the
 per-example results to ``examples.npz`` (packed bits, key ``arm/seed/eval``), both written
 atomically, so killing the runner at any moment loses at most the run in progress, and that
@@ -47,6 +53,7 @@ RESULT_COLUMNS = (
     "best_accuracy", "steps", "train_ex_per_s", "resolution", "tree", "cpu",
 )  # fmt: skip
 PROVENANCE = "provenance.json"  # in a run's workdir: the code tree and CPU that trained it
+EVAL_SUFFIX = "@"  # <eval>@<name>: an evaluation that an arm with eval_suffix reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +69,8 @@ class Arm:
       paper_arg: the recipe's argument string for ``--scale paper`` (None: arg plus ",res=paper").
       cpu_overrides: overrides applied only at CPU scale (e.g. fewer training examples).
       paper_recipe: the recipe at ``--scale paper`` when it is another one (None: recipe).
+      eval_suffix: None, or ``EVAL_SUFFIX`` + a name: this arm is the evaluations
+        ``<eval><suffix>`` of the run (module docstring), not a run of its own.
     """
 
     name: str
@@ -72,6 +81,16 @@ class Arm:
     paper_arg: str | None = None
     cpu_overrides: tuple[tuple[str, Any], ...] = ()
     paper_recipe: str | None = None
+    eval_suffix: str | None = None
+
+    def __post_init__(self):
+        if self.eval_suffix is not None and not (
+            self.eval_suffix.startswith(EVAL_SUFFIX) and len(self.eval_suffix) > 1
+        ):
+            raise ValueError(
+                f"arm {self.name!r}: eval_suffix={self.eval_suffix!r} must be "
+                f"{EVAL_SUFFIX!r} followed by a name"
+            )
 
     def recipe_for(self, scale: str) -> str:
         return self.paper_recipe if scale == "paper" and self.paper_recipe else self.recipe
@@ -133,6 +152,24 @@ class Study:
     @property
     def arm_names(self) -> list[str]:
         return [a.name for a in self.arms]
+
+
+def same_runs(a: Arm, b: Arm) -> bool:
+    """Whether two arms read the same trained runs (same recipe, argument and overrides at
+    every scale), so that their seeds pair: one is the other's evaluations under a suffix."""
+    return all(
+        (a.recipe_for(s), a.argument(s), a.all_overrides(s))
+        == (b.recipe_for(s), b.argument(s), b.all_overrides(s))
+        for s in ("cpu", "paper")
+    )
+
+
+def own_evals(arm: Arm, names) -> dict[str, str]:
+    """{recorded name: run's evaluation name} of the evaluations ``names`` that ``arm`` reads:
+    those ending in its ``eval_suffix`` (suffix removed), or those with no suffix."""
+    if arm.eval_suffix is None:
+        return {n: n for n in names if EVAL_SUFFIX not in n}
+    return {n[: -len(arm.eval_suffix)]: n for n in names if n.endswith(arm.eval_suffix)}
 
 
 def run_dir(root: str, arm: Arm, seed: int, scale: str) -> str:
@@ -238,7 +275,14 @@ def collect(study: Study, arm: Arm, seed: int, workdir: str) -> tuple[list[dict]
     throughput = _median_throughput(os.path.join(workdir, "metrics.jsonl"))
     tree, cpu = _provenance(workdir)
     rows = []
-    for name, res in sorted(final["evals"].items()):
+    evals = own_evals(arm, final["evals"])
+    if not evals:
+        raise ValueError(
+            f"{workdir} has no evaluation for arm {arm.name!r} (eval_suffix={arm.eval_suffix!r}): "
+            f"it has {sorted(final['evals'])}"
+        )
+    for name, run_name in sorted(evals.items()):
+        res = final["evals"][run_name]
         rows.append(
             dict(
                 study=study.name, arm=arm.name, seed=seed, eval=name,
@@ -249,7 +293,11 @@ def collect(study: Study, arm: Arm, seed: int, workdir: str) -> tuple[list[dict]
             )
         )  # fmt: skip
     with np.load(os.path.join(workdir, EXAMPLES)) as npz:
-        examples = {f"{arm.name}/{seed}/{k}": np.asarray(v, bool) for k, v in npz.items()}
+        examples = {
+            f"{arm.name}/{seed}/{name}": np.asarray(npz[run_name], bool)
+            for name, run_name in evals.items()
+            if run_name in npz.files
+        }
     return rows, examples
 
 
@@ -344,8 +392,10 @@ def recorded_elsewhere(
     for other, directory in others:
         recorded = {(r["arm"], r["seed"]) for r in read_results(directory)}
         for candidate in other.arms:
-            if (candidate.name, seed) in recorded and (
-                os.path.basename(run_dir("", candidate, seed, scale)) == name
+            if (
+                (candidate.name, seed) in recorded
+                and candidate.eval_suffix == arm.eval_suffix
+                and os.path.basename(run_dir("", candidate, seed, scale)) == name
             ):
                 return directory, candidate.name
     return None
@@ -412,6 +462,8 @@ def run_study(
                 handled.append((arm.name, seed))
             continue
         if dry_run:
+            if arm.eval_suffix is not None:  # the same run as its base arm's
+                log(f"# {arm.name} seed {seed}: the {arm.eval_suffix} evaluations of")
             log(" ".join(cmd))
             continue
         if not is_finished(workdir):

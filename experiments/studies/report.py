@@ -47,6 +47,9 @@ def arm_stats(study: lib.Study, rows: list[dict], examples: dict) -> list[dict]:
 def comparisons(study: lib.Study, rows: list[dict], examples: dict) -> list[dict]:
     """`stats.compare_arms` of the study's (a, b) arm pairs on every reported eval, each arm
     with all its recorded seeds (arms are compared by their seeds, not paired by seed number).
+    Arms that read the same trained runs (``lib.same_runs``: one is the other's evaluations
+    under an ``eval_suffix``) also get ``stats.paired_seeds`` over their common seeds
+    (``paired``: its result, else None).
     """
     seeds = defaultdict(set)
     for row in rows:
@@ -61,7 +64,18 @@ def comparisons(study: lib.Study, rows: list[dict], examples: dict) -> list[dict
             test = stats.compare_arms(
                 np.stack([examples[k] for k in keys_a]), np.stack([examples[k] for k in keys_b])
             )
-            out.append(dict(a=a, b=b, eval=name, **test))
+            paired = None
+            common = sorted(seeds[(a, name)] & seeds[(b, name)])
+            if len(common) >= 2 and lib.same_runs(study.arm(a), study.arm(b)):
+                paired = stats.paired_seeds(
+                    *(
+                        stats.seed_accuracies(
+                            np.stack([examples[f"{x}/{s}/{name}"] for s in common])
+                        )
+                        for x in (a, b)
+                    )
+                )
+            out.append(dict(a=a, b=b, eval=name, paired=paired, **test))
     return out
 
 
@@ -133,7 +147,31 @@ def markdown(study: lib.Study, rows: list[dict], examples: dict) -> str:
                 f"| {t['p']:.2g} | {t['p_perm']:.2g} | {100 * t['sd']:.2f} | {need_text} "
                 f"| {t['z_examples']:.1f} ({t['p_examples']:.2g}) |"
             )
+        lines += _paired_lines([t for t in tests if t["paired"] is not None])
     return "\n".join(lines) + "\n"
+
+
+def _paired_lines(tests: list[dict]) -> list[str]:
+    """The paired-by-seed table of the comparisons between arms that share their runs."""
+    if not tests:
+        return []
+    lines = [
+        "",
+        "Paired by seed: a and b are evaluations of the same trained runs (one of them with an "
+        "extrapolation tool, say), so seed s of each is one model; p is the paired t-test over "
+        "the seeds' differences d_s = a_s - b_s (df = seeds - 1), the primary test for these "
+        "pairs.",
+        "",
+        "| a | b | eval | seeds | a - b | t | paired p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in tests:
+        r = t["paired"]
+        lines.append(
+            f"| {t['a']} | {t['b']} | {t['eval']} | {r['df'] + 1:.0f} | {100 * r['diff']:+.2f} "
+            f"| {r['t']:.2f} | {r['p']:.2g} |"
+        )
+    return lines
 
 
 def _pyplot():

@@ -166,6 +166,37 @@ def welch_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
     return dict(diff=diff, **_satterthwaite_t(diff, [a, b]))
 
 
+def paired_seeds(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
+    """Paired t-test over seeds: a and b are two evaluations of the same trained runs (seed s of
+    a and of b is one model, e.g. with and without an extrapolation tool), so the seed-to-seed
+    spread cancels in d_s = a_s - b_s.
+
+    No spread in d (every seed moved alike): t is undefined, p = 1 when the mean is 0, NaN
+    otherwise (as ``welch_t``).
+
+    Args:
+      acc_a_S, acc_b_S: float (S,) per-seed accuracies in the same seed order, S >= 2.
+
+    Returns:
+      {"diff", "t", "df", "p"} (two-sided p, df = S - 1).
+    """
+    from scipy import stats as scipy_stats
+
+    a, b = np.asarray(acc_a_S, np.float64), np.asarray(acc_b_S, np.float64)
+    if a.shape != b.shape or len(a) < 2:
+        raise ValueError(
+            f"paired_seeds needs >= 2 seeds on both sides, alike: {a.shape}, {b.shape}"
+        )
+    d = a - b
+    diff, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
+    df = float(len(d) - 1)
+    if se == 0.0:
+        return dict(diff=diff, t=0.0 if diff == 0.0 else float("nan"), df=df,
+                    p=1.0 if diff == 0.0 else float("nan"))  # fmt: skip
+    t = diff / se
+    return dict(diff=diff, t=float(t), df=df, p=float(2 * scipy_stats.t.sf(abs(t), df)))
+
+
 def _satterthwaite_t(diff: float, arms: list[np.ndarray]) -> dict[str, float]:
     """t, Welch-Satterthwaite df and two-sided p of `diff`, a signed sum of the arms' seed
     means (independent seeds, unequal variances). No spread in any arm: t is undefined, p = 1

@@ -1,14 +1,19 @@
 """Position encodings as pure JAX functions (no flax below this package).
 
-Three kinds, each an explicit dict from name to module:
+An encoder is a value: ``encoder(name, num_heads=, head_dim=, num_axes=, **settings)`` holds
+every static setting, and its ``init(key)``, ``precompute(params, pos)`` (the state that rotates
+q and k, or ALiBi's bias) and ``apply(params, x, pos)`` use them (``family.py``).
 
-- ``ROTARY``: ``init(key, *, num_heads, head_dim, num_axes, **hparams) -> params`` and
-  ``apply(params, x_BTNH, pos_TA | pos_BTA, **APPLY_HPARAMS) -> x_BTNH`` (rotate q or k).
-- ``BIAS``: ``init(...)`` and ``bias(params, pos_TA, pos_SA, ...) -> bias_NTS``.
+Three kinds of family, each an explicit dict from name to module:
+
+- ``ROTARY``: ``init(key, *, num_heads, head_dim, num_axes, **settings) -> params`` and
+  ``apply(params, x_BTNH, pos_TA | pos_BTA) -> x_BTNH`` (rotate q or k);
+- ``BIAS``: ``init(...)`` and ``bias(params, pos_TA, pos_SA, ...) -> bias_NTS``;
 - ``ADDITIVE``: tables added to the tokens before the first layer.
 
-Each module's ``APPLY_HPARAMS`` names the hyperparameters that ``apply``/``bias`` also need
-(e.g. RoPE's ``base``); all others are used by ``init`` only.
+A module's ``init`` returns its arrays tagged with its settings, so its ``apply`` uses them.
+Each rotary and bias module declares itself in ``FAMILY`` (``family.Family``): adding a family
+is its module, its tests and its line in a dict below.
 """
 
 from rope_lie.encodings import (
@@ -27,6 +32,7 @@ from rope_lie.encodings import (
     sincos,
     visionllama,
 )
+from rope_lie.encodings.family import Encoder, Family, Params, encoder, family_of
 
 ROTARY = {
     "nope": nope,
@@ -43,4 +49,21 @@ ROTARY = {
 BIAS = {"alibi": alibi}
 ADDITIVE = {"ape": ape, "sincos": sincos}
 
-__all__ = ["ADDITIVE", "BIAS", "ROTARY", "positions"]
+
+def families() -> dict[str, Family]:
+    """Every rotary and bias family's self-description, by name."""
+    return {name: module.FAMILY for name, module in {**ROTARY, **BIAS}.items()}
+
+
+__all__ = [
+    "ADDITIVE",
+    "BIAS",
+    "ROTARY",
+    "Encoder",
+    "Family",
+    "Params",
+    "encoder",
+    "families",
+    "family_of",
+    "positions",
+]

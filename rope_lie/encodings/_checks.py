@@ -7,6 +7,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def check_x(x_BTNH: jax.Array, family: str) -> None:
@@ -19,8 +20,12 @@ def check_x(x_BTNH: jax.Array, family: str) -> None:
         raise TypeError(f"{family}: x must be a floating array, got dtype {x_BTNH.dtype}")
 
 
+MAX_AXES = 3  # position axes: a sequence, an image, a volume or video
+
+
 def check_positions(pos, family: str, num_axes: int | None = None) -> jax.Array:
-    """Positions must be a (T, A) or (B, T, A) array with A == num_axes (when given).
+    """Positions must be a real (T, A) or (B, T, A) array, 1 <= A <= 3, A == num_axes (when
+    given), and finite where they are concrete (under ``jit`` they are traced and not read).
 
     Returns:
       ``pos`` as a jax array.
@@ -30,12 +35,38 @@ def check_positions(pos, family: str, num_axes: int | None = None) -> jax.Array:
         raise ValueError(
             f"{family}: positions must have shape (T, A) or (B, T, A), got shape {tuple(pos.shape)}"
         )
+    if not (jnp.issubdtype(pos.dtype, jnp.integer) or jnp.issubdtype(pos.dtype, jnp.floating)):
+        raise TypeError(
+            f"{family}: positions must be real numbers (an integer or floating array), got dtype "
+            f"{pos.dtype}"
+        )
+    if not 1 <= pos.shape[-1] <= MAX_AXES:
+        raise ValueError(
+            f"{family}: positions have A={pos.shape[-1]} axes (shape {tuple(pos.shape)}); "
+            f"expected 1 to {MAX_AXES}"
+        )
     if num_axes is not None and pos.shape[-1] != num_axes:
         raise ValueError(
             f"{family}: positions have A={pos.shape[-1]} axes but the parameters were "
             f"initialised for num_axes={num_axes}"
         )
+    check_finite_positions(pos, family)
     return pos
+
+
+def check_finite_positions(pos: jax.Array, family: str) -> None:
+    """Concrete positions must be finite: the error names the first token that is not."""
+    if isinstance(pos, jax.core.Tracer) or not jnp.issubdtype(pos.dtype, jnp.floating):
+        return
+    values = np.asarray(pos)
+    bad = np.argwhere(~np.isfinite(values).all(axis=-1))
+    if bad.size:
+        names = ("t",) if values.ndim == 2 else ("b", "t")
+        where = ", ".join(f"{n}={i}" for n, i in zip(names, bad[0], strict=True))
+        raise ValueError(
+            f"{family}: the position of token {where} is {values[tuple(bad[0])].tolist()}, not "
+            f"finite ({len(bad)} token(s) have NaN or infinite positions)"
+        )
 
 
 def check_pos(pos: jax.Array, x_BTNH: jax.Array, family: str, num_axes: int | None = None) -> None:
@@ -69,10 +100,15 @@ def check_positive_int(value, name: str, family: str) -> int:
 
 
 def check_shape_args(num_heads, head_dim, num_axes, family: str) -> None:
-    """The contract's shape arguments must be positive ints."""
+    """The contract's shape arguments must be positive ints, with 1 <= num_axes <= 3."""
     check_positive_int(num_heads, "num_heads", family)
     check_positive_int(head_dim, "head_dim", family)
     check_positive_int(num_axes, "num_axes", family)
+    if num_axes > MAX_AXES:
+        raise ValueError(
+            f"{family}: num_axes={num_axes}; positions have 1 to {MAX_AXES} axes (a sequence, an "
+            "image, a volume or video)"
+        )
 
 
 def check_nonnegative_int(value, name: str, family: str | None) -> int:
@@ -125,3 +161,14 @@ def check_no_params(params, family: str) -> None:
         raise ValueError(
             f"{family} has no parameters and expects params={{}}, got keys {sorted(params)}"
         )
+
+
+def param(params, name: str, family: str) -> jax.Array:
+    """``params[name]``, or an error naming the missing key and the keys there are."""
+    try:
+        return params[name]
+    except KeyError:
+        raise ValueError(
+            f"{family}: params have no {name!r} (keys: {sorted(params)}); expected the "
+            f"parameters of {family}.init"
+        ) from None

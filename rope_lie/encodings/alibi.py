@@ -27,7 +27,7 @@ Bias-family contract:
 
 Prefix (class) tokens, the first ``num_prefix`` of both T and S, get zero bias against every
 token: their rows and columns are zero (CROMA has no class token; zero is the neutral choice).
-Axis order of positions = the array order of the input; any number of axes.
+Axis order of positions = the array order of the input; 1 to 3 axes.
 """
 
 from __future__ import annotations
@@ -38,11 +38,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, state
-
-APPLY_HPARAMS: tuple[str, ...] = ()
+from rope_lie.encodings import _checks, family, state
 
 _FAMILY = "alibi"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="bias",
+    convention="integer",
+    relative=True,
+    apply_defaults={},  # learnable is read off the parameters
+    # log_slopes_N (N,) when learnable
+    stored_count=lambda num_heads, head_dim, num_axes, settings: (
+        num_heads if settings["learnable"] else 0
+    ),
+    examples=(({"learnable": True}, (1, 2, 3)), ({}, (1, 2, 3))),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def slopes(num_heads: int) -> np.ndarray:
@@ -83,13 +94,25 @@ def init(
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
     if not isinstance(learnable, bool):
         raise ValueError(f"{_FAMILY}: learnable={learnable!r} must be True or False")
-    if not learnable:
-        return {}
-    return {"log_slopes_N": jnp.asarray(np.log(slopes(num_heads)), jnp.float32)}
+    arrays = {}
+    if learnable:
+        arrays = {"log_slopes_N": jnp.asarray(np.log(slopes(num_heads)), jnp.float32)}
+    return family.params(
+        _FAMILY,
+        arrays,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        learnable=learnable,
+    )
 
 
 def _slopes_from_params(params: dict[str, jax.Array], num_heads: int) -> jax.Array:
     _checks.check_positive_int(num_heads, "num_heads", _FAMILY)
+    family.check_made_for(params, _FAMILY, num_heads=num_heads)
+    made = getattr(params, "encoder", None)  # parameters from init know whether they learn
+    if made is not None and made.hparams["learnable"]:
+        _checks.param(params, "log_slopes_N", _FAMILY)
     if not params:
         return jnp.asarray(slopes(num_heads), jnp.float32)
     if set(params) != {"log_slopes_N"}:
@@ -106,7 +129,9 @@ def _slopes_from_params(params: dict[str, jax.Array], num_heads: int) -> jax.Arr
 
 
 def _check_positions(pos_q: jax.Array, pos_k: jax.Array, num_prefix: int) -> None:
-    if pos_q.ndim not in (2, 3) or pos_k.ndim != pos_q.ndim:
+    _checks.check_positions(pos_q, _FAMILY)
+    _checks.check_positions(pos_k, _FAMILY)
+    if pos_k.ndim != pos_q.ndim:
         raise ValueError(
             f"{_FAMILY}: query and key positions must both be (T, A) or both (B, T, A), got "
             f"shapes {tuple(pos_q.shape)} and {tuple(pos_k.shape)}"
@@ -135,8 +160,9 @@ def _distance(pos_q: jax.Array, pos_k: jax.Array) -> jax.Array:
     if diff_XTSA.shape[-1] == 1:
         return jnp.abs(diff_XTSA[..., 0])
     sq_XTS = jnp.sum(jnp.square(diff_XTSA), axis=-1)
-    # sqrt has an infinite derivative at 0 (the diagonal): take it of a safe value there.
-    nonzero = sq_XTS > 0
+    # sqrt has an infinite derivative at 0 (the diagonal): take it of a safe value there. "!= 0",
+    # not "> 0": a NaN position must give a NaN bias, never a finite 0.
+    nonzero = sq_XTS != 0
     return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq_XTS, 1.0)), 0.0)
 
 
@@ -161,8 +187,8 @@ def bias(
       float32 ``bias_NTS`` (N, T, S), or ``bias_BNTS`` (B, N, T, S) for per-example positions.
     """
     slope_N = _slopes_from_params(params, num_heads)
+    _check_positions(jnp.asarray(pos_TA), jnp.asarray(pos_SA), num_prefix)
     pos_q, pos_k = jnp.asarray(pos_TA, jnp.float32), jnp.asarray(pos_SA, jnp.float32)
-    _check_positions(pos_q, pos_k, num_prefix)
     dist_XTS = _distance(pos_q, pos_k)
     is_grid_T = jnp.arange(pos_q.shape[-2]) >= num_prefix
     is_grid_S = jnp.arange(pos_k.shape[-2]) >= num_prefix

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, lie, rope_mixed, state
+from rope_lie.encodings import _checks, family, lie, rope_mixed, state
 
 _FAMILY = "cayley_string"
 
@@ -58,8 +58,35 @@ _KEYS = {
     "topk": "s_topk_NHH",
 }
 
-# Top-k needs k to build its mask at apply time; every other hyperparameter is in the shapes.
-APPLY_HPARAMS: tuple[str, ...] = ("k",)
+
+def _stored_count(num_heads: int, head_dim: int, num_axes: int, settings) -> int:
+    """freqs_ANF (A, N, H/2) plus one generator: s_dense_NHH and s_topk_NHH (N, H, H) (of which
+    H(H-1)/2 are used), s_block2x2_NF (N, H/2), s_banded_NWH (N, bandwidth, H)."""
+    s_per_head = {
+        "dense": head_dim * head_dim,
+        "block2x2": head_dim // 2,
+        "banded": (settings["bandwidth"] or 0) * head_dim,
+        "topk": head_dim * head_dim,
+    }[settings["generator"]]
+    return num_heads * (num_axes * (head_dim // 2) + s_per_head)
+
+
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="integer",
+    relative=True,
+    # Top-k needs k to build its mask at apply time; every other setting is in the shapes.
+    apply_defaults={"k": None},
+    stored_count=_stored_count,
+    examples=(  # init_std > 0: S != 0, so P is not the identity
+        ({"generator": "dense", "init_std": 0.1}, (1, 2, 3)),
+        ({"generator": "block2x2", "init_std": 0.1}, (1, 2, 3)),
+        ({"generator": "banded", "bandwidth": 2, "init_std": 0.1}, (2,)),
+        ({"generator": "topk", "k": 6, "init_std": 0.1}, (2,)),
+    ),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def _check_k(k, head_dim: int) -> int:
@@ -166,12 +193,23 @@ def init(
         s = float(init_std) * jax.random.normal(key_s, shape, jnp.float32)
     if generator == "banded":
         s = s * jnp.asarray(_band_valid(bandwidth, head_dim), jnp.float32)[None]  # unused: 0
-    params[_KEYS[generator]] = s
-    return params
+    return family.params(
+        _FAMILY,
+        {"freqs_ANF": params["freqs_ANF"], _KEYS[generator]: s},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        generator=generator,
+        base=base,
+        init_std=init_std,
+        bandwidth=bandwidth,
+        k=k,
+    )
 
 
 def generator_kind(params: dict[str, jax.Array]) -> str:
     """The generator ("dense", "block2x2", "banded" or "topk") of the single ``s_*`` key."""
+    family.bound(params, _FAMILY)  # tagged parameters of another family are an error
     kinds = [name for name, key in _KEYS.items() if key in params]
     if len(kinds) != 1:
         raise ValueError(
@@ -235,6 +273,13 @@ def _check_generator_shape(params, kind: str, num_heads: int, head_dim: int) -> 
         )
 
 
+def _bound_k(params, kind: str, k):
+    """k of the call: init's for tagged parameters (``family.bound``), checked for the kind."""
+    (k,) = family.bound(params, _FAMILY, k=k).values()
+    _check_apply_k(kind, k)
+    return k
+
+
 def _check_apply_k(kind: str, k) -> None:
     if kind == "topk" and k is None:
         raise ValueError(
@@ -247,18 +292,18 @@ def _check_apply_k(kind: str, k) -> None:
         )
 
 
-def generator(params: dict[str, jax.Array], *, k: int | None = None) -> jax.Array:
+def generator(params: dict[str, jax.Array], *, k: int | None = family.INIT) -> jax.Array:
     """The skew-symmetric generator S per head.
 
     Args:
       params: from ``init``; the generator is read from its ``s_*`` key.
-      k: the top-k count, for top-k params only.
+      k: the top-k count, for top-k params only (``init``'s, read from its parameters).
 
     Returns:
       s_NHH float32, skew-symmetric (dense; for block2x2 the half-split planes).
     """
     kind = generator_kind(params)
-    _check_apply_k(kind, k)
+    k = _bound_k(params, kind, k)
     raw = params[_KEYS[kind]].astype(jnp.float32)
     if kind == "dense":
         return lie.skew_from_upper(raw)
@@ -278,18 +323,18 @@ def _block2x2_cos_sin(a_NF: jax.Array) -> tuple[jax.Array, jax.Array]:
     return (1.0 - a * a) / denom, 2.0 * a / denom
 
 
-def orthogonal(params: dict[str, jax.Array], *, k: int | None = None) -> jax.Array:
+def orthogonal(params: dict[str, jax.Array], *, k: int | None = family.INIT) -> jax.Array:
     """The orthogonal P = (I - S)(I + S)^-1 per head (to fold into q/k projections).
 
     Args:
       params: from ``init``.
-      k: the top-k count, for top-k params only.
+      k: the top-k count, for top-k params only (``init``'s, read from its parameters).
 
     Returns:
       p_NHH float32 orthogonal matrices (block2x2: closed form, no solve).
     """
     kind = generator_kind(params)
-    _check_apply_k(kind, k)
+    k = _bound_k(params, kind, k)
     if kind != "block2x2":
         return lie.cayley(generator(params, k=k))
     cos_NF, sin_NF = _block2x2_cos_sin(params[_KEYS[kind]])
@@ -300,7 +345,9 @@ def orthogonal(params: dict[str, jax.Array], *, k: int | None = None) -> jax.Arr
     return p.at[:, j, j + half].set(-sin_NF).at[:, j + half, j].set(sin_NF)
 
 
-def fold(params: dict[str, jax.Array], w_DNH: jax.Array, *, k: int | None = None) -> jax.Array:
+def fold(
+    params: dict[str, jax.Array], w_DNH: jax.Array, *, k: int | None = family.INIT
+) -> jax.Array:
     """Fold P into a q or k projection: x @ fold(w) == P (x @ w), per head.
 
     Afterwards apply only the RoPE part:
@@ -309,7 +356,7 @@ def fold(params: dict[str, jax.Array], w_DNH: jax.Array, *, k: int | None = None
     Args:
       params: from ``init``.
       w_DNH: projection weights, q_BTNH = einsum("BTD,DNH->BTNH", x_BTD, w_DNH).
-      k: the top-k count, for top-k params only.
+      k: the top-k count, for top-k params only (``init``'s, read from its parameters).
 
     Returns:
       (D, N, H) folded weights in w's dtype (computed in float32).
@@ -328,7 +375,7 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
-    k: int | None = None,
+    k: int | None = family.INIT,
 ) -> state.PairAngles:
     """The encoder state (``encodings/state.py``): the RoPE angles and P.
 
@@ -345,23 +392,28 @@ def precompute(
       num_heads: N of the parameters (1 when heads share them).
       head_dim: H of the parameters.
       num_prefix: prefix tokens (at position 0: R(0) = P).
-      k: the top-k count, for top-k params only.
+      k: the top-k count, for top-k params only (``init``'s, read from its parameters).
 
     Returns:
       ``PairAngles`` with the RoPE-Mixed angles (T, N, H/2) (B, T, N, H/2 for pos_BTA) and
       ``mix_NHH`` = P (N, H, H), dense for every generator; float32.
     """
     _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
-    _check_generator(params, pos, k, num_heads=num_heads, head_dim=head_dim)
+    k = _check_generator(params, pos, k, num_heads=num_heads, head_dim=head_dim)
     return _rope(params, pos, num_heads, head_dim)._replace(mix_NHH=orthogonal(params, k=k))
 
 
-def _check_generator(params, pos, k, *, num_heads: int, head_dim: int) -> None:
-    """The generator against (k, N, H), and the positions' axes against the frequencies'."""
+def _check_generator(params, pos, k, *, num_heads: int, head_dim: int):
+    """The generator against (k, N, H), and the positions' axes against the frequencies'.
+
+    Returns:
+      the call's k (``_bound_k``).
+    """
     kind = generator_kind(params)
-    _check_apply_k(kind, k)
+    k = _bound_k(params, kind, k)
     _check_generator_shape(params, kind, num_heads, head_dim)
-    _checks.check_positions(pos, _FAMILY, params["freqs_ANF"].shape[0])
+    _checks.check_positions(pos, _FAMILY, _checks.param(params, "freqs_ANF", _FAMILY).shape[0])
+    return k
 
 
 def _rope(params, pos, num_heads: int, head_dim: int) -> state.PairAngles:
@@ -384,7 +436,7 @@ def _mix(params: dict[str, jax.Array], x_BTNH: jax.Array, k: int | None) -> jax.
 
 
 def apply(
-    params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array, *, k: int | None = None
+    params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array, *, k: int | None = family.INIT
 ) -> jax.Array:
     """Encode queries or keys: x'_t = RoPE(p_t) P x_t.
 
@@ -392,15 +444,16 @@ def apply(
       params: from ``init``: {"freqs_ANF": (A, N, F)} and one ``s_*`` generator.
       x_BTNH: queries or keys, any float dtype, H = 2F.
       pos: pos_TA (RoPE angles computed once, shared by the batch) or pos_BTA (per example).
-      k: the top-k count, required for top-k params and refused for the others.
+      k: the top-k count, for top-k params only (``init``'s, read from its parameters; a plain
+        dict of top-k parameters needs it).
 
     Returns:
       (B, T, N, H) array in x's dtype.
     """
-    num_axes, num_heads, num_pairs = params["freqs_ANF"].shape
+    num_axes, num_heads, num_pairs = _checks.param(params, "freqs_ANF", _FAMILY).shape
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_heads(x_BTNH, num_heads, 2 * num_pairs, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
-    _check_generator(params, pos, k, num_heads=num_heads, head_dim=2 * num_pairs)
+    k = _check_generator(params, pos, k, num_heads=num_heads, head_dim=2 * num_pairs)
     rope = _rope(params, pos, num_heads, 2 * num_pairs)
     return rope.rotate(_mix(params, x_BTNH, k)).astype(x_BTNH.dtype)

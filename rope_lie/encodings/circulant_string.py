@@ -38,11 +38,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rope_lie.encodings import _checks, state
-
-APPLY_HPARAMS: tuple[str, ...] = ()
+from rope_lie.encodings import _checks, family, state
 
 _FAMILY = "circulant_string"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="integer",
+    relative=True,
+    apply_defaults={},
+    # c_ANH (A, N, H), of which floor((H - 1) / 2) per axis and head are effective
+    stored_count=lambda num_heads, head_dim, num_axes, settings: num_axes * num_heads * head_dim,
+    examples=(({}, (1, 2, 3)),),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -54,6 +63,7 @@ def _check_head_dim(head_dim: int) -> None:
 
 
 def _check_params(params: dict[str, jax.Array]) -> jax.Array:
+    family.bound(params, _FAMILY)  # tagged parameters of another family are an error
     if set(params) != {"c_ANH"}:
         raise ValueError(f"{_FAMILY} expects params with key 'c_ANH', got keys {sorted(params)}")
     c_ANH = params["c_ANH"]
@@ -81,7 +91,14 @@ def init(
     _check_head_dim(head_dim)
     init_std = _checks.check_real(init_std, "init_std", _FAMILY)
     c_ANH = init_std * jax.random.normal(key, (num_axes, num_heads, head_dim), jnp.float32)
-    return {"c_ANH": c_ANH}
+    return family.params(
+        _FAMILY,
+        {"c_ANH": c_ANH},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        init_std=init_std,
+    )
 
 
 def generator_columns(c_ANH: jax.Array) -> jax.Array:

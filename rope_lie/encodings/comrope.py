@@ -64,19 +64,55 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, expm_combination, state
+from rope_lie.encodings import _checks, expm_combination, family, state
 
-APPLY_HPARAMS: tuple[str, ...] = ("variant",)
 VARIANTS = ("ld", "ap")
 
 _FAMILY = "comrope"
+
+
+def _stored_count(num_heads: int, head_dim: int, num_axes: int, settings) -> int:
+    """Raw P per head and block, N K b^2 = N H b (LD: gen_NKbb; AP: gen_ANMbb with K = M A),
+    plus LD's scales scale_AK, shared by the heads (as the reference)."""
+    block = settings["block_size"]
+    scales = num_axes * (head_dim // block) if settings["variant"] == "ld" else 0
+    return num_heads * head_dim * block + scales
+
+
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="unit_centred",
+    relative=True,
+    apply_defaults={"variant": "ld"},
+    stored_count=_stored_count,
+    examples=(
+        ({"variant": "ld", "block_size": 4}, (1, 2, 3)),
+        ({"variant": "ld", "block_size": 2}, (2,)),  # closed form, no fold
+        ({"variant": "ap", "block_size": 2}, (1, 3)),
+        ({"variant": "ap", "block_size": 6}, (2,)),
+    ),
+    # ComRoPE's axis-partition variant (pe=comrope is the linearly dependent one).
+    variants={"comrope_ap": ({"variant": "ap"}, "unit_centred")},
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _check_variant(variant) -> str:
-    if variant not in VARIANTS:
-        raise ValueError(f"{_FAMILY}: variant={variant!r}; expected one of {VARIANTS}")
-    return variant
+    """``"ld"`` or ``"ap"``, in either case (the paper writes LD and AP)."""
+    if not isinstance(variant, str) or variant.lower() not in VARIANTS:
+        raise ValueError(
+            f"{_FAMILY}: variant={variant!r}; expected one of {VARIANTS} (or upper case)"
+        )
+    return variant.lower()
+
+
+def _bound_variant(params, variant) -> str:
+    """The call's variant: init's for tagged parameters (``family.bound``), checked."""
+    if variant is not family.INIT:
+        variant = _check_variant(variant)
+    return _check_variant(family.bound(params, _FAMILY, variant=variant)["variant"])
 
 
 def _check_dims(head_dim: int, num_axes: int, block_size, variant: str) -> int:
@@ -127,12 +163,23 @@ def init(
     num_blocks = head_dim // block
     if variant == "ap":  # block k = m A + a of head n is gen_ANMbb[a, n, m]
         shape = (num_axes, num_heads, num_blocks // num_axes, block, block)
-        return {"gen_ANMbb": float(init_std) * jax.random.normal(key_gen, shape, jnp.float32)}
-    shape = (num_heads, num_blocks, block, block)
-    return {
-        "gen_NKbb": float(init_std) * jax.random.normal(key_gen, shape, jnp.float32),
-        "scale_AK": jax.random.normal(key_scale, (num_axes, num_blocks), jnp.float32),
-    }
+        arrays = {"gen_ANMbb": float(init_std) * jax.random.normal(key_gen, shape, jnp.float32)}
+    else:
+        shape = (num_heads, num_blocks, block, block)
+        arrays = {
+            "gen_NKbb": float(init_std) * jax.random.normal(key_gen, shape, jnp.float32),
+            "scale_AK": jax.random.normal(key_scale, (num_axes, num_blocks), jnp.float32),
+        }
+    return family.params(
+        _FAMILY,
+        arrays,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        variant=variant,
+        block_size=block,
+        init_std=init_std,
+    )
 
 
 _KEYS = {"ld": ["gen_NKbb", "scale_AK"], "ap": ["gen_ANMbb"]}
@@ -176,19 +223,21 @@ def _coefficients(scale_AK, pos, num_blocks: int, variant: str) -> jax.Array:
     return pos[..., np.arange(num_blocks) % pos.shape[-1]]
 
 
-def spectra(params: dict[str, jax.Array], *, variant: str = "ld") -> tuple[jax.Array, jax.Array]:
+def spectra(
+    params: dict[str, jax.Array], *, variant: str = family.INIT
+) -> tuple[jax.Array, jax.Array]:
     """The decomposition S_nk = Q diag([[0, -lambda_j], [lambda_j, 0]]) Q^T of every block.
 
     Args:
       params: from ``init``.
-      variant: the same as given to ``init``.
+      variant: ``init``'s (read from its parameters; a plain dict: this argument, else "ld").
 
     Returns:
       (lambda_NKJ, q_NKbb): J = b/2 rotation rates per block (non-negative for b > 2; for
       b = 2, lambda = -s with Q = I) and the orthogonal Q whose columns (2j, 2j+1) span the
       plane turned at rate lambda_j; float32.
     """
-    gen_NKbb, _ = _checked(params, _check_variant(variant))
+    gen_NKbb, _ = _checked(params, _bound_variant(params, variant))
     return _spectra(gen_NKbb)
 
 
@@ -213,7 +262,7 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
-    variant: str = "ld",
+    variant: str = family.INIT,
 ) -> state.PairAngles:
     """The pair angles t(p) lambda and the fold P = diag(Q^T) (module docstring).
 
@@ -223,13 +272,13 @@ def precompute(
       num_heads: N of the parameters (1 when heads share them).
       head_dim: H = K b.
       num_prefix: prefix tokens (at position 0: R'(0) = P).
-      variant: the same as given to ``init``.
+      variant: ``init``'s (read from its parameters; a plain dict: this argument, else "ld").
 
     Returns:
       ``PairAngles`` with angle (T, N, H/2) (or (B, T, N, H/2)) and mix_NHH (N, H, H), None
       for b = 2; float32.
     """
-    variant = _check_variant(variant)
+    variant = _bound_variant(params, variant)
     gen_NKbb, scale_AK = _checked(params, variant)
     _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
     num_gen_heads, num_blocks, block = gen_NKbb.shape[:3]
@@ -259,7 +308,7 @@ def _precompute(gen_NKbb, scale_AK, pos, variant: str) -> state.PairAngles:
 
 
 def apply(
-    params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array, *, variant: str = "ld"
+    params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array, *, variant: str = family.INIT
 ) -> jax.Array:
     """R'(p) x = Rot(t(p) lambda) P x: the fold, then the pair rotations.
 
@@ -267,12 +316,12 @@ def apply(
       params: from ``init``.
       x_BTNH: queries or keys, N and H = K b matching the parameters.
       pos: pos_TA or pos_BTA.
-      variant: the same as given to ``init``.
+      variant: ``init``'s (read from its parameters; a plain dict: this argument, else "ld").
 
     Returns:
       (B, T, N, H) in x's dtype (P^T times it is expm(sum_a p_a A_a) x).
     """
-    variant = _check_variant(variant)
+    variant = _bound_variant(params, variant)
     gen_NKbb, scale_AK = _checked(params, variant)
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=_num_axes(params, variant))
@@ -282,9 +331,9 @@ def apply(
     return pe.rotate(x_BTNH)  # the state applies its mix_NHH = P before the pair rotations
 
 
-def generators(params: dict[str, jax.Array], *, variant: str = "ld") -> jax.Array:
+def generators(params: dict[str, jax.Array], *, variant: str = family.INIT) -> jax.Array:
     """The angle-matrix blocks B_ank of the module docstring, (A, N, K, b, b) float32."""
-    variant = _check_variant(variant)
+    variant = _bound_variant(params, variant)
     gen_NKbb, scale_AK = _checked(params, variant)
     num_axes = _num_axes(params, variant)
     skew = gen_NKbb - jnp.swapaxes(gen_NKbb, -1, -2)
@@ -294,7 +343,7 @@ def generators(params: dict[str, jax.Array], *, variant: str = "ld") -> jax.Arra
     return jnp.asarray(mask_AK, jnp.float32)[:, None, :, None, None] * skew[None]
 
 
-def rotations_expm(params: dict[str, jax.Array], pos: jax.Array, *, variant: str = "ld"):
+def rotations_expm(params: dict[str, jax.Array], pos: jax.Array, *, variant: str = family.INIT):
     """R(p) = expm(sum_a p_a A_a) block by block, one exponential per token (the reference's way).
 
     The slow path the fast one replaces (``expm_combination``, as LieRE's blocks).
@@ -302,12 +351,13 @@ def rotations_expm(params: dict[str, jax.Array], pos: jax.Array, *, variant: str
     Args:
       params: from ``init``.
       pos: pos_TA or pos_BTA.
-      variant: the same as given to ``init``.
+      variant: ``init``'s (read from its parameters; a plain dict: this argument, else "ld").
 
     Returns:
       r (T, N, K, b, b) (or (B, T, N, K, b, b)), float32.
     """
-    pos = _checks.check_positions(pos, _FAMILY, _num_axes(params, _check_variant(variant)))
+    variant = _bound_variant(params, variant)
+    pos = _checks.check_positions(pos, _FAMILY, _num_axes(params, variant))
     gen_ANKbb = generators(params, variant=variant)
     num_axes, num_heads, num_blocks, block = gen_ANKbb.shape[:4]
     r = expm_combination.expm_skew_combination(

@@ -39,11 +39,25 @@ import math
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, fixed_frequency, state
-
-APPLY_HPARAMS: tuple[str, ...] = ("base", "min_period", "max_period", "rotary_fraction")
+from rope_lie.encodings import _checks, family, fixed_frequency, state
 
 _FAMILY = "dinov3"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="centred",
+    relative=True,
+    apply_defaults={"base": 100.0, "min_period": None, "max_period": None, "rotary_fraction": 1.0},
+    stored_count=lambda num_heads, head_dim, num_axes, settings: 0,
+    examples=(
+        ({}, (2, 3)),
+        ({"base": None, "min_period": 0.5, "max_period": 20.0}, (2,)),
+    ),
+    pair_spectrum=lambda head_dim, num_axes, s: pair_frequencies(
+        head_dim, num_axes, s["base"], min_period=s["min_period"], max_period=s["max_period"]
+    ),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def _check_dims(head_dim: int, num_axes: int) -> None:
@@ -118,10 +132,21 @@ def init(
     """
     del key
     _check_periods(base, min_period, max_period)
-    return fixed_frequency.init(
+    fixed_frequency.init(
         _FAMILY, _check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
         base=_base_arg(base), rotary_fraction=rotary_fraction,
     )  # fmt: skip
+    return family.params(
+        _FAMILY,
+        {},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        min_period=min_period,
+        max_period=max_period,
+        rotary_fraction=rotary_fraction,
+    )
 
 
 def apply(
@@ -129,10 +154,10 @@ def apply(
     x_BTNH: jax.Array,
     pos: jax.Array,
     *,
-    base: float | None = 100.0,
-    min_period: float | None = None,
-    max_period: float | None = None,
-    rotary_fraction: float = 1.0,
+    base: float | None = family.INIT,
+    min_period: float | None = family.INIT,
+    max_period: float | None = family.INIT,
+    rotary_fraction: float = family.INIT,
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
@@ -140,15 +165,16 @@ def apply(
       params: ``{}``.
       x_BTNH: queries or keys (B, T, N, H).
       pos: ``pos_TA`` or ``pos_BTA`` (e.g. ``positions.grid_positions(grid, "centred")``).
-      base, min_period, max_period, rotary_fraction: as given to ``init``.
+      base, min_period, max_period, rotary_fraction: ``init``'s (read from its parameters; a
+        plain ``{}``: these arguments, else ``init``'s defaults).
 
     Returns:
       (B, T, N, H) in x's dtype.
     """
-    _check_periods(base, min_period, max_period)
+    s = _bound(params, base, min_period, max_period, rotary_fraction)
     return fixed_frequency.apply(
-        _FAMILY, _check_dims, _table(min_period, max_period), params, x_BTNH, pos,
-        base=_base_arg(base), rotary_fraction=rotary_fraction,
+        _FAMILY, _check_dims, _table(s["min_period"], s["max_period"]), params, x_BTNH, pos,
+        base=_base_arg(s["base"]), rotary_fraction=s["rotary_fraction"],
     )  # fmt: skip
 
 
@@ -159,10 +185,10 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
-    base: float | None = 100.0,
-    min_period: float | None = None,
-    max_period: float | None = None,
-    rotary_fraction: float = 1.0,
+    base: float | None = family.INIT,
+    min_period: float | None = family.INIT,
+    max_period: float | None = family.INIT,
+    rotary_fraction: float = family.INIT,
 ) -> state.PairAngles:
     """The rotation angles of every token (the encoder state).
 
@@ -172,14 +198,32 @@ def precompute(
       num_heads: N (the angles are the same for every head).
       head_dim: H.
       num_prefix: prefix tokens (at position 0, not rotated).
-      base, min_period, max_period, rotary_fraction: as given to ``init``.
+      base, min_period, max_period, rotary_fraction: ``init``'s (read from its parameters; a
+        plain ``{}``: these arguments, else ``init``'s defaults).
 
     Returns:
       ``PairAngles`` (T, 1, H/2) or (B, T, 1, H/2); float32.
     """
-    _check_periods(base, min_period, max_period)
+    s = _bound(params, base, min_period, max_period, rotary_fraction)
     return fixed_frequency.precompute(
-        _FAMILY, _check_dims, _table(min_period, max_period), params, pos, num_heads=num_heads,
-        head_dim=head_dim, num_prefix=num_prefix, base=_base_arg(base),
+        _FAMILY,
+        _check_dims,
+        _table(s["min_period"], s["max_period"]),
+        params,
+        pos,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_prefix=num_prefix,
+        base=_base_arg(s["base"]),
+        rotary_fraction=s["rotary_fraction"],
+    )
+
+
+def _bound(params, base, min_period, max_period, rotary_fraction) -> dict:
+    """The settings of the call (``family.bound``), the periods checked."""
+    s = family.bound(
+        params, _FAMILY, base=base, min_period=min_period, max_period=max_period,
         rotary_fraction=rotary_fraction,
     )  # fmt: skip
+    _check_periods(s["base"], s["min_period"], s["max_period"])
+    return s

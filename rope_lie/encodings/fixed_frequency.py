@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rope_lie.encodings import _checks, state
+from rope_lie.encodings.family import check_made_for
 
 # (head_dim, num_axes, base) -> (axis_F, freq_F) of the F = H/2 pairs.
 PairTable = Callable[[int, int, float], tuple[np.ndarray, np.ndarray]]
@@ -111,7 +112,7 @@ def precompute(
     _checks.check_state_args(num_heads, head_dim, num_prefix, family)
     pos = _checks.check_positions(pos, family)
     num_axes = pos.shape[-1]
-    _checks.check_positive_int(num_axes, "num_axes", family)
+    check_made_for(params, family, head_dim=head_dim, num_axes=num_axes)
     check_dims(head_dim, num_axes)
     axis_F, freq_F = pair_table(head_dim, num_axes, _checks.check_base(base, family))
     fraction = check_fraction(rotary_fraction, family)

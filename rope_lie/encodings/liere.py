@@ -42,12 +42,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, _sharding, expm_combination, lie, state
+from rope_lie.encodings import _checks, _sharding, expm_combination, family, lie, state
 
 _FAMILY = "liere"
 
-# The block size is read from the parameters' shape, so apply needs no hyperparameter.
-APPLY_HPARAMS: tuple[str, ...] = ()
+
+def _stored_count(num_heads: int, head_dim: int, num_axes: int, settings) -> int:
+    """gen_ANKbb (A, N, K, b, b), K = H // b, stored raw (only strict upper triangles used)."""
+    block = settings["block_size"] or head_dim
+    return num_axes * num_heads * (head_dim // block) * block * block
+
+
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="sequential",
+    relative=False,  # dense 2D/3D generators do not commute (b = 2 and 1D are relative)
+    apply_defaults={},  # the block size is read from the parameters' shape
+    stored_count=_stored_count,
+    examples=(
+        ({"block_size": 4}, (1, 2, 3)),
+        ({}, (1, 2, 3)),
+        ({"block_size": 2}, (1, 2, 3)),
+        ({"block_size": 5, "partial_blocks": True}, (2,)),  # 12 % 5: channels 10, 11 unrotated
+    ),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 # Positions times generators at full float32 precision: TPUs would otherwise contract float32 in
 # bfloat16 passes, and exponents of positions in the tens need float32's resolution.
@@ -106,7 +126,16 @@ def init(
     _checks.check_real(init_scale, "init_scale", _FAMILY)
     shape = (num_axes, num_heads, head_dim // block, block, block)
     gen = jax.random.uniform(key, shape, jnp.float32, 0.0, float(init_scale))
-    return {"gen_ANKbb": gen}
+    return family.params(
+        _FAMILY,
+        {"gen_ANKbb": gen},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        block_size=block_size,
+        init_scale=init_scale,
+        partial_blocks=partial_blocks,
+    )
 
 
 def params_from_generators(
@@ -155,7 +184,8 @@ def params_from_generators(
 
 
 def _generator_blocks(params: dict[str, jax.Array]) -> jax.Array:
-    gen = params["gen_ANKbb"]
+    family.bound(params, _FAMILY)  # tagged parameters of another family are an error
+    gen = _checks.param(params, "gen_ANKbb", _FAMILY)
     if gen.ndim != 5 or gen.shape[-1] != gen.shape[-2]:
         raise ValueError(
             f"{_FAMILY}: params['gen_ANKbb'] must have shape (A, N, K, b, b), got {gen.shape}"
@@ -171,13 +201,7 @@ def _pair_angles(gen_ANKbb: jax.Array, pos: jax.Array) -> jax.Array:
 
 
 def _checked_pos(gen_ANKbb: jax.Array, pos) -> jax.Array:
-    pos = jnp.asarray(pos)
-    if pos.ndim not in (2, 3) or pos.shape[-1] != gen_ANKbb.shape[0]:
-        raise ValueError(
-            f"{_FAMILY}: positions must have shape (T, A) or (B, T, A) with "
-            f"A={gen_ANKbb.shape[0]}, got shape {tuple(pos.shape)}"
-        )
-    return pos
+    return _checks.check_positions(pos, _FAMILY, gen_ANKbb.shape[0])
 
 
 def rotations(params: dict[str, jax.Array], pos: jax.Array) -> jax.Array:

@@ -9,12 +9,21 @@ silently ignored. No parameters: ``init`` returns ``{}``; no hyperparameters.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
-from rope_lie.encodings import _checks, state
-
-APPLY_HPARAMS: tuple[str, ...] = ()
+from rope_lie.encodings import _checks, family, state
 
 _FAMILY = "nope"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="integer",
+    relative=True,
+    apply_defaults={},
+    stored_count=lambda num_heads, head_dim, num_axes, settings: 0,
+    examples=(({}, (1, 2, 3)),),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def init(key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int) -> dict[str, jax.Array]:
@@ -31,7 +40,7 @@ def init(key: jax.Array, *, num_heads: int, head_dim: int, num_axes: int) -> dic
     """
     del key
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
-    return {}
+    return family.params(_FAMILY, {}, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes)
 
 
 def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> jax.Array:
@@ -48,7 +57,7 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     _checks.check_no_params(params, _FAMILY)
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY)
-    _checks.check_positive_int(pos.shape[-1], "num_axes", _FAMILY)
+    family.check_made_for(params, _FAMILY, head_dim=x_BTNH.shape[-1], num_axes=jnp.shape(pos)[-1])
     return x_BTNH
 
 
@@ -75,5 +84,5 @@ def precompute(
     _checks.check_no_params(params, _FAMILY)
     _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
     pos = _checks.check_positions(pos, _FAMILY)
-    _checks.check_positive_int(pos.shape[-1], "num_axes", _FAMILY)
+    family.check_made_for(params, _FAMILY, head_dim=head_dim, num_axes=pos.shape[-1])
     return state.Unrotated()

@@ -48,7 +48,9 @@ Evaluating at a new resolution is a change of positions only: pass the new ``gri
 the training grid as ``train_grid`` (sequential) or ``anchor_grid`` (autoscale).
 
 ``augment`` draws DINOv3's train-time coordinate augmentations (shift, jitter, rescale) from an
-explicit key; prefix tokens stay at 0.
+explicit key; prefix tokens stay at 0. ``randomize`` draws RPE-2D's randomized positions (a
+sorted random subset of a larger grid's positions per axis) in training, so that a larger grid
+at evaluation sees positions the model has seen.
 """
 
 from __future__ import annotations
@@ -69,14 +71,57 @@ CONVENTIONS = (
 CONVENTION_HPARAMS = {"normalized": ("value_range",), "diagonal": ("temporal_spacing",)}
 
 
-def _check_grid(grid: Sequence[int], name: str) -> tuple[int, ...]:
-    grid = tuple(grid)
-    if not 1 <= len(grid) <= 3:
-        raise ValueError(f"{name}={grid} must have rank 1, 2 or 3 (sequence, image, volume)")
-    for n in grid:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"{name}={grid} must contain positive integers")
-    return tuple(int(n) for n in grid)
+_GRID_EXPECTED = (
+    "1 to 3 positive integers (a tuple of ints, or a concrete 1-D integer numpy or JAX array)"
+)
+
+
+def _grid_int(n, name: str, grid) -> int:
+    """One entry of a grid as a Python int; anything but a positive integer is an error."""
+    if isinstance(n, jax.core.Tracer):
+        raise ValueError(
+            f"{name}={grid!r} holds a traced value {n!r}: a grid is static (it sets the token "
+            f"count); pass {_GRID_EXPECTED} from outside jit"
+        )
+    dtype = getattr(n, "dtype", None)  # numpy / JAX scalars and 0-d arrays
+    if dtype is not None and np.ndim(n) == 0:
+        shown = f"{n.item()!r} ({dtype})"
+        is_int = dtype.kind in ("i", "u")
+    else:
+        shown, is_int = repr(n), isinstance(n, int) and not isinstance(n, bool)
+    if isinstance(n, bool) or (dtype is not None and dtype.kind == "b"):
+        raise ValueError(f"{name}={grid!r} holds the boolean {shown}; expected {_GRID_EXPECTED}")
+    if not is_int:
+        raise ValueError(f"{name}={grid!r} holds {shown}; expected {_GRID_EXPECTED}")
+    if int(n) < 1:
+        raise ValueError(f"{name}={grid!r} holds {int(n)}; expected {_GRID_EXPECTED}")
+    return int(n)
+
+
+def _check_grid(grid, name: str) -> tuple[int, ...]:
+    """``grid`` (tokens per axis) as a tuple of Python ints, checked.
+
+    A tuple or list of ints (numpy and JAX integer scalars too) or a concrete 1-D integer array
+    is a grid; floats (even 4.0), booleans, values < 1, traced values and ranks other than 1-3
+    are errors naming the value.
+    """
+    if isinstance(grid, jax.core.Tracer):
+        raise ValueError(
+            f"{name}={grid!r} is a traced value: a grid is static (it sets the token count); "
+            f"pass {_GRID_EXPECTED} from outside jit"
+        )
+    if isinstance(grid, (np.ndarray, jax.Array)):
+        if grid.ndim != 1:
+            raise ValueError(f"{name}={grid!r} has {grid.ndim} dims; expected {_GRID_EXPECTED}")
+        entries = list(np.asarray(grid))  # numpy scalars of the array's dtype
+    elif isinstance(grid, (str, bytes)) or not hasattr(grid, "__iter__"):
+        raise ValueError(f"{name}={grid!r} is not a sequence; expected {_GRID_EXPECTED}")
+    else:
+        entries = list(grid)
+    out = tuple(_grid_int(n, name, grid) for n in entries)
+    if not 1 <= len(out) <= 3:
+        raise ValueError(f"{name}={out} must have rank 1, 2 or 3 (sequence, image, volume)")
+    return out
 
 
 def _axis_coords(
@@ -192,11 +237,75 @@ def _check_augment(name: str, value, lowest: float) -> None:
         raise ValueError(f"{name}={value!r} must be None or a number >= {lowest}")
 
 
-def check_augment(shift=None, jitter=None, rescale=None) -> None:
-    """``augment``'s bounds: shift >= 0, jitter and rescale >= 1, or None (step skipped)."""
+def check_augment(shift=None, jitter=None, rescale=None, randomize=None) -> None:
+    """``augment``'s bounds: shift >= 0, jitter and rescale >= 1, or None (step skipped); and
+    ``randomize``'s (RPE-2D's scale): >= 1, or None."""
     _check_augment("shift", shift, 0.0)
     _check_augment("jitter", jitter, 1.0)
     _check_augment("rescale", rescale, 1.0)
+    _check_augment("randomize", randomize, 1.0)
+
+
+def randomized_grid(grid_shape: Sequence[int], scale: float) -> tuple[int, ...]:
+    """RPE-2D's larger grid: round(scale * n) positions per axis (at least n)."""
+    grid = _check_grid(grid_shape, "grid_shape")
+    _check_augment("randomize", scale, 1.0)
+    return tuple(max(n, int(round(scale * n))) for n in grid)
+
+
+def randomize(
+    key: jax.Array,
+    grid_shape: Sequence[int],
+    convention: str = "integer",
+    *,
+    scale: float,
+    num_prefix: int = 0,
+    train_grid: Sequence[int] | None = None,
+    anchor_grid: Sequence[int] | None = None,
+    value_range: tuple[float, float] = (-1.0, 1.0),
+    temporal_spacing: float = 1.0,
+) -> jax.Array:
+    """Randomized positions in training: RPE-2D (Liu et al., "Boosting Resolution
+    Generalization of Diffusion Transformers with Randomized Positional Encodings",
+    arXiv:2503.18719), the 2D form of Ruoss et al.'s randomized positional encodings
+    (arXiv:2305.16843).
+
+    What is implemented (written from the papers' descriptions, not from their code): on every
+    axis a of the n_a-token grid, independently, n_a distinct indices are drawn uniformly from
+    the L_a = round(scale n_a) indices of a larger grid and sorted (Ruoss et al.'s ordered
+    subsample, per axis as RPE-2D does for rows and columns), and each token (i, j) gets the
+    position that ``convention`` gives index (r_i, c_j) in the larger grid
+    (``index_positions``; integer positions: (r_i, c_j) themselves). Tokens keep their order
+    and their row and column structure; the gaps between them vary. At evaluation the model
+    takes its usual positions: a grid up to L_a tokens long then has positions it saw in
+    training. One draw for the whole batch (as ``augment``; Ruoss et al. draw per sequence).
+    Prefix tokens stay at 0.
+
+    Args:
+      key: PRNG key; axis a draws from its a-th split.
+      grid_shape: the token grid, rank 1-3.
+      convention: one of ``CONVENTIONS``, applied at the larger grid.
+      scale: L_a / n_a >= 1 (1: every index drawn, the usual positions).
+      num_prefix: prefix tokens, first, at position 0.
+      train_grid, anchor_grid, value_range, temporal_spacing: as ``index_positions``.
+
+    Returns:
+      float32 (num_prefix + prod(grid), A).
+    """
+    grid = _check_grid(grid_shape, "grid_shape")
+    wide = randomized_grid(grid, scale)
+    keys = jax.random.split(key, len(grid))
+    axes = [
+        jnp.sort(jax.random.choice(k, size, (n,), replace=False))
+        for k, n, size in zip(keys, grid, wide, strict=True)
+    ]
+    mesh = jnp.meshgrid(*axes, indexing="ij")
+    index_TA = jnp.stack([m.reshape(-1) for m in mesh], axis=-1)
+    pos_TA = index_positions(
+        index_TA, jnp.asarray(wide), convention, train_grid=train_grid, anchor_grid=anchor_grid,
+        value_range=value_range, temporal_spacing=temporal_spacing,
+    )  # fmt: skip
+    return jnp.concatenate([jnp.zeros((num_prefix, len(grid)), jnp.float32), pos_TA], axis=0)
 
 
 def augment(

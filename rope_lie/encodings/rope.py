@@ -21,11 +21,20 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_lie.encodings import fixed_frequency, state
-
-APPLY_HPARAMS: tuple[str, ...] = ("base", "rotary_fraction")
+from rope_lie.encodings import family, fixed_frequency, state
 
 _FAMILY = "rope"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="integer",
+    relative=True,
+    apply_defaults={"base": 10000.0, "rotary_fraction": 1.0},
+    stored_count=lambda num_heads, head_dim, num_axes, settings: 0,
+    examples=(({}, (1,)), ({"rotary_fraction": 0.5}, (1,))),  # p-RoPE: lowest pairs unrotated
+    pair_spectrum=lambda head_dim, num_axes, s: pair_frequencies(head_dim, num_axes, s["base"]),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def _check_dims(head_dim: int, num_axes: int) -> None:
@@ -74,10 +83,19 @@ def init(
       ``{}``.
     """
     del key
-    return fixed_frequency.init(
+    fixed_frequency.init(
         _FAMILY, _check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
         base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip
+    return family.params(
+        _FAMILY,
+        {},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        rotary_fraction=rotary_fraction,
+    )
 
 
 def apply(
@@ -85,8 +103,8 @@ def apply(
     x_BTNH: jax.Array,
     pos: jax.Array,
     *,
-    base: float = 10000.0,
-    rotary_fraction: float = 1.0,
+    base: float = family.INIT,
+    rotary_fraction: float = family.INIT,
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
@@ -94,16 +112,16 @@ def apply(
       params: ``{}`` (from ``init``).
       x_BTNH: queries or keys (B, T, N, H), any float dtype, H even.
       pos: positions ``pos_TA`` (T, 1) shared by the batch, or ``pos_BTA`` (B, T, 1).
-      base: frequency base, the same as given to ``init``.
-      rotary_fraction: the same as given to ``init``.
+      base, rotary_fraction: ``init``'s (read from its parameters; a plain ``{}``: these
+        arguments, else 10000 and 1).
 
     Returns:
       (B, T, N, H) array in x's dtype.
     """
+    settings = family.bound(params, _FAMILY, base=base, rotary_fraction=rotary_fraction)
     return fixed_frequency.apply(
-        _FAMILY, _check_dims, pair_frequencies, params, x_BTNH, pos, base=base,
-        rotary_fraction=rotary_fraction,
-    )  # fmt: skip
+        _FAMILY, _check_dims, pair_frequencies, params, x_BTNH, pos, **settings
+    )
 
 
 def precompute(
@@ -113,8 +131,8 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
-    base: float = 10000.0,
-    rotary_fraction: float = 1.0,
+    base: float = family.INIT,
+    rotary_fraction: float = family.INIT,
 ) -> state.PairAngles:
     """The rotation angles of every token (the encoder state, ``encodings/state.py``).
 
@@ -124,13 +142,14 @@ def precompute(
       num_heads: N (the angles are the same for every head).
       head_dim: H.
       num_prefix: prefix tokens (at position 0, not rotated).
-      base: frequency base, the same as given to ``init``.
-      rotary_fraction: the same as given to ``init``.
+      base, rotary_fraction: ``init``'s (read from its parameters; a plain ``{}``: these
+        arguments, else 10000 and 1).
 
     Returns:
       ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32.
     """
+    settings = family.bound(params, _FAMILY, base=base, rotary_fraction=rotary_fraction)
     return fixed_frequency.precompute(
         _FAMILY, _check_dims, pair_frequencies, params, pos, num_heads=num_heads, head_dim=head_dim,
-        num_prefix=num_prefix, base=base, rotary_fraction=rotary_fraction,
+        num_prefix=num_prefix, **settings,
     )  # fmt: skip

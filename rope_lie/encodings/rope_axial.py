@@ -55,14 +55,36 @@ import functools
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, fixed_frequency, state
+from rope_lie.encodings import _checks, family, fixed_frequency, state
 
-APPLY_HPARAMS: tuple[str, ...] = (
-    "base", "rotary_fraction", "layout", "sections", "temporal_scale",
-)  # fmt: skip
 LAYOUTS = ("axial", "mrope", "mrope_interleaved", "videorope")
 
 _FAMILY = "rope_axial"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="integer",
+    relative=True,
+    apply_defaults={
+        "base": 100.0,
+        "rotary_fraction": 1.0,
+        "layout": "axial",
+        "sections": None,
+        "temporal_scale": 1.0,
+    },
+    stored_count=lambda num_heads, head_dim, num_axes, settings: 0,
+    examples=(
+        ({}, (1, 2, 3)),
+        ({"rotary_fraction": 0.5}, (2,)),
+        ({"layout": "mrope", "base": 10000.0}, (3,)),
+        ({"layout": "mrope_interleaved", "sections": (2, 2, 2)}, (3,)),
+        ({"layout": "videorope", "temporal_scale": 2.0}, (3,)),
+    ),
+    pair_spectrum=lambda head_dim, num_axes, s: pair_frequencies(
+        head_dim, num_axes, s["base"], s["layout"], s["sections"], s["temporal_scale"]
+    ),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def _default_sections(layout: str, num_pairs: int, num_axes: int) -> tuple[int, ...]:
@@ -203,10 +225,22 @@ def init(
     """
     del key
     _, check = _table(layout, sections, temporal_scale)
-    return fixed_frequency.init(
+    fixed_frequency.init(
         _FAMILY, check, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
         base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip
+    return family.params(
+        _FAMILY,
+        {},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        rotary_fraction=rotary_fraction,
+        layout=layout,
+        sections=sections,
+        temporal_scale=temporal_scale,
+    )
 
 
 def apply(
@@ -214,11 +248,11 @@ def apply(
     x_BTNH: jax.Array,
     pos: jax.Array,
     *,
-    base: float = 100.0,
-    rotary_fraction: float = 1.0,
-    layout: str = "axial",
-    sections=None,
-    temporal_scale: float = 1.0,
+    base: float = family.INIT,
+    rotary_fraction: float = family.INIT,
+    layout: str = family.INIT,
+    sections=family.INIT,
+    temporal_scale: float = family.INIT,
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
@@ -226,14 +260,23 @@ def apply(
       params: ``{}`` (from ``init``).
       x_BTNH: queries or keys (B, T, N, H), any float dtype.
       pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example.
-      base, rotary_fraction, layout, sections, temporal_scale: as given to ``init``.
+      base, rotary_fraction, layout, sections, temporal_scale: ``init``'s (read from its
+        parameters; a plain ``{}``: these arguments, else ``init``'s defaults).
 
     Returns:
       (B, T, N, H) array in x's dtype.
     """
-    table, check = _table(layout, sections, temporal_scale)
+    s = _bound(params, base, rotary_fraction, layout, sections, temporal_scale)
+    table, check = _table(s["layout"], s["sections"], s["temporal_scale"])
     return fixed_frequency.apply(
-        _FAMILY, check, table, params, x_BTNH, pos, base=base, rotary_fraction=rotary_fraction
+        _FAMILY,
+        check,
+        table,
+        params,
+        x_BTNH,
+        pos,
+        base=s["base"],
+        rotary_fraction=s["rotary_fraction"],
     )
 
 
@@ -244,11 +287,11 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
-    base: float = 100.0,
-    rotary_fraction: float = 1.0,
-    layout: str = "axial",
-    sections=None,
-    temporal_scale: float = 1.0,
+    base: float = family.INIT,
+    rotary_fraction: float = family.INIT,
+    layout: str = family.INIT,
+    sections=family.INIT,
+    temporal_scale: float = family.INIT,
 ) -> state.PairAngles:
     """The rotation angles of every token (the encoder state, ``encodings/state.py``).
 
@@ -258,13 +301,30 @@ def precompute(
       num_heads: N (the angles are the same for every head).
       head_dim: H.
       num_prefix: prefix tokens (at position 0, not rotated).
-      base, rotary_fraction, layout, sections, temporal_scale: as given to ``init``.
+      base, rotary_fraction, layout, sections, temporal_scale: ``init``'s (read from its
+        parameters; a plain ``{}``: these arguments, else ``init``'s defaults).
 
     Returns:
       ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32.
     """
-    table, check = _table(layout, sections, temporal_scale)
+    s = _bound(params, base, rotary_fraction, layout, sections, temporal_scale)
+    table, check = _table(s["layout"], s["sections"], s["temporal_scale"])
     return fixed_frequency.precompute(
-        _FAMILY, check, table, params, pos, num_heads=num_heads, head_dim=head_dim,
-        num_prefix=num_prefix, base=base, rotary_fraction=rotary_fraction,
+        _FAMILY,
+        check,
+        table,
+        params,
+        pos,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_prefix=num_prefix,
+        base=s["base"],
+        rotary_fraction=s["rotary_fraction"],
+    )
+
+
+def _bound(params, base, rotary_fraction, layout, sections, temporal_scale) -> dict:
+    return family.bound(
+        params, _FAMILY, base=base, rotary_fraction=rotary_fraction, layout=layout,
+        sections=sections, temporal_scale=temporal_scale,
     )  # fmt: skip

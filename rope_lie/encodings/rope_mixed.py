@@ -43,11 +43,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, fixed_frequency, state
-
-APPLY_HPARAMS: tuple[str, ...] = ("rotary_fraction",)
+from rope_lie.encodings import _checks, family, fixed_frequency, state
 
 _FAMILY = "rope_mixed"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="integer",
+    relative=True,
+    apply_defaults={"rotary_fraction": 1.0},
+    # freqs_ANF (A, N, H/2)
+    stored_count=lambda num_heads, head_dim, num_axes, settings: (
+        num_axes * num_heads * (head_dim // 2)
+    ),
+    examples=(({}, (1, 2, 3)), ({"rotary_fraction": 0.5}, (2,))),
+    learned_frequencies="freqs_ANF",
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def _reference_basis_2d(phi_N: jax.Array) -> jax.Array:
@@ -139,7 +151,15 @@ def init(
         raise ValueError(f"head_dim={head_dim} must be even: rope_mixed rotates channel pairs")
     base = _checks.check_base(base, _FAMILY)
     basis_NAA = _random_basis(key, num_heads, num_axes)
-    return {"freqs_ANF": _freqs_from_basis(basis_NAA, head_dim, base)}
+    return family.params(
+        _FAMILY,
+        {"freqs_ANF": _freqs_from_basis(basis_NAA, head_dim, base)},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        rotary_fraction=rotary_fraction,
+    )
 
 
 def params_from_freqs(freqs_ANF, *, head_dim: int | None = None) -> dict[str, jax.Array]:
@@ -167,7 +187,7 @@ def params_from_freqs(freqs_ANF, *, head_dim: int | None = None) -> dict[str, ja
 
 
 def _checked_freqs(params: dict[str, jax.Array]) -> jax.Array:
-    freqs_ANF = params["freqs_ANF"]
+    freqs_ANF = _checks.param(params, "freqs_ANF", _FAMILY)
     if freqs_ANF.ndim != 3:
         raise ValueError(f"rope_mixed: freqs_ANF must be (A, N, F), got {tuple(freqs_ANF.shape)}")
     return freqs_ANF
@@ -180,7 +200,7 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
-    rotary_fraction: float = 1.0,
+    rotary_fraction: float = family.INIT,
 ) -> state.PairAngles:
     """The rotation angles theta_j(p) = sum_a p_a f[a, n, j]: everything the rotation needs that
     does not depend on x (the encoder state, ``encodings/state.py``), computed once per step for
@@ -192,7 +212,8 @@ def precompute(
       num_heads: N of the parameters (1 when heads share them).
       head_dim: H = 2F.
       num_prefix: prefix tokens (at position 0: R = I).
-      rotary_fraction: p-RoPE's fraction of pairs rotated, as given to ``init``.
+      rotary_fraction: p-RoPE's fraction of pairs rotated: ``init``'s (read from its
+        parameters; a plain dict: this argument, else 1).
 
     Returns:
       ``PairAngles`` of shape (T, N, F) (``(B, T, N, F)`` for per-example positions), float32.
@@ -206,6 +227,7 @@ def precompute(
         )
     pos = _checks.check_positions(pos, _FAMILY, freqs_ANF.shape[0])
     angle = _angles(pos.astype(jnp.float32), freqs_ANF.astype(jnp.float32))
+    (rotary_fraction,) = family.bound(params, _FAMILY, rotary_fraction=rotary_fraction).values()
     fraction = fixed_frequency.check_fraction(rotary_fraction, _FAMILY)
     if fraction != 1.0:
         mask_F = rotated_pairs(freqs_ANF.shape[-1], freqs_ANF.shape[0], fraction)
@@ -218,7 +240,7 @@ def apply(
     x_BTNH: jax.Array,
     pos: jax.Array,
     *,
-    rotary_fraction: float = 1.0,
+    rotary_fraction: float = family.INIT,
 ) -> jax.Array:
     """Rotate queries or keys by R(p), theta_j = sum_a p_a f[a, n, j].
 
@@ -226,7 +248,8 @@ def apply(
       params: ``{"freqs_ANF": (A, N, F)}`` from ``init`` or ``params_from_freqs``.
       x_BTNH: queries or keys (B, T, N, H), any float dtype, H = 2F.
       pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example.
-      rotary_fraction: p-RoPE's fraction of pairs rotated, as given to ``init``.
+      rotary_fraction: p-RoPE's fraction of pairs rotated: ``init``'s (read from its
+        parameters; a plain dict: this argument, else 1).
 
     Returns:
       (B, T, N, H) array in x's dtype.

@@ -6,7 +6,7 @@ Every family in ``ROTARY`` and ``BIAS`` provides
 
 and the attention uses the state in one way, whatever the family:
 
-    state    <- state.to_fold()                        (when it has one: P left to fold)
+    state    <- state.to_fold()                        (P left to fold, when there is one)
     w_q, w_k <- fold of ``state.fold_NHH`` into them   (when not None: P (x w + b))
     q, k     <- state.rotate(q), state.rotate(k)       (per token)
     logits   += state.bias_BNTS                        (when not None)
@@ -18,7 +18,8 @@ for every family (Cayley-STRING's ``PairAngles`` applies its P, ``mix_NHH``). On
 The states are typed by what the families compute (a family's table is in
 ``docs/encoders.md``): pair angles (RoPE and its variants, LieRE with 2x2 blocks, Cayley-STRING
 with its P), block rotations (LieRE), spectral phases (Circulant-STRING), a logit bias
-(ALiBi), or nothing (NoPE). Each is a NamedTuple, so a state is a pytree: it crosses ``jit``,
+(ALiBi), or nothing (NoPE); ``ScaledQK`` wraps any of them with a factor on q and k (the
+extrapolation tools' temperature). Each is a NamedTuple, so a state is a pytree: it crosses ``jit``,
 is cached per resolution at evaluation, and is shared by every layer that shares the parameters.
 A state computed for one head (heads sharing parameters, N = 1) applies to every head; per-
 example positions (``pos_BTA``) give states with a leading batch axis.
@@ -42,6 +43,10 @@ class Unrotated(NamedTuple):
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return x_BTNH
+
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
 
 
 class PairAngles(NamedTuple):
@@ -92,6 +97,10 @@ class PairAnglesAfterFold(NamedTuple):
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return lie.rotate_pairs(x_BTNH, self.angle_TNF)
 
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
+
 
 class BlockRotations(NamedTuple):
     """Contiguous b x b channel blocks [r b, (r + 1) b) of head n multiplied by ``r_TNKbb``.
@@ -106,6 +115,10 @@ class BlockRotations(NamedTuple):
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return lie.apply_blocks(x_BTNH, self.r_TNKbb)
+
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
 
 
 class SpectralPhases(NamedTuple):
@@ -126,6 +139,10 @@ class SpectralPhases(NamedTuple):
         out_BTNH = jnp.fft.irfft(spectrum_BTNJ * phase, n=head_dim, axis=-1)
         return out_BTNH.astype(x_BTNH.dtype)
 
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
+
 
 class LogitBias(NamedTuple):
     """A bias added to the attention logits (ALiBi); q and k are not rotated.
@@ -140,5 +157,50 @@ class LogitBias(NamedTuple):
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
         return x_BTNH
 
+    def to_fold(self):
+        """This state: it leaves nothing to fold into the q/k projections."""
+        return self
 
-State = Unrotated | PairAngles | PairAnglesAfterFold | BlockRotations | SpectralPhases | LogitBias
+
+class ScaledQK(NamedTuple):
+    """Another state whose ``rotate`` is followed by a product with ``qk_scale``: q and k each
+    times c, so the logits q.k / sqrt(H) times c^2 (and ``bias_BNTS``, when the state has one,
+    times c^2 too: every logit is scaled).
+
+    What the extrapolation tools put around a family's state at an evaluation grid
+    (``encodings/extrapolation.py``): YaRN's attention factor, which HuggingFace multiplies into
+    cos and sin (so into q and k), and logit scaling with the token count. The family's own
+    state is ``state``; a P to fold stays ``state``'s (``fold_NHH``), since the factor commutes
+    with it.
+    """
+
+    state: State  # the family's own
+    qk_scale: jax.Array  # float32 scalar c
+
+    @property
+    def fold_NHH(self):
+        return self.state.fold_NHH
+
+    @property
+    def bias_BNTS(self):
+        bias = self.state.bias_BNTS
+        return None if bias is None else bias * jnp.square(self.qk_scale).astype(bias.dtype)
+
+    def rotate(self, x_BTNH: jax.Array) -> jax.Array:
+        rotated = self.state.rotate(x_BTNH)
+        return (rotated.astype(jnp.float32) * self.qk_scale).astype(rotated.dtype)
+
+    def to_fold(self) -> ScaledQK:
+        """The same scale around the inner state's ``to_fold()``."""
+        return ScaledQK(self.state.to_fold(), self.qk_scale)
+
+
+State = (
+    Unrotated
+    | PairAngles
+    | PairAnglesAfterFold
+    | BlockRotations
+    | SpectralPhases
+    | LogitBias
+    | ScaledQK
+)

@@ -41,12 +41,26 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_lie.encodings import _checks, fixed_frequency, state
+from rope_lie.encodings import _checks, family, fixed_frequency, state
 
-APPLY_HPARAMS: tuple[str, ...] = ("base", "variant", "rotary_fraction")
 VARIANTS = ("visionllama", "liere")
 
 _FAMILY = "visionllama"
+FAMILY = family.Family(
+    name=_FAMILY,
+    kind="rotary",
+    convention="autoscale",
+    relative=True,
+    apply_defaults={"base": 10000.0, "variant": "visionllama", "rotary_fraction": 1.0},
+    stored_count=lambda num_heads, head_dim, num_axes, settings: 0,
+    examples=(({}, (1, 2, 3)), ({"rotary_fraction": 0.5}, (2,)), ({"variant": "liere"}, (2,))),
+    # The LieRE paper's "VisionLlama" baseline (its reference code), not VisionLLaMA's AS2DRoPE.
+    variants={"visionllama_liere": ({"variant": "liere"}, "sequential")},
+    pair_spectrum=lambda head_dim, num_axes, s: (
+        liere_pair_frequencies if s["variant"] == "liere" else pair_frequencies
+    )(head_dim, num_axes, s["base"]),
+)
+APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def pair_frequencies(head_dim: int, num_axes: int, base: float = 10000.0):
@@ -140,10 +154,20 @@ def init(
     """
     del key
     check_dims = _dims_check(_check_variant(variant))
-    return fixed_frequency.init(
+    fixed_frequency.init(
         _FAMILY, check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
         base=base, rotary_fraction=rotary_fraction,
     )  # fmt: skip
+    return family.params(
+        _FAMILY,
+        {},
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        variant=variant,
+        rotary_fraction=rotary_fraction,
+    )
 
 
 def apply(
@@ -151,9 +175,9 @@ def apply(
     x_BTNH: jax.Array,
     pos: jax.Array,
     *,
-    base: float = 10000.0,
-    variant: str = "visionllama",
-    rotary_fraction: float = 1.0,
+    base: float = family.INIT,
+    variant: str = family.INIT,
+    rotary_fraction: float = family.INIT,
 ) -> jax.Array:
     """Rotate queries or keys by R(p).
 
@@ -162,18 +186,18 @@ def apply(
       x_BTNH: queries or keys (B, T, N, H), any float dtype, H divisible by 2A.
       pos: positions ``pos_TA`` shared by the batch, or ``pos_BTA`` per example (already
         auto-scaled if wanted, see the module docstring).
-      base: frequency base, the same as given to ``init``.
-      variant: the same as given to ``init``.
-      rotary_fraction: the same as given to ``init``.
+      base, variant, rotary_fraction: ``init``'s (read from its parameters; a plain ``{}``:
+        these arguments, else ``init``'s defaults).
 
     Returns:
       (B, T, N, H) array in x's dtype.
     """
-    variant = _check_variant(variant)
+    s = family.bound(params, _FAMILY, base=base, variant=variant, rotary_fraction=rotary_fraction)
+    variant = _check_variant(s["variant"])
     table = liere_pair_frequencies if variant == "liere" else pair_frequencies
     return fixed_frequency.apply(
-        _FAMILY, _dims_check(variant), table, params, x_BTNH, pos, base=base,
-        rotary_fraction=rotary_fraction,
+        _FAMILY, _dims_check(variant), table, params, x_BTNH, pos, base=s["base"],
+        rotary_fraction=s["rotary_fraction"],
     )  # fmt: skip
 
 
@@ -184,9 +208,9 @@ def precompute(
     num_heads: int,
     head_dim: int,
     num_prefix: int = 0,
-    base: float = 10000.0,
-    variant: str = "visionllama",
-    rotary_fraction: float = 1.0,
+    base: float = family.INIT,
+    variant: str = family.INIT,
+    rotary_fraction: float = family.INIT,
 ) -> state.PairAngles:
     """The rotation angles of every token (the encoder state, ``encodings/state.py``).
 
@@ -196,17 +220,18 @@ def precompute(
       num_heads: N (the angles are the same for every head).
       head_dim: H.
       num_prefix: prefix tokens (at position 0, not rotated).
-      base: frequency base, the same as given to ``init``.
-      variant: the same as given to ``init``.
-      rotary_fraction: the same as given to ``init``.
+      base, variant, rotary_fraction: ``init``'s (read from its parameters; a plain ``{}``:
+        these arguments, else ``init``'s defaults).
 
     Returns:
       ``PairAngles`` of shape (T, 1, H/2), or (B, T, 1, H/2) per example; float32 (pairs with
       frequency 0, the leftover channels of ``variant="liere"``, turn by 0).
     """
-    variant = _check_variant(variant)
+    s = family.bound(params, _FAMILY, base=base, variant=variant, rotary_fraction=rotary_fraction)
+    variant = _check_variant(s["variant"])
     table = liere_pair_frequencies if variant == "liere" else pair_frequencies
     return fixed_frequency.precompute(
         _FAMILY, _dims_check(variant), table, params, pos, num_heads=num_heads,
-        head_dim=head_dim, num_prefix=num_prefix, base=base, rotary_fraction=rotary_fraction,
+        head_dim=head_dim, num_prefix=num_prefix, base=s["base"],
+        rotary_fraction=s["rotary_fraction"],
     )  # fmt: skip

@@ -51,18 +51,24 @@ and v, k's a zero buffer: rope_lie's ``bk_NH`` is 0), a class token and 4 regist
 - every prefix token (class and registers, ``num_prefix_tokens=5``) is left unrotated: rope_lie's
   sit at position 0, R(0) = I.
 
-timm's DINOv3 models pool by default with ``global_pool="avg"`` (the patch tokens' mean next to
-a class token that is not pooled); upstream DINOv3 uses the class token, timm's ``"token"``,
-which is what converts (``--overrides=global_pool=token``; ``"avg"`` is an error saying so). A
-model without a classifier (``num_classes=0``, the pretrained DINOv3 weights) converts with an
-identity head: the logits are the pooled features (width D); fine-tune with
-``init_head="new"``.
+Pooling (``Eva.forward_head``: ``pool``, then ``fc_norm``, then the head): ``"token"`` takes
+the class token (rope_lie's ``pool="cls"``); ``"avg"``, the default of timm's DINOv3 models,
+the mean of the tokens after the ``num_prefix_tokens`` class and register tokens
+(``global_pool_nlc``) beside a class token that is not pooled (``pool="mean_with_cls"``;
+upstream DINOv3 uses the class token: ``--overrides=global_pool=token``). The state_dict does
+not record which of the two a model was fine-tuned with, so the overrides say it. timm's final
+``norm`` (every token, before pooling) and ``fc_norm`` (the pooled feature) are each a
+LayerNorm or an Identity: with ``"avg"`` timm turns ``fc_norm`` on and ``norm`` off unless told
+otherwise, and its DINOv3 models keep ``norm`` (``use_fc_norm=False``); rope_lie's
+``final_norm`` and ``fc_norm`` hold either. A model without a classifier (``num_classes=0``,
+the pretrained DINOv3 weights) converts with an identity head: the logits are the pooled
+features (width D); fine-tune with ``init_head="new"``.
 
 Inputs: timm takes NCHW images normalised with ``IMAGENET_DEFAULT_MEAN``/``STD`` (the
 ``naver_in1k`` and ``lvd1689m`` pretrained configs); the converted model takes the same values
 NHWC.
 
-Anything else in a timm model (fc_norm, attention pooling, qk-norm, SwiGLU, patch dropout,
+Anything else in a timm model (max pooling, attention pooling, qk-norm, SwiGLU, patch dropout,
 coordinate augmentation, a rope grid offset, ...) is an error naming it, never approximated.
 PyTorch and timm are imported only inside functions.
 """
@@ -84,6 +90,9 @@ DINOV3 = ("vit_tiny_patch16_dinov3_qkvb",) + tuple(
     f"vit_{size}_patch16_dinov3{bias}" for size in SIZES for bias in ("", "_qkvb")
 )
 SUPPORTED = NAVER + DINOV3
+# timm's global_pool -> rope_lie's pool: the class token, or the patch tokens' mean (timm's
+# global_pool_nlc: tokens after the num_prefix_tokens class and register tokens) beside it
+POOLS = {"token": "cls", "avg": "mean_with_cls"}
 DINOV3_CONVENTIONS = {"separate": "centred", "max": "centred_max", "min": "centred_min"}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # timm.data.IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)  # timm.data.IMAGENET_DEFAULT_STD
@@ -106,16 +115,23 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
     The class count is read from the checkpoint's ``head.weight`` (a fine-tuned model's head
     has its own), as ``--from=liere`` reads the architecture; ``overrides`` may repeat it.
     """
+    check_name(name)  # the tag stays: its pretrained config holds the input normalisation
     _torch_first.check()
     import timm
-    import timm.models
 
     state = None
     if checkpoint is not None:
-        state = timm.models.load_state_dict(checkpoint, weights_only=True)
+        state = _load_state_dict(checkpoint)
         overrides = {**overrides, **_head_of(state, overrides, checkpoint)}
-    check_name(name)  # the tag stays: its pretrained config holds the input normalisation
-    model = timm.create_model(name, pretrained=False, **overrides)
+    try:
+        model = timm.create_model(name, pretrained=False, **overrides)
+    except TypeError as e:  # a keyword the model class does not take
+        if not overrides:
+            raise
+        raise TypeError(
+            f"timm.create_model({name!r}) refused the overrides {overrides} ({e}); expected "
+            f"keyword arguments of timm's {name!r} (e.g. embed_dim, depth, num_heads, img_size)"
+        ) from e
     if state is not None:
         wanted = model.state_dict()
         missing, unexpected = _key_differences(wanted, state)
@@ -134,6 +150,26 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
             )
         model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def _load_state_dict(checkpoint: str) -> dict[str, Any]:
+    """timm's ``load_state_dict`` of a file, or a ValueError naming it when it is not a
+    ``state_dict`` (a dict of tensors) that timm can read without unpickling code."""
+    import timm.models
+    import torch
+
+    expected = "a timm state_dict file (.safetensors, or .pth written by torch.save)"
+    try:
+        state = timm.models.load_state_dict(checkpoint, weights_only=True)
+    except Exception as e:  # safetensors, torch.load and pickle each raise their own types
+        message = " ".join(str(e).split())[:300]
+        raise ValueError(
+            f"checkpoint {checkpoint!r} cannot be read ({type(e).__name__}: {message}); expected "
+            f"{expected}"
+        ) from e
+    if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"checkpoint {checkpoint!r} holds no state_dict; expected {expected}")
+    return state
 
 
 def _head_of(state: Mapping[str, Any], overrides: Mapping[str, Any], checkpoint: str) -> dict:
@@ -282,15 +318,22 @@ def model_config(model) -> dict[str, Any]:
 
     _require(type(model) is Eva, "model", type(model).__name__, "timm.models.eva.Eva")
     _require(model.cls_token is not None, "class_token", False, "True (a class token)")
-    pool_hint = "'token' (the class token, upstream DINOv3's: --overrides=global_pool=token)"
-    _require(model.global_pool == "token", "global_pool", model.global_pool, pool_hint)
-    for name in ("fc_norm", "norm_pre", "head_drop"):
+    _require(model.global_pool in POOLS, "global_pool", model.global_pool,
+             f"one of {list(POOLS)} (the class token, or the patch tokens' mean)")  # fmt: skip
+    for name in ("norm_pre", "head_drop"):
         module = getattr(model, name)
         ok = isinstance(module, nn.Identity) or (name == "head_drop" and module.p == 0)
         _require(ok, name, module, "Identity")
     _require(model.attn_pool is None and model.patch_drop is None, "attn_pool/patch_drop",
              (model.attn_pool, model.patch_drop), "None")  # fmt: skip
-    _require(type(model.norm) is LayerNorm, "norm", model.norm, "timm LayerNorm")
+    norm1 = model.blocks[0].norm1
+    _require(type(norm1) is LayerNorm, "blocks[0].norm1", norm1, "timm LayerNorm")
+    norm_eps = float(norm1.eps)  # every norm of rope_lie's ViT has one epsilon
+    for name in ("norm", "fc_norm"):  # before pooling (every token), after it (the pooled one)
+        module = getattr(model, name)
+        is_norm = type(module) is LayerNorm and module.eps == norm_eps
+        _require(is_norm or isinstance(module, nn.Identity), name, module,
+                 f"Identity or a timm LayerNorm with eps={norm_eps}")  # fmt: skip
     _require(model.rope is not None, "rope", None, "a rotary embedding (use_rot_pos_emb)")
     rope = _check_rope(model.rope)
     embed = model.patch_embed
@@ -298,7 +341,6 @@ def model_config(model) -> dict[str, Any]:
     conv_ok = kernel == stride and embed.proj.bias is not None and not embed.dynamic_img_pad
     _require(conv_ok, "patch_embed", (kernel, stride), "a biased conv, stride = kernel, no pad")
     _require(isinstance(embed.norm, nn.Identity), "patch_embed.norm", embed.norm, "Identity")
-    norm_eps = float(model.norm.eps)
     biases = {_check_block(b, norm_eps, model.num_prefix_tokens, rope.half_split)
               for b in model.blocks}  # fmt: skip
     _require(len(biases) == 1, "qkv_bias per block", biases, "the same in every block")
@@ -320,7 +362,9 @@ def model_config(model) -> dict[str, Any]:
         image_shape=tuple(int(s) for s in embed.img_size),
         channels=int(embed.proj.in_channels),
         num_classes=int(head.out_features) if isinstance(head, nn.Linear) else width,
-        pool="cls",
+        pool=POOLS[model.global_pool],
+        final_norm=not isinstance(model.norm, nn.Identity),
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
         num_registers=0 if model.reg_token is None else int(model.reg_token.shape[1]),
         dropout=0.0,
         pe=rope.pe,
@@ -420,10 +464,12 @@ def convert_params(model) -> dict[str, Any]:
             "bias": state.pop("patch_embed.proj.bias"),
         },  # fmt: skip
         "cls_1D": state.pop("cls_token").reshape(1, -1),
-        "norm": _norm(state, "norm"),
         "head": _head(state, cfg["num_classes"]),
         "blocks": {},
     }
+    for name, present in (("norm", cfg["final_norm"]), ("fc_norm", cfg["fc_norm"])):
+        if present:
+            params[name] = _norm(state, name)
     if cfg["num_registers"]:
         params["reg_RD"] = state.pop("reg_token")[0]  # (1, R, D) -> (R, D)
     if model.pos_embed is not None:

@@ -56,9 +56,9 @@ from flax import nnx
 from rope_lie.encodings.state import State
 from rope_lie.models import backends
 from rope_lie.models.position_hook import (
-    apply_hparams,
     fold_projection,
     init_pe_params,
+    pe_encoder,
     precompute_pe,
 )
 
@@ -333,8 +333,8 @@ class Attention(nnx.Module):
           num_heads: N; the head dimension is H = D / N.
           num_axes: A, position axes of the token grid (1, 2 or 3).
           pe: rotary or bias family (``pe_names()``).
-          pe_hparams: the family's ``init`` keyword arguments (its ``APPLY_HPARAMS`` are also
-            passed to ``apply``/``bias``).
+          pe_hparams: the family's ``init`` keyword arguments (``self.encoder`` holds them all,
+            and ``precompute`` uses them).
           share_pe_heads: one set of encoder parameters for all heads.
           own_pe: False when the parameters are shared across layers and passed to
             ``__call__`` by the caller.
@@ -359,8 +359,16 @@ class Attention(nnx.Module):
         self.head_dim = head_dim = width // num_heads
         self.share_pe_heads = share_pe_heads
         self.num_prefix = num_prefix
-        # Static and hashable, as nnx graph definitions require.
-        self.hparams = tuple(sorted(apply_hparams(pe, pe_hparams).items()))
+        # Every setting of the family in one hashable value, static as nnx graph definitions
+        # require: what init is given is what precompute uses.
+        self.encoder = pe_encoder(
+            pe,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            num_axes=num_axes,
+            share_heads=share_pe_heads,
+            hparams=pe_hparams,
+        )
         self.dtype = dtype
         init_in, shape_DNH = xavier_uniform(0, (1, 2)), (width, num_heads, head_dim)
         self.wq_DNH = nnx.Param(init_in(rngs.params(), shape_DNH))
@@ -377,18 +385,19 @@ class Attention(nnx.Module):
         self.bo_D = nnx.Param(jnp.zeros((width,)))
         self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
         if own_pe:
-            self.pe_params = init_pe_params(
-                pe, rngs.params(), num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-                share_heads=share_pe_heads, hparams=pe_hparams,
-            )  # fmt: skip
+            self.pe_params = init_pe_params(self.encoder, rngs.params())
 
-    def pe_state(self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None) -> State:
+    def pe_state(
+        self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None, scaling=None
+    ) -> State:
         """This layer's encoder state (``precompute_pe``) at positions ``pos``.
 
         Args:
           pos: ``pos_TA`` (or ``pos_BTA`` for rotary families); prefix tokens at position 0.
           pe_params: encoder parameters shared across layers (a mapping of ``PositionParam``
             or arrays); None uses this layer's own.
+          scaling: None, or an extrapolation tool at an evaluation grid
+            (``encodings.extrapolation.resolve``, ``ViT.precompute_pe``).
 
         Returns:
           the family's state (``encodings/state.py``), a pytree of arrays.
@@ -401,10 +410,9 @@ class Attention(nnx.Module):
             )
         params = self.pe_params if pe_params is None else pe_params
         params = {name: jnp.asarray(value[...]) for name, value in params.items()}
-        heads = 1 if self.share_pe_heads else self.num_heads
         return precompute_pe(
-            self.pe, params, pos, num_heads=heads, head_dim=self.head_dim,
-            num_prefix=self.num_prefix, hparams=dict(self.hparams), fold=self.fold_mix,
+            self.encoder, params, pos, num_prefix=self.num_prefix, fold=self.fold_mix,
+            scaling=scaling,
         )  # fmt: skip
 
     def __call__(

@@ -18,7 +18,10 @@ from rope_lie.encodings import positions
 from rope_lie.models import backends, position_hook
 from rope_lie.models.variants import model_dims
 
-POOLS = ("cls", "mean")
+# "cls": the class token's output; "mean": the patch tokens' mean, no class token;
+# "mean_with_cls": the patch tokens' mean beside a class token that is not pooled (timm's "avg"
+# with class_token=True, the default of timm's DINOv3 models).
+POOLS = ("cls", "mean", "mean_with_cls")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -78,19 +81,26 @@ def check_registers(num_registers: Any) -> int:
     return int(num_registers)
 
 
+def has_class_token(pool: str) -> bool:
+    """Whether a model pooled this way has a class token (``"cls"``, ``"mean_with_cls"``)."""
+    return pool in ("cls", "mean_with_cls")
+
+
 def num_prefix_tokens(pool: str, num_registers: int) -> int:
-    """Prefix tokens before the patches: the class token (``pool="cls"``) and the registers."""
-    return (1 if pool == "cls" else 0) + check_registers(num_registers)
+    """Prefix tokens before the patches: the class token (``has_class_token``) and the
+    registers."""
+    return (1 if has_class_token(pool) else 0) + check_registers(num_registers)
 
 
 def check_augment(augment: Mapping[str, float] | None) -> tuple[tuple[str, float], ...]:
     """``position_augment`` as sorted (name, value) pairs; () when off."""
     if augment is None:
         return ()
-    unknown = set(augment) - {"shift", "jitter", "rescale"}
+    unknown = set(augment) - {"shift", "jitter", "rescale", "randomize"}
     if unknown:
         raise ValueError(
-            f"position_augment has unknown keys {sorted(unknown)}; expected shift, jitter, rescale"
+            f"position_augment has unknown keys {sorted(unknown)}; expected shift, jitter, "
+            "rescale (DINOv3's), randomize (RPE-2D's)"
         )
     positions.check_augment(**augment)
     return tuple(sorted((k, v) for k, v in augment.items() if v is not None))

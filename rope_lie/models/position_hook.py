@@ -3,13 +3,14 @@
 What a family contributes to an attention layer, from its parameters and the token positions,
 goes through one contract (``docs/encoders.md``, ``encodings/state.py``):
 
-- ``precompute_pe``: the family's ``precompute(params, pos, ...)``, its encoder *state*:
+- ``pe_encoder``: the family and its settings as one value (``encodings.Encoder``);
+- ``precompute_pe``: the encoder's ``precompute(params, pos)``, its *state*:
   everything that depends on parameters and positions only, computed once per step (once per
   resolution at evaluation) and shared by the layers that share the parameters;
 - ``fold_projection``: the state's position-independent ``fold_NHH`` (Cayley-STRING's P)
   folded into the q/k projection weights; the attention then applies ``state.rotate`` to q and
   k and adds ``state.bias_BNTS`` to the logits, the same calls for every family;
-- ``init_pe_params``: the family's parameters as ``PositionParam`` variables (a ``NoDecay``
+- ``init_pe_params``: the encoder's parameters as ``PositionParam`` variables (a ``NoDecay``
   parameter type, so that the optimiser excludes them from weight decay by type).
 """
 
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_lie import encodings
+from rope_lie.encodings import extrapolation
 from rope_lie.encodings.state import State
 from rope_lie.models.variables import NoDecay
 
@@ -57,80 +59,86 @@ def pe_module(pe: str) -> ModuleType:
     raise ValueError(f"unknown pe={pe!r}; expected one of {pe_names()}")
 
 
-def init_pe_params(
+def pe_encoder(
     pe: str,
-    key: jax.Array,
     *,
     num_heads: int,
     head_dim: int,
     num_axes: int,
     share_heads: bool,
     hparams: Mapping[str, Any] | None = None,
-) -> nnx.Dict:
-    """Initialise one set of encoder parameters as ``PositionParam`` variables.
+) -> encodings.Encoder:
+    """The encoder of a layer (or of all layers that share parameters): every static setting.
 
     Args:
       pe: family name (``pe_names()``).
-      key: PRNG key.
-      num_heads: N; the family is initialised with 1 head when ``share_heads``.
+      num_heads: N; the family is built for 1 head when ``share_heads``.
       head_dim: H.
       num_axes: A, position axes of the token grid.
       share_heads: one set of parameters for all heads.
       hparams: keyword arguments of the family's ``init``.
 
     Returns:
-      ``nnx.Dict`` of ``PositionParam`` holding the family's arrays (empty for parameter-free
-      families).
+      the ``encodings.Encoder`` (hashable: a static attribute of the modules).
     """
-    arrays = pe_module(pe).init(
-        key,
+    pe_module(pe)  # an unknown pe names the valid ones
+    return encodings.encoder(
+        pe,
         num_heads=1 if share_heads else num_heads,
         head_dim=head_dim,
         num_axes=num_axes,
         **dict(hparams or {}),
     )
+
+
+def init_pe_params(encoder: encodings.Encoder, key: jax.Array) -> nnx.Dict:
+    """Initialise one set of encoder parameters as ``PositionParam`` variables.
+
+    Args:
+      encoder: the layer's encoder (``pe_encoder``).
+      key: PRNG key.
+
+    Returns:
+      ``nnx.Dict`` of ``PositionParam`` holding the family's arrays (empty for parameter-free
+      families).
+    """
+    arrays = encoder.init(key)
     return nnx.Dict({name: PositionParam(value) for name, value in arrays.items()})
 
 
-def apply_hparams(pe: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The subset of ``hparams`` that the family's ``apply``/``bias`` also takes."""
-    names = pe_module(pe).APPLY_HPARAMS
-    return {k: v for k, v in (hparams or {}).items() if k in names}
-
-
 def precompute_pe(
-    pe: str,
+    encoder: encodings.Encoder,
     params: Mapping[str, jax.Array],
     pos: jax.Array,
     *,
-    num_heads: int,
-    head_dim: int,
     num_prefix: int,
-    hparams: Mapping[str, Any],
     fold: bool = True,
+    scaling: extrapolation.Scaling | None = None,
 ) -> State:
     """The encoder state for a position set (the family's ``precompute``).
 
     Args:
-      pe: family name (``pe_names()``).
-      params: its parameters (for 1 head when shared across heads).
+      encoder: the layer's encoder (``pe_encoder``).
+      params: its parameters, a mapping of arrays.
       pos: ``pos_TA`` (or ``pos_BTA``, per example).
-      num_heads: heads the parameters were initialised for (1 when shared across heads).
-      head_dim: H.
       num_prefix: prefix (class) tokens at the start of the sequence.
-      hparams: the family's apply hyperparameters (``apply_hparams``).
       fold: leave a position-independent P (Cayley-STRING) to fold into the q/k projections
         (``state.to_fold()``, D N H^2 work per layer); False keeps it in the state, whose
         ``rotate`` then applies it to every token (B T N H^2, what the reference code does).
         The same logits either way, to float32 rounding.
+      scaling: an extrapolation tool resolved at the evaluation grid
+        (``extrapolation.resolve``); None (the default): the family's own state.
 
     Returns:
       the family's state (``encodings/state.py``), a pytree of arrays.
     """
-    pe_state = pe_module(pe).precompute(
-        params, pos, num_heads=num_heads, head_dim=head_dim, num_prefix=num_prefix, **hparams
-    )
-    return pe_state.to_fold() if fold and hasattr(pe_state, "to_fold") else pe_state
+    if scaling is None:
+        pe_state = encoder.precompute(params, pos, num_prefix=num_prefix)
+    else:
+        pe_state = extrapolation.precompute(
+            encoder, params, pos, num_prefix=num_prefix, scaling=scaling
+        )
+    return pe_state.to_fold() if fold else pe_state
 
 
 def fold_projection(

@@ -3,27 +3,29 @@
 1D inputs (B, L, C) with 1D patches are accepted too (e.g. for 1D RoPE, which takes A = 1).
 
 Patches (2D) or tubelets (3D) are flattened and projected (a strided convolution written as
-patchify + linear), a class token is prepended when ``pool="cls"``, an absolute table is added
-when ``additive`` is ``"ape"``/``"sincos"``, then pre-LN blocks (attention with the position-
-encoding hook of ``attention.py``, GELU MLP; ``blocks.py``), a final LayerNorm, pooling and a
-linear head.
+patchify + linear), a class token is prepended when ``pool`` is ``"cls"`` or
+``"mean_with_cls"``, an absolute table is added when ``additive`` is ``"ape"``/``"sincos"``,
+then pre-LN blocks (attention with the position-encoding hook of ``attention.py``, GELU MLP;
+``blocks.py``), a final LayerNorm, pooling and a linear head.
 
 Options that other codes' models need, off by default (``rope_lie/interop`` converts timm's
 naver RoPE ViTs, timm's DINOv3 ViTs and the LieRE reference with them): explicit ``dims``
 instead of a named variant, LayerScale, the exact (erf) GELU, the LayerNorm epsilon
 (``blocks.py``), q/k/v projections without biases (``qkv_bias``), an additive table that leaves
-the class token alone (``additive_prefix=False``, timm's ``no_embed_class``), and register
-tokens (``num_registers``).
+the class token alone (``additive_prefix=False``, timm's ``no_embed_class``), register tokens
+(``num_registers``), and timm's ``"avg"`` pooling head: the patch tokens' mean beside a class
+token (``pool="mean_with_cls"``), without the final norm (``final_norm=False``, timm's ``norm``
+an Identity) and with a LayerNorm on the pooled feature (``fc_norm=True``, timm's ``fc_norm``).
 
 Register tokens (Darcet et al., "Vision Transformers Need Registers", arXiv:2309.16588; DINOv3's
 four "storage tokens"): R learned tokens after the class token, [cls, reg_0, ..., reg_(R-1),
 patches] as timm's ``Eva`` orders them. They are prefix tokens like the class token: position 0
 on every axis (so R(0), unrotated, for every rotary family; zero ALiBi bias), their own rows of
 an additive table when ``additive_prefix``, never pooled (``pool="cls"`` takes the class token,
-``"mean"`` the patch tokens, as timm's ``"token"`` and ``"avg"``). Drawn from N(0, 0.02), as
-timm and DINOv3 do, after every other parameter: the other parameters are those of the model
-without registers (an additive table's prefix rows aside). ``num_registers=0`` (the default)
-adds nothing.
+``"mean"`` and ``"mean_with_cls"`` the patch tokens, as timm's ``"token"`` and ``"avg"``).
+Drawn from N(0, 0.02), as timm and DINOv3 do, after every other parameter: the other
+parameters are those of the model without registers (an additive table's prefix rows aside).
+``num_registers=0`` (the default) adds nothing.
 
 The token grid is derived from the input shape at every call, so the model runs at any
 resolution divisible by the patch size: positions are recomputed with ``position_convention``
@@ -52,6 +54,7 @@ from flax import nnx
 
 from rope_lie import encodings
 from rope_lie.encodings import _sharding, positions
+from rope_lie.encodings import extrapolation as extrapolation_lib
 from rope_lie.encodings.state import State
 from rope_lie.models import attention, blocks, position_hook, tokens
 from rope_lie.models.attention import xavier_uniform
@@ -65,6 +68,7 @@ from rope_lie.models.options import (  # noqa: F401  (vit.check_model_attention 
     check_options,
     check_position_hparams,
     check_registers,
+    has_class_token,
     num_prefix_tokens,
 )
 from rope_lie.models.position_hook import PositionParam
@@ -152,6 +156,8 @@ class ViT(nnx.Module):
         qkv_bias: bool = True,
         additive_prefix: bool = True,
         num_registers: int = 0,
+        final_norm: bool = True,
+        fc_norm: bool = False,
         patch_dropout: float = 0.0,
         attention: str = "xla",
         fold_mix: bool = True,
@@ -168,7 +174,9 @@ class ViT(nnx.Module):
           image_shape: training input spatial shape, (H, W) or (D, H, W).
           channels: input channels C.
           num_classes: K, classifier outputs.
-          pool: ``"cls"`` (class token) or ``"mean"`` (mean of the patch tokens, no class token).
+          pool: ``"cls"`` (class token), ``"mean"`` (mean of the patch tokens, no class token)
+            or ``"mean_with_cls"`` (mean of the patch tokens, beside a class token that is not
+            pooled: timm's ``"avg"`` with a class token).
           dropout: rate after the embedding, the attention output and in the MLP.
           pe: rotary or bias family, ``position_hook.pe_names()``.
           pe_hparams: the family's ``init`` keyword arguments.
@@ -179,7 +187,9 @@ class ViT(nnx.Module):
             ``temporal_spacing`` (delta) of ``"diagonal"``, VideoRoPE's Diagonal Layout;
             ``value_range`` of ``"normalized"``.
           position_augment: None, or ``positions.augment``'s ``shift``/``jitter``/``rescale``
-            (DINOv3's coordinate augmentations), drawn in training (``train=True``, positions
+            (DINOv3's coordinate augmentations) and ``randomize`` (RPE-2D's randomized
+            positions from a grid that many times larger, ``positions.randomize``), drawn in
+            training (``train=True``, positions
             not from ``pe_cache``) from the model's own ``augment`` RNG stream, created after
             every parameter (the parameters are those of the model without it); the train
             step reseeds it every step as it does dropout's.
@@ -194,6 +204,10 @@ class ViT(nnx.Module):
             the table covers the grid only (timm's ``no_embed_class``).
           num_registers: R learned register tokens after the class token (module docstring);
             0: none.
+          final_norm: a LayerNorm on every token after the blocks, before pooling (default);
+            False: none (timm's ``norm`` as an Identity, beside its ``fc_norm``).
+          fc_norm: a LayerNorm on the pooled feature, before the head (timm's ``fc_norm``);
+            False (default): none.
           attention: the attention backend, ``attention.ATTENTIONS``: ``"xla"`` (the plain
             formula), ``"cudnn"`` (GPU), ``"pallas"`` (TPU) or ``"chunked"`` (exact, O(T x
             block) memory, anywhere); ``check_model_attention`` checks it against a platform.
@@ -216,13 +230,16 @@ class ViT(nnx.Module):
         self.patch_dropout = float(patch_dropout)
         self.dtype = dt = activation_dtype(dtype)
         self.num_registers = check_registers(num_registers)
+        for name, value in (("final_norm", final_norm), ("fc_norm", fc_norm)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} must be True or False")
         self.num_prefix = num_prefix = num_prefix_tokens(pool, num_registers)
         width, num_heads = dims["width"], dims["num_heads"]
         if width % num_heads:
             raise ValueError(f"width={width} is not divisible by num_heads={num_heads}")
         num_axes = len(self.image_shape)
         self.embed = nnx.Linear(math.prod(self.patch) * channels, width, dtype=dt, rngs=rngs)
-        self.cls_1D = NoDecay(jnp.zeros((1, width))) if pool == "cls" else None
+        self.cls_1D = NoDecay(jnp.zeros((1, width))) if has_class_token(pool) else None
         self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
             additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
@@ -232,9 +249,10 @@ class ViT(nnx.Module):
         pe_kwargs = dict(num_heads=num_heads, head_dim=width // num_heads, num_axes=num_axes)
         self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
         if share_pe_layers:
-            self.pe_params = position_hook.init_pe_params(
-                pe, rngs.params(), share_heads=share_pe_heads, hparams=pe_hparams, **pe_kwargs
+            encoder = position_hook.pe_encoder(
+                pe, share_heads=share_pe_heads, hparams=pe_hparams, **pe_kwargs
             )
+            self.pe_params = position_hook.init_pe_params(encoder, rngs.params())
         attention_kwargs = dict(
             num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
             own_pe=not share_pe_layers, num_prefix=num_prefix, qkv_bias=qkv_bias,
@@ -248,7 +266,9 @@ class ViT(nnx.Module):
                          **block_kwargs, **attention_kwargs)
             for _ in range(dims["depth"])
         )  # fmt: skip
-        self.norm = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
+        norm = lambda: nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
+        self.norm = norm() if final_norm else None
+        self.fc_norm = norm() if fc_norm else None
         head_init = jax.nn.initializers.zeros if head_zero_init else xavier_uniform(0, 1)
         self.head = nnx.Linear(width, num_classes, kernel_init=head_init, dtype=dt, rngs=rngs)
         # drawn last: the other parameters are those of the model without registers
@@ -377,13 +397,31 @@ class ViT(nnx.Module):
         x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):
             x_BTD = block(x_BTD, state, train=train, key_mask_BS=mask_BS)
-        x_BTD = self.norm(x_BTD)
+        return self.classify_features(x_BTD, mask_BT)
+
+    def classify_features(self, x_BTD: jax.Array, mask_BT: jax.Array | None = None) -> jax.Array:
+        """The head on the blocks' output: the final norm, pooling, ``fc_norm``, the classifier.
+
+        Args:
+          x_BTD: the last block's output, prefix tokens first.
+          mask_BT: which patch tokens are real (``classify_tokens``'s padded batches), for the
+            mean pools; None: every one.
+
+        Returns:
+          float32 logits (B, V).
+        """
+        if self.norm is not None:
+            x_BTD = self.norm(x_BTD)
         if self.pool == "cls":
             pooled_BD = x_BTD[:, 0]
+        elif mask_BT is None:  # the patch tokens (class token and registers are not pooled)
+            pooled_BD = jnp.mean(x_BTD[:, self.num_prefix :], axis=1)
         else:  # mean over the real patch tokens only
             weight_BT1 = mask_BT[..., None].astype(x_BTD.dtype)
             count_B1 = jnp.maximum(jnp.sum(weight_BT1, axis=1), 1)
             pooled_BD = jnp.sum(x_BTD[:, self.num_prefix :] * weight_BT1, axis=1) / count_B1
+        if self.fc_norm is not None:
+            pooled_BD = self.fc_norm(pooled_BD)
         return self.head(pooled_BD).astype(jnp.float32)
 
     def _add_table(self, x_BTD: jax.Array, grid: tuple[int, ...], num_prefix: int) -> jax.Array:
@@ -404,16 +442,36 @@ class ViT(nnx.Module):
             **dict(self.position_hparams),
         )
 
-    def pe_states(self, pos_TA: jax.Array) -> list[State]:
+    def augmented_positions(self, grid: Sequence[int]) -> jax.Array:
+        """Training positions under ``position_augment``, from the ``augment`` stream: RPE-2D's
+        randomized positions (``randomize``, ``positions.randomize``) when asked for, then
+        DINOv3's shift, jitter and rescale (``positions.augment``)."""
+        settings = dict(self.position_augment)
+        scale = settings.pop("randomize", None)
+        key = self.augment_rngs.augment()
+        if scale is None:
+            pos_TA = self.positions(grid)
+        else:
+            key, key_random = jax.random.split(key)
+            pos_TA = positions.randomize(
+                key_random, tuple(grid), self.position_convention, scale=scale,
+                num_prefix=self.num_prefix, train_grid=self.train_grid,
+                anchor_grid=self.train_grid, **dict(self.position_hparams),
+            )  # fmt: skip
+        return positions.augment(key, pos_TA, num_prefix=self.num_prefix, **settings)
+
+    def pe_states(
+        self, pos_TA: jax.Array, scaling: extrapolation_lib.Scaling | None = None
+    ) -> list[State]:
         """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
         Layers that share parameters share one state, so shared generators cost one exponential
-        per step, not one per layer."""
+        per step, not one per layer. ``scaling``: an extrapolation tool (``precompute_pe``)."""
         if self.pe_params is not None:  # shared across layers
-            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params)
+            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params, scaling=scaling)
             return [state] * len(self.blocks)
-        return [block.attn.pe_state(pos_TA) for block in self.blocks]
+        return [block.attn.pe_state(pos_TA, scaling=scaling) for block in self.blocks]
 
-    def precompute_pe(self, grid: Sequence[int]) -> list[State]:
+    def precompute_pe(self, grid: Sequence[int], extrapolation: str | None = None) -> list[State]:
         """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
 
         They depend on the encoder parameters and the grid only, so an evaluation loop computes
@@ -423,11 +481,20 @@ class ViT(nnx.Module):
 
         Args:
           grid: tokens per axis, e.g. ``model.input_grid(images)``.
+          extrapolation: None, or a tool for a grid larger than the training grid
+            (``encodings/extrapolation.py``: ``"pi"``, ``"ntk"``, ``"yarn"``, ``"logit"``,
+            ``"pi+logit"``, ``"ntk+logit"``), resolved from ``train_grid``; no retraining.
 
         Returns:
           a list of per-block states (pytrees of arrays).
         """
-        return self.pe_states(self.positions(grid))
+        if extrapolation is None:
+            return self.pe_states(self.positions(grid))
+        scaling = extrapolation_lib.resolve(
+            extrapolation, family=self.pe, grid=grid, train_grid=self.train_grid,
+            convention=self.position_convention, num_prefix=self.num_prefix,
+        )  # fmt: skip
+        return self.pe_states(self.positions(grid), scaling)
 
     def attention_maps(self, images: jax.Array) -> jax.Array:
         """Every layer's attention weights on a batch (eval mode), float32 (L, B, N, T, T).
@@ -468,11 +535,7 @@ class ViT(nnx.Module):
         if pe_cache is not None:
             states = list(pe_cache)
         elif train and self.position_augment:
-            pos_TA = positions.augment(
-                self.augment_rngs.augment(), self.positions(grid), num_prefix=self.num_prefix,
-                **dict(self.position_augment),
-            )  # fmt: skip
-            states = self.pe_states(pos_TA)
+            states = self.pe_states(self.augmented_positions(grid))
         else:
             states = self.precompute_pe(grid)
         if len(states) != len(self.blocks):
@@ -483,9 +546,4 @@ class ViT(nnx.Module):
         x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):
             x_BTD = block(x_BTD, state, train=train, chunk_plan=chunk_plan)
-        x_BTD = self.norm(x_BTD)
-        if self.pool == "cls":
-            pooled_BD = x_BTD[:, 0]
-        else:  # the patch tokens (registers are not pooled)
-            pooled_BD = jnp.mean(x_BTD[:, self.num_prefix :], axis=1)
-        return self.head(pooled_BD).astype(jnp.float32)
+        return self.classify_features(x_BTD)

@@ -166,10 +166,11 @@ def test_learnable_heads_must_match():
     "pos_q, pos_k, match",
     [
         (jnp.zeros((5, 2)), jnp.zeros((5, 3)), "A=2 .* A=3"),
-        (jnp.zeros((5,)), jnp.zeros((5,)), r"shapes \(5,\) and \(5,\)"),
+        (jnp.zeros((5,)), jnp.zeros((5,)), r"\(T, A\) or \(B, T, A\), got shape \(5,\)"),
         (jnp.zeros((5, 2)), jnp.zeros((1, 5, 2)), r"shapes \(5, 2\) and \(1, 5, 2\)"),
         (jnp.zeros((2, 5, 2)), jnp.zeros((3, 5, 2)), "B=2 .* B=3"),
-        (jnp.zeros((1, 1, 5, 2)), jnp.zeros((1, 1, 5, 2)), r"shapes \(1, 1, 5, 2\)"),
+        (jnp.zeros((1, 1, 5, 2)), jnp.zeros((1, 1, 5, 2)), r"got shape \(1, 1, 5, 2\)"),
+        (jnp.zeros((5, 4)), jnp.zeros((5, 4)), r"A=4 axes .* expected 1 to 3"),
     ],
 )
 def test_position_errors(pos_q, pos_k, match):

@@ -221,5 +221,9 @@ def test_bad_configurations_name_the_value(kwargs, match):
 
 def test_params_of_the_other_variant_are_named():
     params = _params(0, "ap", 2, 2, 8)
-    with pytest.raises(ValueError, match="variant='ld' expects params"):
+    with pytest.raises(
+        ValueError, match="variant='ld' was passed, but init was given variant='ap'"
+    ):
         comrope.precompute(params, np.zeros((3, 2)), num_heads=N, head_dim=8, variant="ld")
+    with pytest.raises(ValueError, match="variant='ld' expects params"):  # a plain dict
+        comrope.precompute(dict(params), np.zeros((3, 2)), num_heads=N, head_dim=8, variant="ld")

@@ -3,6 +3,8 @@
 Family-specific math (references, reductions, init) lives in the per-module test files.
 """
 
+import pathlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -12,42 +14,16 @@ import pytest
 from rope_lie import encodings
 from rope_lie.encodings import cayley_string, comrope, positions, state
 
-# (family, hparams, supported position ranks). Several hparam settings per family where they
-# change the code path.
+# (family, settings, supported position ranks): every example each rotary family declares in
+# its FAMILY (one per code path, encodings/family.py).
 CASES = [
-    ("nope", {}, (1, 2, 3)),
-    ("rope", {}, (1,)),
-    ("rope_axial", {}, (1, 2, 3)),
-    ("rope", {"rotary_fraction": 0.5}, (1,)),  # p-RoPE: the lowest frequencies unrotated
-    ("rope_axial", {"rotary_fraction": 0.5}, (2,)),
-    ("rope_axial", {"layout": "mrope", "base": 10000.0}, (3,)),
-    ("rope_axial", {"layout": "mrope_interleaved", "sections": (2, 2, 2)}, (3,)),
-    ("rope_axial", {"layout": "videorope", "temporal_scale": 2.0}, (3,)),
-    ("rope_mixed", {}, (1, 2, 3)),
-    ("rope_mixed", {"rotary_fraction": 0.5}, (2,)),
-    ("visionllama", {"rotary_fraction": 0.5}, (2,)),
-    ("visionllama", {}, (1, 2, 3)),
-    ("liere", {}, (1, 2, 3)),
-    ("liere", {"block_size": 4}, (1, 2, 3)),
-    ("liere", {"block_size": 2}, (1, 2, 3)),
-    ("liere", {"block_size": 5, "partial_blocks": True}, (2,)),  # 12 % 5: 10, 11 unrotated
-    ("cayley_string", {"generator": "dense", "init_std": 0.1}, (1, 2, 3)),
-    ("cayley_string", {"generator": "block2x2", "init_std": 0.1}, (1, 2, 3)),
-    ("cayley_string", {"generator": "banded", "bandwidth": 2, "init_std": 0.1}, (2,)),
-    ("cayley_string", {"generator": "topk", "k": 6, "init_std": 0.1}, (2,)),
-    ("circulant_string", {}, (1, 2, 3)),
-    ("comrope", {"variant": "ld", "block_size": 4}, (1, 2, 3)),
-    ("comrope", {"variant": "ld", "block_size": 2}, (2,)),  # closed form, no fold
-    ("comrope", {"variant": "ap", "block_size": 2}, (1, 3)),
-    ("comrope", {"variant": "ap", "block_size": 6}, (2,)),
-    ("dinov3", {}, (2, 3)),
-    ("dinov3", {"base": None, "min_period": 0.5, "max_period": 20.0}, (2,)),
+    (name, dict(hparams), ranks)
+    for name, module in encodings.ROTARY.items()
+    for hparams, ranks in module.FAMILY.examples
 ]
 IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in hp.items())}" for name, hp, _ in CASES]
-# Families whose R(p)^T R(p') depends on p' - p only (their generators commute). Dense LieRE in
-# 2D/3D is deliberately absent: its generators do not commute.
-RELATIVE = {"nope", "rope", "rope_axial", "rope_mixed", "visionllama", "cayley_string"}
-RELATIVE |= {"circulant_string", "comrope", "dinov3"}
+# Families whose R(p)^T R(p') depends on p' - p only (their generators commute), as they declare.
+RELATIVE = {name for name, f in encodings.families().items() if f.relative}
 
 B, N, H = 2, 3, 12
 
@@ -71,17 +47,33 @@ def _each_rank():
             yield pytest.param(name, hp, rank, id=f"{case_id}-{rank}d")
 
 
-def test_dicts_hold_every_family():
-    assert set(encodings.ROTARY) == {
-        "nope", "rope", "rope_axial", "rope_mixed", "visionllama", "liere", "cayley_string",
-        "circulant_string", "comrope", "dinov3",
-    }  # fmt: skip
-    assert set(encodings.BIAS) == {"alibi"}
+def test_every_family_module_is_registered_under_its_own_name_and_kind():
+    # A module of encodings/ that declares a FAMILY must be in ROTARY or BIAS (by its kind) under
+    # its name; forgetting the one line in encodings/__init__.py fails here.
+    package = pathlib.Path(encodings.__file__).parent
+    declared = {
+        path.stem
+        for path in package.glob("*.py")
+        if "\nFAMILY = family.Family(" in path.read_text()
+    }
+    assert declared == set(encodings.ROTARY) | set(encodings.BIAS)
+    for kind, table in (("rotary", encodings.ROTARY), ("bias", encodings.BIAS)):
+        for name, module in table.items():
+            assert module.FAMILY.name == name and module.FAMILY.kind == kind, name
+            assert module.APPLY_HPARAMS == tuple(module.FAMILY.apply_defaults)
+            assert callable(module.init) and callable(module.precompute)
+            assert callable(module.apply if kind == "rotary" else module.bias)
     assert set(encodings.ADDITIVE) == {"ape", "sincos"}
-    for module in encodings.ROTARY.values():
-        assert callable(module.init) and callable(module.apply) and callable(module.precompute)
-        assert isinstance(module.APPLY_HPARAMS, tuple)
-    assert callable(encodings.BIAS["alibi"].precompute)
+    assert RELATIVE == set(encodings.families()) - {"liere"}  # dense 2D/3D LieRE does not commute
+
+
+@pytest.mark.parametrize("name", sorted(encodings.families()))
+def test_apply_defaults_are_the_defaults_of_init(name):
+    # What a plain dict falls back to is what init would have been given.
+    family = encodings.family_of(name)
+    init_defaults = family.settings_of_init()
+    for setting, default in family.apply_defaults.items():
+        assert init_defaults[setting] == default, (name, setting)
 
 
 @pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
@@ -219,7 +211,7 @@ def test_precompute_then_rotate_equals_apply(name, hparams, rank):
         assert pe.fold_NHH is None
         np.testing.assert_allclose(pe.rotate(x_BTNH), want, rtol=1e-5, atol=1e-5)
         # ... and the model's (P left to fold, when there is one) gives the same.
-        model_pe = pe.to_fold() if hasattr(pe, "to_fold") else pe
+        model_pe = pe.to_fold()
         got = model_pe.rotate(_folded(model_pe, x_BTNH))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         jitted = jax.jit(lambda p, q: module.precompute(p, q, num_heads=N, head_dim=H, **kw))

@@ -499,7 +499,7 @@ def test_precompute_errors():
     for heads, head_dim in [(N + 1, 8), (N, 4), (N, 12)]:
         with pytest.raises(ValueError, match=f"num_heads={heads}, head_dim={head_dim} do not fit"):
             liere.precompute(params, pos, num_heads=heads, head_dim=head_dim)
-    with pytest.raises(ValueError, match="positions must have shape"):
+    with pytest.raises(ValueError, match="positions have A=3 axes but .* num_axes=2"):
         liere.precompute(params, _pos(47, (T, 3)), num_heads=N, head_dim=8)
 
 

@@ -81,11 +81,13 @@ def test_keep_high_frequencies_rounds_halves_up_and_keeps_ties_in_order():
 
 def test_rope_mixed_leaves_the_low_magnitude_pairs_unrotated():
     head_dim, fraction = 16, 0.5  # groups of 4 pairs per axis, the first 2 of each rotated
-    params = rope_mixed.init(jax.random.key(1), num_heads=N, head_dim=head_dim, num_axes=2)
+    params = rope_mixed.init(
+        jax.random.key(1), num_heads=N, head_dim=head_dim, num_axes=2, rotary_fraction=fraction
+    )
     pos_TA, x_BTNH = _inputs(2, head_dim, seed=2)
     mask_F = rope_mixed.rotated_pairs(8, 2, fraction)
     np.testing.assert_array_equal(mask_F, [1, 1, 0, 0, 1, 1, 0, 0])
-    out = rope_mixed.apply(params, x_BTNH, pos_TA, rotary_fraction=fraction)
+    out = rope_mixed.apply(params, x_BTNH, pos_TA)  # the fraction init was given
     freqs = np.asarray(params["freqs_ANF"], np.float64)
     for n in range(N):
         angle_TF = pos_TA.astype(np.float64) @ freqs[:, n] * mask_F
@@ -95,8 +97,8 @@ def test_rope_mixed_leaves_the_low_magnitude_pairs_unrotated():
     k_BTNH = _inputs(2, head_dim, seed=3)[1]
 
     def loss(p):
-        q = rope_mixed.apply(p, x_BTNH, pos_TA, rotary_fraction=fraction)
-        k = rope_mixed.apply(p, k_BTNH, pos_TA, rotary_fraction=fraction)
+        q = rope_mixed.apply(p, x_BTNH, pos_TA)
+        k = rope_mixed.apply(p, k_BTNH, pos_TA)
         return jnp.sum(jnp.sin(jnp.einsum("BTNH,BSNH->BNTS", q, k)))
 
     grad = np.asarray(jax.grad(loss)(params)["freqs_ANF"])

@@ -97,7 +97,7 @@ def test_relative_position_property(num_axes, head_dim):
         ((2, 5, 2, 8), (6, 2), r"T=6 tokens but x has T=5"),
         ((2, 5, 2, 10), (5, 2), r"head_dim=10 is not divisible by 2\*num_axes=4 \(rope_axial\)"),
         ((2, 5, 2, 8), (5, 3), r"head_dim=8 is not divisible by 2\*num_axes=6 \(rope_axial\)"),
-        ((2, 5, 2, 8), (5, 0), r"num_axes=0"),
+        ((2, 5, 2, 8), (5, 0), r"A=0 axes \(shape \(5, 0\)\); expected 1 to 3"),
     ],
 )
 def test_apply_errors_name_the_bad_value(x_shape, pos_shape, match):

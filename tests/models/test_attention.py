@@ -19,14 +19,13 @@ from rope_lie.models.position_hook import PositionParam
 WIDTH, HEADS, AXES, BATCH, TOKENS = 24, 2, 2, 2, 7
 HEAD_DIM = WIDTH // HEADS
 # Families whose rotation is non-trivial at generic 2D positions, with hparams valid at H = 12.
+# The rotary families that turn 2D positions, each at its first example (its FAMILY): LieRE
+# with 4x4 blocks, Cayley-STRING with S != 0 (P is not the identity), ComRoPE folding its
+# eigenbases P into the projections, ...
 ROTATING = {
-    "rope_axial": {},
-    "rope_mixed": {},
-    "visionllama": {},
-    "liere": {"block_size": 4},
-    "circulant_string": {},
-    "cayley_string": {"init_std": 0.5},  # S != 0, so P is not the identity
-    "comrope": {"block_size": 4},  # folds its eigenbases P into the projections
+    name: dict(module.FAMILY.examples[0][0])
+    for name, module in encodings.ROTARY.items()
+    if name != "nope" and AXES in module.FAMILY.examples[0][1]
 }
 
 
@@ -388,7 +387,7 @@ def test_errors():
             pe_hparams={"block_size": 16},
             rngs=nnx.Rngs(0),
         )
-    with pytest.raises(TypeError, match="not_an_hparam"):
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['not_an_hparam'\]"):
         Attention(
             WIDTH,
             HEADS,

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rope_lie import encodings
 from rope_lie.models import ViT, position_hook
 
-HPARAMS = {"liere": {"block_size": 4}, "cayley_string": {"init_std": 0.5}}
+# Each family's first example (its FAMILY): LieRE 4x4 blocks, Cayley-STRING with S != 0, ...
+HPARAMS = {name: dict(f.examples[0][0]) for name, f in encodings.families().items()}
 # (pe, additive): every rotary and bias family, and the two additive tables.
 FAMILIES = [(pe, "none") for pe in position_hook.pe_names()] + [("nope", "ape"), ("nope", "sincos")]
 # Measured relative distances ||l16 - l32|| / ||l32|| were 0.007-0.011 for every family (pico,

@@ -12,7 +12,8 @@ from rope_lie.models.vit import ViT
 # pico: width 32, depth 2, heads 2 -> head_dim 16.
 TINY = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5)
 # hparams valid at head_dim 16 that exercise the non-default structure.
-HPARAMS = {"liere": {"block_size": 4}, "alibi": {"learnable": True}}
+# Each family's first example (its FAMILY), e.g. ALiBi's learnable slopes.
+HPARAMS = {name: dict(f.examples[0][0]) for name, f in encodings.families().items()}
 
 
 def _config_for(pe, **overrides):

@@ -25,11 +25,8 @@ PATCH_2D = (2, 2)
 MAX_TOKENS = 20
 # Tiny, with two layers: padding that leaked into a real token would spread in the second.
 DIMS = dict(width=16, depth=2, num_heads=2, mlp_dim=32)
-HPARAMS = {  # valid at head_dim 8, exercising the non-default structure
-    "liere": {"block_size": 4},
-    "alibi": {"learnable": True},
-    "cayley_string": {"init_std": 0.1},
-}
+# Each family's first example (its FAMILY): valid at head_dim 8, the non-default structure.
+HPARAMS = {name: dict(f.examples[0][0]) for name, f in encodings.families().items()}
 
 
 def _pe_values():
@@ -104,11 +101,18 @@ def test_padded_equals_alone_every_convention_mean_pool(convention):
     _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("pool", ["cls", "mean"])
+@pytest.mark.parametrize("pool", ["cls", "mean", "mean_with_cls"])
 def test_padded_equals_alone_with_registers(pool):
     """Registers (prefix tokens at 0, unpooled) in the padded path as in the image path; with an
     APE table holding their rows."""
     model = _model("rope_axial", pool=pool, num_registers=2, additive="ape")
+    _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
+
+
+def test_padded_equals_alone_with_timms_avg_head():
+    """The mean of the real patch tokens beside a class token, no final norm, a LayerNorm on
+    the pooled feature (timm's "avg" with fc_norm): the padded path as the image path."""
+    model = _model("rope_axial", pool="mean_with_cls", final_norm=False, fc_norm=True)
     _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
 
 

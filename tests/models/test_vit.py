@@ -21,13 +21,8 @@ TINY = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5)
 TINY_3D = dict(
     variant="pico", patch_size=(2, 4, 4), image_shape=(4, 8, 8), channels=2, num_classes=3
 )
-# hparams valid at head_dim 16 that exercise the non-default structure.
-HPARAMS = {
-    "liere": {"block_size": 4},
-    "alibi": {"learnable": True},
-    "cayley_string": {"init_std": 0.1},
-    "comrope": {"block_size": 4},
-}
+# Each family's first example (its FAMILY): valid at head_dim 16, the non-default structure.
+HPARAMS = {name: dict(f.examples[0][0]) for name, f in encodings.families().items()}
 
 
 def _families():
@@ -470,6 +465,58 @@ def test_mean_pool_averages_the_patch_tokens_not_the_registers():
     features = _features(model, images)
     np.testing.assert_allclose(features, x_BTD[:, 2:].mean(axis=1), rtol=1e-5, atol=1e-5)
     assert np.max(np.abs(features - x_BTD.mean(axis=1))) > 1e-4
+
+
+@pytest.mark.parametrize("final_norm, fc_norm", [(True, False), (False, True)])
+def test_mean_with_cls_pools_the_patch_tokens_beside_an_unpooled_class_token(final_norm, fc_norm):
+    """pool="mean_with_cls" (timm's "avg" with a class token): the class token and registers
+    are in the sequence, the mean of the patch rows is pooled, computed here from the blocks;
+    final_norm=False with fc_norm=True (timm's Identity norm and its fc_norm) puts the
+    LayerNorm on the pooled feature instead of on every token."""
+    config = _config_for("rope_axial", pool="mean_with_cls", num_registers=2)
+    model = ViT(**config, final_norm=final_norm, fc_norm=fc_norm, rngs=nnx.Rngs(0))
+    assert model.num_prefix == 3 and model.cls_1D is not None
+    assert (model.norm is not None, model.fc_norm is not None) == (final_norm, fc_norm)
+    images = _images((2, *TINY["image_shape"], 3))
+    grid = model.input_grid(images)
+    x_BTD = model.embed_tokens(images, grid)
+    for block, state in zip(model.blocks, model.precompute_pe(grid), strict=True):
+        x_BTD = block(x_BTD, state, train=False)
+    x_BTD = model.norm(x_BTD) if final_norm else x_BTD
+    pooled_BD = x_BTD[:, 3:].mean(axis=1)
+    pooled_BD = model.fc_norm(pooled_BD) if fc_norm else pooled_BD
+    logits = model(images)
+    np.testing.assert_allclose(logits, model.head(pooled_BD), rtol=1e-5, atol=1e-5)
+    assert np.max(np.abs(logits - model.head(x_BTD[:, 0]))) > 1e-3  # not the class token's
+    model.cls_1D[...] = jnp.linspace(-3.0, 3.0, model.cls_1D.shape[1])[None]
+    assert np.max(np.abs(model(images) - logits)) > 1e-3  # but it is in the sequence
+
+
+def _param_shapes(model: ViT) -> dict[str, tuple[int, ...]]:
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    return {jax.tree_util.keystr(path): tuple(v.shape) for path, v in leaves}
+
+
+def test_the_pooling_head_options_change_only_their_own_parameters():
+    """The defaults keep the parameters every existing checkpoint has (a final "norm", no
+    "fc_norm"); pool="mean_with_cls" has the same ones (the class token included), and timm's
+    avg head drops "norm" for "fc_norm" of the same shapes."""
+    default = _param_shapes(ViT(**TINY, rngs=nnx.Rngs(0)))
+    assert default["['norm']['scale']"] == (32,) and "['cls_1D']" in default
+    assert not any("fc_norm" in name for name in default)
+    with_cls = _param_shapes(ViT(**TINY, pool="mean_with_cls", rngs=nnx.Rngs(0)))
+    assert with_cls == default
+    timm_avg = ViT(**TINY, pool="mean_with_cls", final_norm=False, fc_norm=True, rngs=nnx.Rngs(0))
+    renamed = {
+        name.replace("fc_norm", "norm"): shape for name, shape in _param_shapes(timm_avg).items()
+    }
+    assert renamed == default
+
+
+@pytest.mark.parametrize("name", ["final_norm", "fc_norm"])
+def test_the_norm_switches_must_be_booleans(name):
+    with pytest.raises(ValueError, match=f"{name}=1 must be True or False"):
+        ViT(**TINY, **{name: 1}, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("value", [-1, True, 1.5])

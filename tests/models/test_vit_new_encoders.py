@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from rope_lie import train
+from rope_lie.encodings import positions
 from rope_lie.models.vit import ViT
 
 TINY = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5, head_zero_init=False)
@@ -112,3 +113,31 @@ def test_position_augment_names_unknown_keys():
         ViT(**TINY, pe="dinov3", position_augment=dict(scale=2.0), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="jitter=0.5"):
         ViT(**TINY, pe="dinov3", position_augment=dict(jitter=0.5), rngs=nnx.Rngs(0))
+
+
+def test_dinov3_augmentation_draws_what_it_drew_before_randomize_existed():
+    """Without ``randomize`` the augment stream's key goes to ``positions.augment`` as before."""
+    config = dict(TINY, pe="dinov3", position_convention="centred", position_augment=AUGMENT)
+    model, twin = ViT(**config, rngs=nnx.Rngs(0)), ViT(**config, rngs=nnx.Rngs(0))
+    got = model.augmented_positions((2, 3))
+    want = positions.augment(
+        twin.augment_rngs.augment(), twin.positions((2, 3)), num_prefix=1, **AUGMENT
+    )
+    np.testing.assert_array_equal(got, want)
+
+
+def test_rpe2d_randomize_changes_training_positions_only():
+    images = _images((2, 8, 12, 3))
+    config = dict(TINY, pe="rope_mixed")
+    plain = ViT(**config, rngs=nnx.Rngs(0))
+    model = ViT(**config, position_augment=dict(randomize=3.0), rngs=nnx.Rngs(0))
+    chex.assert_trees_all_equal(nnx.state(plain, nnx.Param), nnx.state(model, nnx.Param))
+    np.testing.assert_allclose(model(images), plain(images), rtol=1e-6, atol=1e-6)
+    pos = np.asarray(model.augmented_positions((2, 3)))
+    assert pos.shape == (7, 2) and np.all(pos[0] == 0)
+    rows, cols = pos[1:, 0].reshape(2, 3), pos[1:, 1].reshape(2, 3)
+    assert np.all(rows == rows[:, :1]) and np.all(cols == cols[:1])  # the grid's structure
+    assert np.all(np.diff(rows[:, 0]) > 0) and np.all(np.diff(cols[0]) > 0)  # sorted, distinct
+    assert rows.max() < 6 and cols.max() < 9  # from the 6 x 9 grid
+    first, second = model(images, train=True), model(images, train=True)
+    assert float(jnp.max(jnp.abs(first - second))) > 1e-4

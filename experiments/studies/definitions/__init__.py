@@ -38,6 +38,7 @@ STUDIES: dict[str, Study] = {
         volumes.VOLUMES_LONG_STUDY,
         fashion.FASHION_STUDY,
         fashion.FASHION_RESOLUTION_STUDY,
+        fashion.FASHION_EXTRAPOLATION_STUDY,
         fashion.FASHION_DATA_FRACTION_STUDY,
         fashion.CAYLEY_FASHION_STUDY,
         naflex.NAFLEX_STUDY,

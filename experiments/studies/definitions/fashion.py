@@ -98,14 +98,8 @@ def _scale_aug(base: Arm) -> Arm:
     )
 
 
-_F_RES_BASE = (
-    F_APE,
-    F_NOPE,
-    F_MIXED_HEO,
-    normalized(F_MIXED_HEO, "RoPE-Mixed (Heo et al.), [-1, 1] positions"),
-    F_ALIBI,
-    F_LIERE_B8,
-)
+F_MIXED_NORMALIZED = normalized(F_MIXED_HEO, "RoPE-Mixed (Heo et al.), [-1, 1] positions")
+_F_RES_BASE = (F_APE, F_NOPE, F_MIXED_HEO, F_MIXED_NORMALIZED, F_ALIBI, F_LIERE_B8)
 FASHION_RESOLUTION_STUDY = Study(
     name="fashion_resolution",
     title="Fashion-MNIST at other resolutions: more pixels, and a larger canvas",
@@ -148,6 +142,85 @@ FASHION_RESOLUTION_STUDY = Study(
             ),
         ),
     ),
+)
+
+F_AXIAL = _fashion("rope_axial", "RoPE-Axial (Heo et al.)", "pe=rope_axial")
+# The tools each integer-position arm takes (rope_lie.encodings.extrapolation.tools_for: the
+# recipe's extrapolation_evals adds exactly these evaluations; tested).
+EXTRAPOLATION_TOOLS = {
+    "rope_mixed_heo": ("pi", "yarn", "logit"),  # learned frequencies: no base for NTK
+    "rope_axial": ("pi", "ntk", "yarn", "logit"),
+    "liere_b8": ("pi", "logit"),  # learned generators: position scaling
+}
+TOOL_LABELS = {
+    "pi": "position interpolation",
+    "ntk": "NTK-aware base",
+    "yarn": "YaRN",
+    "logit": "logits x log n / log n_train",
+}
+
+
+def _with_tools(base: Arm) -> tuple[Arm, ...]:
+    """`base` trained once with every tool's evaluations beside its own, and one arm per tool
+    reading them (``eval_suffix``): each tool is an evaluation of the same trained run, so
+    the comparison with the arm is paired by seed."""
+    arg = f"{base.arg},extrapolation_evals"
+    trained = dataclasses.replace(base, arg=arg, paper_arg=arg)
+    return (
+        trained,
+        *(
+            dataclasses.replace(
+                trained,
+                name=f"{base.name}_{tool}",
+                label=f"{base.label} + {TOOL_LABELS[tool]}",
+                eval_suffix=f"@{tool}",
+            )
+            for tool in EXTRAPOLATION_TOOLS[base.name]
+        ),
+    )
+
+
+def _rpe(base: Arm, scale: int = 2) -> Arm:
+    """`base` trained with RPE-2D's randomized positions from a grid `scale` times larger."""
+    arg = f"{base.arg},rpe={scale}"
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_rpe{scale}",
+        label=f"{base.label}, RPE-2D positions ({scale}x grid) in training",
+        arg=arg,
+        paper_arg=arg,
+    )
+
+
+_F_INTEGER = (F_MIXED_HEO, F_AXIAL, F_LIERE_B8)
+FASHION_EXTRAPOLATION_STUDY = Study(
+    name="fashion_extrapolation",
+    title="Fashion-MNIST above the training size: extrapolation tools for integer positions",
+    arms=(
+        *(arm for base in _F_INTEGER for arm in _with_tools(base)),
+        *(_rpe(base) for base in _F_INTEGER),
+        # positions relative to the image's extent: fashion_resolution's runs, reused
+        F_MIXED_NORMALIZED,
+        F_DINOV3,
+        F_COMROPE,
+    ),
+    evals=FASHION_RESOLUTION_EVALS,
+    comparisons=(
+        *(
+            (f"{base.name}_{tool}", base.name)
+            for base in _F_INTEGER
+            for tool in EXTRAPOLATION_TOOLS[base.name]
+        ),
+        *((f"{base.name}_rpe2", base.name) for base in _F_INTEGER),
+        # does a tool close the gap to positions relative to the extent?
+        ("rope_mixed_heo_pi", "rope_mixed_heo_normalized"),
+        ("rope_mixed_heo_yarn", "rope_mixed_heo_normalized"),
+        ("rope_mixed_heo_rpe2", "rope_mixed_heo_normalized"),
+        ("rope_axial_ntk", "dinov3"),
+        ("rope_axial_yarn", "dinov3"),
+        ("liere_b8_pi", "comrope_ld"),
+    ),
+    eval_curves=FASHION_RESOLUTION_STUDY.eval_curves,
 )
 
 F_FRACTIONS = (0.1, 0.2, 0.5)  # of the 60,000 training images, same epochs; 1.0 is `fashion`'s

@@ -1,0 +1,35 @@
+"""Stored models keep loading: tiny converted-model workdirs written by an earlier rope_lie.
+
+``tests/fixtures/checkpoints_v1`` holds, for eleven ``pe=`` choices (every family with
+parameters or settings that ``apply`` needs), a 2-layer ViT (width 16, 2 heads of 8, 8x8 px
+inputs, 4 px patches) saved by ``rope_lie.interop.workdir.save`` before the encoders recorded
+their settings, and ``logits.npz``: the logits that code gave on two fixed batches, at the
+training size and at 12x12 px. Today's ``rope_lie.load`` must read every one and give the same
+logits to float32 rounding (a different compiled program: not bitwise).
+"""
+
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rope_lie
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "checkpoints_v1"
+PES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+
+
+def test_the_fixtures_are_there():
+    assert len(PES) == 11, PES
+
+
+@pytest.mark.parametrize("pe", PES)
+def test_an_old_checkpoint_gives_its_old_logits(pe):
+    stored = np.load(FIXTURES / "logits.npz")
+    model, config = rope_lie.load(str(FIXTURES / pe))
+    assert config.interop.name == pe
+    for images, key in ((stored["images"], pe), (stored["images12"], f"{pe}@12")):
+        np.testing.assert_allclose(
+            np.asarray(model(jnp.asarray(images))), stored[key], rtol=1e-5, atol=1e-5
+        )
