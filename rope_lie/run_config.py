@@ -30,9 +30,9 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import ml_collections as mc
+import ml_collections as mc
 
+if TYPE_CHECKING:
     from rope_lie.models import ViT
 
 CONFIG_JSON = "config.json"
@@ -88,8 +88,6 @@ def read(workdir: str) -> mc.ConfigDict:
             f"{path} does not exist: {workdir!r} is not a directory written by rope_lie.main "
             "or rope_lie.convert"
         )
-    import ml_collections as mc  # the train extra; rope_lie.train itself does not need it
-
     with open(path) as f:
         return mc.ConfigDict(_as_tuples(json.load(f)))
 

@@ -46,7 +46,6 @@ from rope_lie import (
     loop,
     metrics,
     optim,
-    run_config,
     sharding,
 )
 from rope_lie.encodings import _sharding
@@ -284,6 +283,8 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
             setup.state_shardings,
         )
         restored = ckpt.restore_latest(manager, abstract)
+    from rope_lie import run_config  # ml_collections (the train extra): not needed by the steps
+
     run_config.write(workdir, config)  # the resolved config, beside what it produces
     init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
     if restored is None:
