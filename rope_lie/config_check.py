@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ml_collections as mc
+if TYPE_CHECKING:
+    import ml_collections as mc
 
 _MISSING = object()
 

@@ -21,12 +21,14 @@ import os
 import signal
 import tempfile
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
-import ml_collections as mc
 from absl import logging
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    import ml_collections as mc
 
 
 def maybe_initialize_distributed(config: mc.ConfigDict) -> None:

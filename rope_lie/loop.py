@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections as mc
 from flax import nnx
 from tqdm import tqdm
 
@@ -26,6 +25,8 @@ from rope_lie import evaluate, job, metrics, sharding
 from rope_lie.job import say
 
 if TYPE_CHECKING:
+    import ml_collections as mc
+
     from rope_lie.train import Setup
 
 TRAIN_KEYS = ("image", "label", "soft_label", *evaluate.TOKEN_KEYS)

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections as mc
 import optax
 from flax import nnx
 
@@ -47,11 +46,14 @@ from rope_lie import (
     loop,
     metrics,
     optim,
-    run_config,
     sharding,
 )
+from rope_lie.encodings import _sharding
 from rope_lie.job import say
 from rope_lie.models import ViT, attention, tokens, vit
+
+if TYPE_CHECKING:  # configs are read by attribute: the step needs no ml_collections
+    import ml_collections as mc
 
 # fold_in data of the patch-dropout key, derived from a step's dropout key (the model's RNG
 # streams take fold_in(key, i) with i their small leaf index: no collision).
@@ -148,6 +150,9 @@ def make_train_step(setup: Setup):
     """Jitted (state, batch, other, dropout_key) -> (state, metrics); the state is donated."""
 
     def loss_fn(params, batch, other, key):
+        # Under Explicit mesh axes fsdp-split parameters are gathered for the forward pass (a
+        # no-op under the loop's Auto axes, where XLA places the gathers).
+        params = jax.tree.map(_sharding.replicated, params)
         model = merge_model(setup, params, fresh_rng_state(other, key))
         if "image" in batch and model.patch_dropout == 0:
             logits_BV = model(batch["image"], train=True)
@@ -281,6 +286,8 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
             setup.state_shardings,
         )
         restored = ckpt.restore_latest(manager, abstract)
+    from rope_lie import run_config  # ml_collections (the train extra): not needed by the steps
+
     run_config.write(workdir, config)  # the resolved config, beside what it produces
     init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
     if restored is None:

@@ -89,11 +89,9 @@ def lowered_flops(lowered) -> float:
     return float((cost or {}).get("flops", 0.0))
 
 
-def cpu_lowered_flops(config, batch: int) -> float:
-    """The train step's FLOPs as XLA:CPU's cost analysis counts the program lowered for one CPU
-    device (abstract arguments: nothing is allocated or compiled)."""
-    mesh = sharding.make_mesh(config.mesh, jax.devices("cpu")[:1])
-    setup, abstract_state, _, _ = train.create_setup_and_state(config, mesh, 1000)
+def abstract_step_args(config, setup, abstract_state, batch: int) -> tuple:
+    """Abstract (state, data, other, key) of ``train.make_train_step``'s step for ``batch``
+    random images: what ``step.lower`` needs, nothing allocated."""
     model = nnx.eval_shape(lambda: train.build_model(config.model, jax.random.key(0)))
     other = nnx.split(model, nnx.Param, ...)[2]
     data = {
@@ -103,32 +101,40 @@ def cpu_lowered_flops(config, batch: int) -> float:
         "label": jax.ShapeDtypeStruct((batch,), jnp.int32),
     }
     key = jax.eval_shape(lambda: jax.random.key(1))
-    return lowered_flops(train.make_train_step(setup).lower(abstract_state, data, other, key))
+    return abstract_state, data, other, key
 
 
-def time_step(config, batch: int, steps: int) -> dict:
-    """Compile and time the train step; its XLA FLOP count per step."""
-    devices = jax.devices()[:1]
-    mesh = sharding.make_mesh(config.mesh, devices)
-    setup, _, init, _ = train.create_setup_and_state(config, mesh, 1000)
-    state, other = init(jax.random.key(0))
+def cpu_lowered_flops(config, batch: int) -> float:
+    """The train step's FLOPs as XLA:CPU's cost analysis counts the program lowered for one CPU
+    device (abstract arguments: nothing is allocated or compiled)."""
+    mesh = sharding.make_mesh(config.mesh, jax.devices("cpu")[:1])
+    setup, abstract_state, _, _ = train.create_setup_and_state(config, mesh, 1000)
+    args = abstract_step_args(config, setup, abstract_state, batch)
+    return lowered_flops(train.make_train_step(setup).lower(*args))
+
+
+def random_batch(config, batch: int, mesh) -> dict:
+    """``batch`` random images (N(0, 1)) and labels, split over the mesh as the loop's are."""
     shape = (batch, *config.model.image_shape, config.model.channels)
     rng = np.random.default_rng(0)
-    data = sharding.shard_batch(
+    return sharding.shard_batch(
         {
             "image": rng.normal(size=shape).astype(np.float32),
             "label": rng.integers(0, config.model.num_classes, size=batch).astype(np.int32),
         },
         mesh,
     )
-    step = train.make_train_step(setup)
-    key = jax.random.key(1)
-    start = time.perf_counter()
-    lowered = step.lower(state, data, other, key)
-    compiled = lowered.compile()
-    compile_s = time.perf_counter() - start
-    flops = lowered_flops(lowered)
-    for _ in range(2):  # warm-up
+
+
+def time_compiled(compiled, state, data, other, key, steps: int, warmup: int = 2):
+    """``warmup`` untimed calls of a compiled train step, then ``steps`` timed ones, each
+    waited for.
+
+    Returns:
+      ({"step_ms_min", "step_ms_median", "loss"}, the state after the last call: the step
+      donates its input state, so the caller continues with this one).
+    """
+    for _ in range(warmup):
         state, m = compiled(state, data, other, key)
     jax.block_until_ready(m)
     times = []
@@ -137,13 +143,29 @@ def time_step(config, batch: int, steps: int) -> dict:
         state, m = compiled(state, data, other, key)
         jax.block_until_ready(m)
         times.append(time.perf_counter() - start)
-    return dict(
+    timing = dict(
         step_ms_min=1e3 * min(times),
         step_ms_median=1e3 * float(np.median(times)),
-        compile_s=compile_s,
-        xla_flops=flops,
         loss=float(m["loss"]),
     )
+    return timing, state
+
+
+def time_step(config, batch: int, steps: int) -> dict:
+    """Compile and time the train step; its XLA FLOP count per step."""
+    devices = jax.devices()[:1]
+    mesh = sharding.make_mesh(config.mesh, devices)
+    setup, _, init, _ = train.create_setup_and_state(config, mesh, 1000)
+    state, other = init(jax.random.key(0))
+    data = random_batch(config, batch, mesh)
+    step = train.make_train_step(setup)
+    key = jax.random.key(1)
+    start = time.perf_counter()
+    lowered = step.lower(state, data, other, key)
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - start
+    timing, _ = time_compiled(compiled, state, data, other, key, steps)
+    return dict(timing, compile_s=compile_s, xla_flops=lowered_flops(lowered))
 
 
 def run(args) -> list[dict]:

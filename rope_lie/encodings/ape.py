@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from rope_lie.encodings import _checks
+from rope_lie.encodings import _checks, _sharding
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
@@ -182,7 +182,10 @@ def _axis_weights(n_in: int, n_out: jax.Array, coord: jax.Array, method: str) ->
         eye, (1, n_in), (0,), scale[None], -jnp.asarray(coord, jnp.float32)[None], method,
         antialias=True,
     )[0]  # fmt: skip
-    return jnp.where(n_out == n_in, eye[jnp.clip(coord, 0, n_in - 1)], row)
+    # The identity's row as a one-hot (the same 0/1 values as indexing ``eye``): a gather at a
+    # batch-split coordinate has no output split JAX can name under Explicit mesh axes.
+    identity_row = jax.nn.one_hot(jnp.clip(coord, 0, n_in - 1), n_in, dtype=jnp.float32)
+    return jnp.where(n_out == n_in, identity_row, row)
 
 
 def gather(
@@ -226,8 +229,10 @@ def gather(
     method = _check_call(prefix_PD, dim, width, num_prefix, method, len(stored))
     emb_BTD = grid_GD.astype(jnp.float32)
     for axis, n_in in enumerate(stored):  # contract one stored axis after the other
-        weights = jax.vmap(jax.vmap(_axis_weights, (None, None, 0, None)), (None, 0, 0, None))
-        w_BTI = weights(n_in, grid_BA[:, axis], index_BTA[..., axis], method)
+        # n_in and method are closed over, not passed through vmap: under Explicit mesh axes
+        # vmap's arguments must all be arrays.
+        row = lambda n_out, coord, n_in=n_in: _axis_weights(n_in, n_out, coord, method)
+        w_BTI = jax.vmap(jax.vmap(row, (None, 0)), (0, 0))(grid_BA[:, axis], index_BTA[..., axis])
         if axis == 0:
             emb_BTD = jnp.einsum("BTI,I...->BT...", w_BTI, emb_BTD)
         else:
@@ -236,5 +241,6 @@ def gather(
         prefix_BPD = jnp.broadcast_to(
             prefix_PD.astype(jnp.float32), (emb_BTD.shape[0], *prefix_PD.shape)
         )
+        prefix_BPD = _sharding.split_batch(prefix_BPD, _sharding.batch_axes(emb_BTD))
         emb_BTD = jnp.concatenate([prefix_BPD, emb_BTD], axis=1)
     return emb_BTD

@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rope_lie.encodings import _sharding
+
 __all__ = [
     "apply_blocks",
     "cayley",
@@ -164,11 +166,65 @@ def pair_rotation_blocks(angle_XF: jax.Array) -> jax.Array:
     return jnp.stack([jnp.stack([cos, -sin], -1), jnp.stack([sin, cos], -1)], -2)
 
 
+# Which product multiplies the b x b blocks, per platform (``jax.lax.platform_dependent``: the
+# program lowered for a platform holds that platform's product alone; nothing is read from the
+# host while tracing, so an export for another platform gets that platform's):
+# - "einsum": one ``dot_general`` per call (TNKij,BTNKj->BTNKi), XLA:CPU's path;
+# - "broadcast": ``sum_j r[..., i, j] x[..., j]`` as a broadcast multiply and a sum over j,
+#   elementwise work that XLA fuses with x's load and conversion into one loop (no
+#   ``dot_general``, no layout copies of x). On a GPU the einsum is a batched product of
+#   T x N x K tiny matrices with the batch axis moved inside. Chosen for GPUs and TPUs without a
+#   measurement yet: ``python -m experiments.device`` times both on the device it runs on.
+# Read when a program is traced: a change needs ``jax.clear_caches()`` to reach ``apply_blocks``.
+BLOCK_PRODUCTS: dict[str, str] = {"cpu": "einsum", "default": "broadcast"}
+
+
+def _blocks_einsum(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
+    """r x per block with one ``einsum``: r32 (T, N|1, K, b, b) or (B, T, N|1, K, b, b)."""
+    heads = "N" if r32.shape[-4] == xb_BTNKb.shape[2] else ""
+    if not heads:  # one set of rotations for all heads
+        r32 = jnp.squeeze(r32, axis=-4)
+    spec = ("" if r32.ndim == 4 + len(heads) else "B") + f"T{heads}Kij,BTNKj->BTNKi"
+    return jnp.einsum(spec, r32, xb_BTNKb)
+
+
+def _blocks_broadcast(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
+    """r x per block as a broadcast multiply summed over j (``BLOCK_PRODUCTS``); N = 1 and
+    shared rotations broadcast."""
+    r_XTNKbb = r32 if r32.ndim == 6 else r32[None]
+    return jnp.sum(r_XTNKbb * xb_BTNKb[..., None, :], axis=-1)
+
+
+_BLOCK_PRODUCT_FNS = {"einsum": _blocks_einsum, "broadcast": _blocks_broadcast}
+
+
+def block_product(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
+    """``r @ x`` per block, float32, with the product ``BLOCK_PRODUCTS`` names for the platform
+    the program is lowered for.
+
+    Args:
+      r32: (T, N, K, b, b) or (B, T, N, K, b, b) float32 rotations; N = 1 for every head.
+      xb_BTNKb: (B, T, N, K, b) float32 channel blocks.
+
+    Returns:
+      (B, T, N, K, b) float32.
+    """
+    for platform, name in BLOCK_PRODUCTS.items():
+        if name not in _BLOCK_PRODUCT_FNS:
+            raise ValueError(
+                f"BLOCK_PRODUCTS[{platform!r}]={name!r}; expected one of {list(_BLOCK_PRODUCT_FNS)}"
+            )
+    per_platform = {p: _BLOCK_PRODUCT_FNS[n] for p, n in BLOCK_PRODUCTS.items() if p != "default"}
+    default = _BLOCK_PRODUCT_FNS[BLOCK_PRODUCTS["default"]]
+    return jax.lax.platform_dependent(r32, xb_BTNKb, default=default, **per_platform)
+
+
 @jax.jit
 def apply_blocks(x_BTNH: jax.Array, r_XTNKbb: jax.Array) -> jax.Array:
     """Left-multiply contiguous b x b channel blocks of ``x`` by rotations.
 
-    Block r acts on channels [r*b, (r+1)*b); channels past K*b are left unchanged.
+    Block r acts on channels [r*b, (r+1)*b); channels past K*b are left unchanged. The product
+    is the platform's (``BLOCK_PRODUCTS``; equal to float32 rounding).
 
     Args:
       x_BTNH: queries or keys, any float dtype.
@@ -183,11 +239,9 @@ def apply_blocks(x_BTNH: jax.Array, r_XTNKbb: jax.Array) -> jax.Array:
     x32 = x_BTNH.astype(jnp.float32)
     xb = x32[..., :used].reshape(*x32.shape[:-1], num_blocks, block)
     r32 = r_XTNKbb.astype(jnp.float32)
-    heads = "N" if r32.shape[-4] == x_BTNH.shape[2] else ""
-    if not heads:  # one set of rotations for all heads
-        r32 = jnp.squeeze(r32, axis=-4)
-    spec = ("" if r_XTNKbb.ndim == 5 else "B") + f"T{heads}Kij,BTNKj->BTNKi"
-    out = jnp.einsum(spec, r32, xb).reshape(*x32.shape[:-1], used)
+    if r32.ndim == 6:  # per example: split as x is (Explicit mesh axes; else unchanged)
+        r32 = _sharding.split_batch(r32, _sharding.batch_axes(x_BTNH))
+    out = block_product(r32, xb).reshape(*x32.shape[:-1], used)
     if used < x32.shape[-1]:
         out = jnp.concatenate([out, x32[..., used:]], axis=-1)
     return out.astype(x_BTNH.dtype)

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, expm_combination, family, lie, state
+from rope_lie.encodings import _checks, _sharding, expm_combination, family, lie, state
 
 _FAMILY = "liere"
 
@@ -268,6 +268,11 @@ def _shared_rotations(gen_ANKbb: jax.Array, pos_BTA: jax.Array) -> jax.Array:
     """
     batch, tokens, num_axes = pos_BTA.shape
     tiers = _row_tiers(batch, tokens)
+    # Under Explicit mesh axes the set of distinct positions is the global batch's: the sort
+    # in ``jnp.unique`` needs every row on every device, and the rotations go back to the
+    # positions' split at the end.
+    split = _sharding.batch_axes(pos_BTA)
+    pos_BTA = _sharding.replicated(pos_BTA)
     pos_XA = _no_position_gradient(pos_BTA.reshape(-1, num_axes).astype(jnp.float32))
     unique_UA, inverse_X, counts_U = jnp.unique(
         pos_XA, axis=0, size=pos_XA.shape[0], fill_value=0.0, return_inverse=True,
@@ -279,7 +284,7 @@ def _shared_rotations(gen_ANKbb: jax.Array, pos_BTA: jax.Array) -> jax.Array:
         return lambda: _rotations(gen_ANKbb, unique_UA[:rows])[inverse_X.reshape(-1)]
 
     r_XNKbb = jax.lax.switch(tier, [on_first(rows) for rows in tiers])
-    return r_XNKbb.reshape(batch, tokens, *r_XNKbb.shape[1:])
+    return _sharding.split_batch(r_XNKbb.reshape(batch, tokens, *r_XNKbb.shape[1:]), split)
 
 
 @jax.custom_vjp

@@ -290,9 +290,38 @@ def _real_keys_first(k_BSNH, v_BSNH, bias, key_mask_BS):
     return k_BSNH, v_BSNH, bias, lengths_B
 
 
-# Token blocks of the Pallas TPU kernel: sequences are padded to a multiple of this (its lane
-# width) and the padding masked with segment ids.
+# Token blocks of the Pallas TPU kernel: sequences are padded to a multiple of its lane width
+# (128) and the padding masked with segment ids. Its default blocks are 128 tokens whatever the
+# sequence (``BlockSizes.get_default``), which jax-ml/jax#24633 measured at 7.3 TFLOP/s on a
+# v5e; here a block is the whole padded sequence up to ``PALLAS_MAX_BLOCK`` tokens (ViT-B/16 at
+# 224 px: 197 tokens, one block of 256), else the largest multiple of 128 up to it that divides
+# the padded length. Not yet measured on a TPU.
 PALLAS_BLOCK = 128
+PALLAS_MAX_BLOCK = 512
+
+
+def pallas_block(padded: int) -> int:
+    """The token block for a sequence padded to ``padded`` (a multiple of ``PALLAS_BLOCK``)."""
+    if padded < PALLAS_BLOCK or padded % PALLAS_BLOCK:
+        raise ValueError(f"padded={padded} must be a positive multiple of {PALLAS_BLOCK}")
+    if padded <= PALLAS_MAX_BLOCK:
+        return padded
+    return max(
+        b for b in range(PALLAS_BLOCK, PALLAS_MAX_BLOCK + 1, PALLAS_BLOCK) if padded % b == 0
+    )
+
+
+def pallas_block_sizes(padded_t: int, padded_s: int):
+    """The Pallas flash kernel's ``BlockSizes`` for query and key lengths padded to 128:
+    ``pallas_block`` of each, forward and backward alike, one example per block."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+    block_q, block_k = pallas_block(padded_t), pallas_block(padded_s)
+    return pallas_flash.BlockSizes(
+        block_q=block_q, block_k_major=block_k, block_k=block_k, block_b=1,
+        block_q_major_dkv=block_q, block_k_major_dkv=block_k, block_k_dkv=block_k,
+        block_q_dkv=block_q, block_k_major_dq=block_k, block_k_dq=block_k, block_q_dq=block_q,
+    )  # fmt: skip
 
 
 def attend_pallas(
@@ -308,12 +337,13 @@ def attend_pallas(
     other Pallas TPU kernel, splash attention (``ops.tpu.splash_attention``), takes masks but no
     bias, so it is not used here. The kernel computes ``softmax((q k^T + ab) * sm_scale)``, so
     the bias is passed divided by the scale. It needs sequence lengths divisible by its
-    blocks: T and S are padded to a multiple of ``PALLAS_BLOCK``. Padding is masked with the
-    kernel's segment ids (a query attends to the keys of its own segment): every query of the
-    sequence is in segment 1, and so is every key except the block padding and the keys that
-    ``key_mask_BS`` marks as padded (segment 0); no bias array carries the mask. TPU only
-    (Mosaic); on CPU it runs under ``jax.experimental.pallas.tpu.force_tpu_interpret_mode()``
-    (the tests do).
+    blocks: T and S are padded to a multiple of ``PALLAS_BLOCK``, and the blocks follow the
+    padded lengths (``pallas_block_sizes``) instead of the kernel's 128 defaults. Padding is
+    masked with the kernel's segment ids (a query attends to the keys of its own segment):
+    every query of the sequence is in segment 1, and so is every key except the block padding
+    and the keys that ``key_mask_BS`` marks as padded (segment 0); no bias array carries the
+    mask. TPU only (Mosaic); on CPU it runs under
+    ``jax.experimental.pallas.tpu.force_tpu_interpret_mode()`` (the tests do).
 
     Args:
       q_BTNH: queries.
@@ -349,7 +379,10 @@ def attend_pallas(
         if key_mask_BS is not None:
             ids_kv = ids_kv & jnp.pad(key_mask_BS > 0, ((0, 0), (0, padded_s - keys)))
         segments = pallas_flash.SegmentIds(q=ids_q.astype(jnp.int32), kv=ids_kv.astype(jnp.int32))
-    o_BNTH = pallas_flash.flash_attention(q, k, v, ab, segments, sm_scale=scale)
+    block_sizes = pallas_block_sizes(padded_t, padded_s)
+    o_BNTH = pallas_flash.flash_attention(
+        q, k, v, ab, segments, sm_scale=scale, block_sizes=block_sizes
+    )
     return jnp.swapaxes(o_BNTH[:, :, :tokens], 1, 2).astype(v_BTNH.dtype)
 
 

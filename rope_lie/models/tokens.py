@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import positions
+from rope_lie.encodings import _sharding, positions
 
 
 class Tokens(NamedTuple):
@@ -62,7 +62,7 @@ def patch_blocks(images_BXC, patch: Sequence[int]):
     split = [batch] + [d for g, p in zip(grid, patch, strict=True) for d in (g, p)] + [channels]
     rank = len(grid)
     order = [0, *range(1, 2 * rank, 2), *range(2, 2 * rank + 1, 2), 2 * rank + 1]
-    return images_BXC.reshape(split).transpose(order)
+    return _sharding.reshape(images_BXC, tuple(split)).transpose(order)
 
 
 def unpatch_blocks(blocks, patch: Sequence[int]):
@@ -87,7 +87,7 @@ def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
     """
     blocks = patch_blocks(images_BXC, patch)
     batch, num_tokens = blocks.shape[0], math.prod(blocks.shape[1 : 1 + len(patch)])
-    return blocks.reshape(batch, num_tokens, -1)
+    return _sharding.reshape(blocks, (batch, num_tokens, math.prod(blocks.shape[1 + len(patch) :])))
 
 
 def pack(images: Sequence[np.ndarray], patch: Sequence[int], max_tokens: int) -> Tokens:

@@ -53,8 +53,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_lie import encodings
+from rope_lie.encodings import _sharding, positions
 from rope_lie.encodings import extrapolation as extrapolation_lib
-from rope_lie.encodings import positions
 from rope_lie.encodings.state import State
 from rope_lie.models import attention, blocks, position_hook, tokens
 from rope_lie.models.attention import xavier_uniform
@@ -310,6 +310,7 @@ class ViT(nnx.Module):
             return x_BTD
         prefix_PD = rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=0)
         prefix_BPD = jnp.broadcast_to(prefix_PD, (x_BTD.shape[0], *prefix_PD.shape))
+        prefix_BPD = _sharding.split_batch(prefix_BPD, _sharding.batch_axes(x_BTD))
         return jnp.concatenate([prefix_BPD.astype(x_BTD.dtype), x_BTD], axis=1)
 
     def embed_token_batch(self, batch: tokens.Tokens) -> jax.Array:
@@ -347,6 +348,7 @@ class ViT(nnx.Module):
             **dict(self.position_hparams),
         )  # fmt: skip
         prefix_BPA = jnp.zeros((pos_BTA.shape[0], self.num_prefix, pos_BTA.shape[-1]))
+        prefix_BPA = _sharding.split_batch(prefix_BPA, _sharding.batch_axes(pos_BTA))
         return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
 
     def classify_tokens(
@@ -389,7 +391,9 @@ class ViT(nnx.Module):
             grid_BA=jnp.maximum(batch.grid_BA, 1),
         )
         states = self.pe_states(self.token_positions(batch))
-        mask_BS = jnp.concatenate([jnp.ones((mask_BT.shape[0], self.num_prefix), bool), mask_BT], 1)
+        prefix_BP = jnp.ones((mask_BT.shape[0], self.num_prefix), bool)
+        prefix_BP = _sharding.split_batch(prefix_BP, _sharding.batch_axes(mask_BT))
+        mask_BS = jnp.concatenate([prefix_BP, mask_BT], 1)
         x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):
             x_BTD = block(x_BTD, state, train=train, key_mask_BS=mask_BS)

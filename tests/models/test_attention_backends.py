@@ -166,6 +166,37 @@ def test_pallas_tpu_kernel_in_interpret_mode(with_bias):
         np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
 
 
+def test_pallas_blocks_follow_the_padded_token_count():
+    """The whole padded sequence up to 512 tokens (ViT-B/16 at 224 px: 197 -> one block of 256),
+    else the largest multiple of 128 up to 512 that divides it; not the kernel's 128 defaults."""
+    assert [backends.pallas_block(n) for n in (128, 256, 384, 512)] == [128, 256, 384, 512]
+    assert [backends.pallas_block(n) for n in (640, 768, 896, 1024)] == [128, 384, 128, 512]
+    for bad in (0, 100, 200):
+        with pytest.raises(ValueError, match=f"padded={bad} must be a positive multiple of 128"):
+            backends.pallas_block(bad)
+    sizes = backends.pallas_block_sizes(256, 768)
+    assert (sizes.block_q, sizes.block_k_major, sizes.block_k, sizes.block_b) == (256, 384, 384, 1)
+    assert (sizes.block_q_dkv, sizes.block_k_dkv, sizes.block_q_dq, sizes.block_k_dq) == (
+        256, 384, 256, 384,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("tokens", [300, 700])
+def test_pallas_kernel_with_large_blocks_in_interpret_mode(tokens):
+    """One block of 384 tokens (300 padded), and 2 x 2 blocks of 384 (700 padded to 768), with a
+    per-head bias: values and gradients equal ``attend``'s."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    q, k, v = (x[:1] for x in _qkv(tokens, seed=11))
+    bias = _bias("heads", tokens)
+    with pltpu.force_tpu_interpret_mode():
+        out, grads = _values_and_grads(backends.attend_pallas, q, k, v, bias)
+    ref_out, ref_grads = _values_and_grads(attention.attend, q, k, v, bias)
+    np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
+    for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
+        np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
 # A key mask over the 2D token count (a class token and 16 slots): example 0 padded at the end
 # (as tokens.pack pads), example 1 with holes (a token batch may hold its slots in any order),
 # example 2 with no real key (an evaluation's zero-filled batch tail without a class token).

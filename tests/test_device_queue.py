@@ -1,0 +1,176 @@
+"""The device queue (experiments/device.py): its dry run on CPU, with TensorFlow, TFDS and
+ml_collections blocked as on the device image, writes every stage's results in the schema the
+GPU run will; its recipes are configs/imagenet.py's; its parsers read what pytest and XLA
+write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from experiments import device
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROW_KEYS = {"encoder", "attention", "batch", "step_ms", "images_per_s", "mfu"}
+
+# Runs the queue as ``python -m experiments.device`` would, with the modules the device image
+# lacks made unimportable.
+_BLOCKED_RUN = textwrap.dedent(
+    """
+    import importlib.abc, runpy, sys
+    BLOCKED = {"tensorflow", "tensorflow_datasets", "ml_collections"}
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"{name} is blocked (not on the device image)")
+    sys.meta_path.insert(0, Blocker())
+    sys.argv = ["experiments.device", *sys.argv[1:]]
+    runpy.run_module("experiments.device", run_name="__main__", alter_sys=True)
+    assert not BLOCKED & set(sys.modules), BLOCKED & set(sys.modules)
+    """
+)
+
+
+def _run_queue(out_dir, *args: str, timeout: int = 1200) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_RUN, "--out", str(out_dir), *args],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = [p for p in os.listdir(out_dir) if p.endswith(".json")]
+    assert os.path.exists(os.path.join(out_dir, path[: -len(".json")] + ".md"))
+    with open(os.path.join(out_dir, path)) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    return _run_queue(tmp_path_factory.mktemp("device_queue"), "--dry-run")
+
+
+def test_recipes_are_configs_imagenet():
+    assert device.read_recipes() == device.recipes_from_configs(), (
+        "experiments/device_recipes.json is out of date: python -m experiments.device "
+        "--write-recipes"
+    )
+
+
+def test_dry_run_top_level(dry_run):
+    assert dry_run["device"] == "cpu" and dry_run["platform"] == "cpu"
+    assert dry_run["jax"] == dry_run["versions"]["jax"]
+    assert dry_run["dry_run"] is True
+    assert all(ok == "ok" for ok in dry_run["jax_apis"].values()), dry_run["jax_apis"]
+    stages = dry_run["stages"]
+    assert list(stages) == list(device.STAGES)
+    assert {name: s["status"] for name, s in stages.items()} == dict.fromkeys(device.STAGES, "ok")
+
+
+def test_dry_run_times_every_encoder_on_every_cpu_backend(dry_run):
+    rows = dry_run["rows"]
+    assert all(ROW_KEYS <= set(r) for r in rows)
+    timed = {(r["encoder"], r["attention"]) for r in rows
+             if r.get("case") == "fixed_batch" and r["step_ms"] is not None}  # fmt: skip
+    assert timed == {(e, a) for e in device.ENCODERS for a in ("xla", "chunked")}
+    for r in rows:
+        if r["step_ms"] is not None:
+            assert r["step_ms"] > 0 and r["images_per_s"] == pytest.approx(
+                r["batch"] / r["step_ms"] * 1e3
+            )
+            assert r["mfu"] is None  # no peak is known for a CPU
+    # cuDNN and Pallas are refused on CPU by the platform check, with its message.
+    refused = {r["attention"]: r["skipped"] for r in rows if r["encoder"] == "*"}
+    assert set(refused) == {"cudnn", "pallas"}
+    assert all("needs platform" in message for message in refused.values())
+
+
+def test_dry_run_times_liere_with_both_block_products(dry_run):
+    products = {
+        (r["attention"], r["block_product"], r["platform_default_product"])
+        for r in dry_run["rows"]
+        if r["encoder"] == "liere" and r.get("case") == "fixed_batch"
+    }
+    assert ("xla", "einsum", True) in products and ("xla", "broadcast", False) in products
+    rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
+    assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
+    for r in rotations.values():
+        assert r["forward_ms"] > 0 and r["forward_backward_ms"] > 0
+        assert r["rel_err"] < 1e-6
+
+
+def test_dry_run_largest_batch(dry_run):
+    largest = [r for r in dry_run["rows"] if r.get("case") == "largest_batch"]
+    assert [r["encoder"] for r in largest] == list(device.ENCODERS)[:2]
+    for r in largest:
+        assert r["batch"] == 8 and r["candidates"] == [8, 4] and r["step_ms"] > 0
+
+
+def test_dry_run_profiles_read_the_trace(dry_run):
+    assert set(dry_run["profiles"]) == {*device.PROFILED, "liere (broadcast block product)"}
+    for encoder in dry_run["profiles"]:
+        profile = dry_run["profiles"][encoder]
+        assert "error" not in profile, profile
+        trace = profile["trace"]
+        assert trace["source"].startswith("/host:CPU")
+        assert trace["total_ms"] > 0 and len(trace["top_ops"]) > 5
+        assert profile["hlo_ops"]["fusion"] > 0 and profile["cost_analysis"]["flops"] > 0
+    # LieRE's exponentials are named in its profile, not in RoPE-Mixed's.
+    names = {p: " ".join(op[1] for op in dry_run["profiles"][p]["trace"]["top_ops"])
+             for p in device.PROFILED}  # fmt: skip
+    assert "_rotations" in names["liere"] and "_rotations" not in names["rope_mixed"]
+
+
+def test_dry_run_runs_the_tests_in_subprocesses(dry_run):
+    tests = dry_run["tests"]
+    assert tests["gpu"]["counts"]["passed"] > 5 and tests["gpu"]["failed"] == []
+    assert tests["gpu"]["returncode"] == 0 and not tests["gpu"]["timed_out"]
+    assert tests["encoders_on_cpu"]["counts"] == {"passed": 4}
+
+
+def test_a_spent_budget_skips_every_stage_and_still_writes(tmp_path):
+    out = _run_queue(tmp_path, "--dry-run", "--budget", "0", timeout=300)
+    assert {s["status"] for s in out["stages"].values()} == {"skipped"}
+    assert out["rows"] == []
+
+
+def test_pytest_counts_read_plain_and_xdist_lines_of_a_cut_run():
+    log = "\n".join(
+        [
+            "tests/a.py::test_one PASSED                                  [ 10%]",
+            "tests/a.py::test_two[x-1] FAILED                             [ 20%]",
+            "[gw0] [ 30%] PASSED tests/b.py::test_three ",
+            "[gw1] [ 40%] SKIPPED tests/b.py::test_four ",
+            "[gw1] [ 50%] ERROR tests/b.py::test_five ",
+            "collecting ... PASSED without a test id is not a result",
+        ]
+    )
+    out = device.pytest_counts(log)
+    assert out["counts"] == {"passed": 2, "failed": 1, "skipped": 1, "error": 1}
+    assert out["failed"] == ["tests/a.py::test_two[x-1]", "tests/b.py::test_five"]
+
+
+def test_batch_candidates_from_batch_64_buffers():
+    memory = {"argument": 2 * 2**30, "peak": 10 * 2**30}  # 8 GiB above the arguments at 64
+    limit = 80 * 2**30  # fits (0.92 * 80 - 2) / (8 / 64) = 572.8 images: 512 and 256
+    assert device.batch_candidates(memory, 64, limit, 4096) == [512, 256]
+    assert device.batch_candidates(memory, 64, limit, 256) == [256, 128]
+    assert device.batch_candidates(memory, 64, 12 * 2**30, 4096) == []  # 64 is the largest
+    assert device.batch_candidates(None, 2, None, 8) == [8, 4]  # no limit known: up to max
+
+
+def test_hlo_op_counts():
+    text = textwrap.dedent(
+        """
+        ENTRY %main {
+          %p0 = f32[4]{0} parameter(0)
+          %fusion.1 = f32[4]{0} fusion(f32[4]{0} %p0), kind=kLoop, calls=%fused
+          ROOT %dot.2 = f32[] dot(f32[4]{0} %fusion.1, f32[4]{0} %p0), lhs_contracting_dims={0}
+        }
+        """
+    )
+    assert device.hlo_op_counts(text) == {"parameter": 1, "fusion": 1, "dot": 1}
