@@ -51,7 +51,10 @@ def _run_queue(out_dir, *args: str, timeout: int = 1200) -> dict:
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    return _run_queue(tmp_path_factory.mktemp("device_queue"), "--dry-run")
+    # A budget no stage reaches: what the dry run checks are the stages' paths, so a loaded
+    # machine must not cut them short (the deadlines have their own test, a zero budget).
+    return _run_queue(tmp_path_factory.mktemp("device_queue"), "--dry-run", "--budget", "3000",
+                      timeout=3000)  # fmt: skip
 
 
 def test_recipes_are_configs_imagenet():
