@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rope_lie import sharding
-from rope_lie.models import tokens, vit
+from rope_lie.models import tokens
 
 TOKEN_KEYS = ("patches", "index", "grid", "token_mask")  # a NaFlex batch (data/naflex.py)
 
@@ -58,13 +58,13 @@ def shuffle_patches(
     batch, *spatial, _ = images.shape
     if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
         raise ValueError(f"images spatial shape {tuple(spatial)} not divisible by patch {patch}")
-    blocks = vit.patch_blocks(images, patch)  # (B, *grid, *patch, C)
-    tokens = blocks.reshape(batch, -1, *blocks.shape[1 + len(patch) :])  # (B, T, *patch, C)
-    perm_BT = np.argsort(rng.random(tokens.shape[:2]), axis=1)
-    tokens = np.take_along_axis(
-        tokens, perm_BT.reshape(perm_BT.shape + (1,) * (tokens.ndim - 2)), axis=1
+    blocks = tokens.patch_blocks(images, patch)  # (B, *grid, *patch, C)
+    patches = blocks.reshape(batch, -1, *blocks.shape[1 + len(patch) :])  # (B, T, *patch, C)
+    perm_BT = np.argsort(rng.random(patches.shape[:2]), axis=1)
+    patches = np.take_along_axis(
+        patches, perm_BT.reshape(perm_BT.shape + (1,) * (patches.ndim - 2)), axis=1
     )
-    return vit.unpatch_blocks(tokens.reshape(blocks.shape), patch)
+    return tokens.unpatch_blocks(patches.reshape(blocks.shape), patch)
 
 
 class EvalStep(NamedTuple):

@@ -51,7 +51,7 @@ from rope_lie import (
     sharding,
 )
 from rope_lie.job import say
-from rope_lie.models import ViT, attention, tokens, vit
+from rope_lie.models import ViT, attention, options, tokens
 
 # fold_in data of the patch-dropout key, derived from a step's dropout key (the model's RNG
 # streams take fold_in(key, i) with i their small leaf index: no collision).
@@ -194,20 +194,28 @@ def make_train_step(setup: Setup):
 
 
 def make_eval_fn(
-    setup: Setup, other: nnx.State, chunk_plan: attention.ChunkPlan | None = None
+    setup: Setup, other: nnx.State, platform: str | None = None
 ) -> evaluate.EvalStep:
     """Eval step whose encoder states are precomputed once per resolution (``pe_cache``).
 
-    The attention's inference chunks are planned here, outside ``jit``: ``chunk_plan``, or
-    None for this host's (``attention.chunk_plan`` over the mesh's devices).
+    The attention backend of evaluation is chosen here, once, outside ``jit``
+    (``attention.set_inference_backends``): on one CPU device the formula ``"xla"`` attends an
+    image batch in chunks (``"xla_cpu"``); a NaFlex token batch keeps the model's backend.
+
+    Args:
+      setup: from ``create_setup_and_state``.
+      other: the model's non-parameter state.
+      platform: where the step runs; None: ``jax.default_backend()`` (an export target, say).
     """
-    plan = attention.chunk_plan(device_count=setup.mesh.size) if chunk_plan is None else chunk_plan
+    platform = jax.default_backend() if platform is None else platform
+    inference = nnx.merge(setup.graphdef, setup.abstract_params, other)
+    attention.set_inference_backends(inference, platform, setup.mesh.size)
+    image_setup = dataclasses.replace(setup, graphdef=nnx.graphdef(inference))
 
     def apply_fn(params, images, cache):
-        model = merge_model(setup, params, other)
         if isinstance(images, tokens.Tokens):  # a NaFlex batch
-            return model.classify_tokens(images)
-        return model(images, train=False, pe_cache=cache, chunk_plan=plan)
+            return merge_model(setup, params, other).classify_tokens(images)
+        return merge_model(image_setup, params, other)(images, train=False, pe_cache=cache)
 
     def precompute_fn(params, spatial_shape):
         model = merge_model(setup, params, other)
@@ -259,7 +267,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         # The model first: a bad model fails before the workdir is created.
         nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
         # An attention this platform (or the dtype, or head_dim) rules out: fail now.
-        vit.check_model_attention(config.model)
+        options.check_model_attention(config.model)
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
         from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read

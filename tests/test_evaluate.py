@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rope_lie import evaluate
-from rope_lie.models.vit import patchify
+from rope_lie.models.tokens import patchify
 
 
 @pytest.mark.parametrize(

@@ -263,7 +263,7 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
 
     from experiments.studies import attention_maps
     from rope_lie import train
-    from rope_lie.models import position_hook, vit
+    from rope_lie.models import position_hook, variants
 
     models = set()
     for study in definitions.STUDIES.values():
@@ -279,7 +279,7 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
                 model = nnx.eval_shape(lambda c=m: train.build_model(c, jax.random.key(0)))
                 assert model.blocks, (study.name, arm.name)
                 continue
-            dims, _ = vit.parse_variant(m.variant, m.get("patch_size"), len(m.image_shape))
+            dims, _ = variants.parse_variant(m.variant, m.get("patch_size"), len(m.image_shape))
             heads = dims["num_heads"]
             jax.eval_shape(
                 lambda c=m, n=heads, w=dims["width"]: position_hook.init_pe_params(

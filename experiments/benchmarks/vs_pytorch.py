@@ -106,7 +106,7 @@ def _batch(model_kw: dict, batch: int):
 
 
 def _dims(model_kw: dict) -> dict:
-    from rope_lie.models.vit import parse_variant
+    from rope_lie.models.variants import parse_variant
 
     dims, patch = parse_variant(model_kw["variant"], None, 2)
     return dict(dims, patch=patch[0])
