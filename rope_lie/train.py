@@ -41,6 +41,7 @@ from flax import nnx
 from rope_lie import checkpoint as ckpt
 from rope_lie import (
     config_check,
+    errors,
     evaluate,
     finetune,
     job,
@@ -251,10 +252,10 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
       {"step": last step, "evals": {name: {accuracy, loss, num_examples, resolution,
       best_accuracy, best_step}}}.
     """
-    with job.user_errors():
+    with errors.user_errors():
         config_check.validate(config)
     job.maybe_initialize_distributed(config)
-    with job.user_errors():
+    with errors.user_errors():
         mesh = sharding.make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         return _train(config, workdir, mesh)
@@ -262,8 +263,8 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
 
 def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     # Everything the user chose is checked before the first step: errors here are theirs
-    # (job.user_errors; rope_lie.main prints them as one line).
-    with job.user_errors():
+    # (errors.user_errors; rope_lie.main prints them as one line).
+    with errors.user_errors():
         # The model first: a bad model fails before the workdir is created.
         nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
         # An attention this platform (or the dtype, or head_dim) rules out: fail now.
