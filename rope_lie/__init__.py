@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 
 def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
-    """The trained model of a workdir and its config (``rope_lie.run_config.load``).
+    """The trained model of a workdir and its config (``rope_lie.loading.load``).
 
     Args:
       workdir: a training run's workdir, or a directory written by ``rope_lie.convert``.
@@ -30,6 +30,6 @@ def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
       (model, config): the NNX ViT with the checkpoint's parameters, and the workdir's
       ``config.json``.
     """
-    from rope_lie import run_config  # JAX and Flax are imported only when a model is loaded
+    from rope_lie import loading  # JAX and Flax are imported only when a model is loaded
 
-    return run_config.load(workdir, step)
+    return loading.load(workdir, step)

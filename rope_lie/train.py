@@ -23,7 +23,8 @@ SIGTERM, Ctrl-C or preemption) run in ``rope_lie/loop.py``. Rerunning a finished
 re-evaluates its final state and rewrites ``final.json``.
 
 Every run writes its resolved config to ``config.json`` and ``config.py`` in the workdir
-(``rope_lie/run_config.py``); ``rope_lie.load(workdir)`` rebuilds the trained model from them.
+(``rope_lie/run_config.py``); ``rope_lie.load(workdir)`` rebuilds the trained model from them
+(``rope_lie/loading.py``).
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ def test_a_workdir_keeps_its_config_and_loads_back_as_the_trained_model(referenc
     import importlib.util
 
     import rope_lie
-    from rope_lie import interop, run_config
+    from rope_lie import interop, loading
     from rope_lie.data import pipeline
 
     workdir, final = reference
@@ -244,7 +244,7 @@ def test_a_workdir_keeps_its_config_and_loads_back_as_the_trained_model(referenc
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     assert as_json(recipe.get_config()) == as_json(config)
-    assert interop.load is run_config.load
+    assert interop.load is loading.load
 
     _, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
     from flax import nnx
