@@ -205,47 +205,54 @@ def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, n
 
 
 def evaluate_all(
-    config: Any,
-    eval_step: Callable,
+    evals: Mapping[str, Any],
+    batches: Callable[[Any], Iterable[Mapping[str, np.ndarray]]],
+    eval_step: EvalStep,
     params: Any,
     mesh: Mesh,
+    *,
     patch: Sequence[int],
     step: int,
     best: dict[str, dict[str, Any]],
+    seed: int,
+    progress: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Evaluate every entry of `config.evals` (sorted by name) at train step `step`.
+    """Evaluate every entry of `evals` (``config.evals``) at train step `step`.
 
     Args:
-      config: the run config (evals, dataset, eval_batch_size, seed).
+      evals: name -> entry (its dataset name, split, image_size, shuffle_patches, ...).
+      batches: entry -> this process's eval batches of it (``eval_batches``).
       eval_step: from `make_eval_step`.
       params: the model parameters (sharded).
       mesh: the device mesh.
       patch: the model's patch size, for entries with `shuffle_patches`.
       step: the train step, recorded with a new best.
       best: name -> {"accuracy", "step"} of the best evaluation so far; updated in place.
+      seed: seed of the patch shuffling.
+      progress: show each evaluation's own progress bar (process 0).
 
     Returns:
       name -> `evaluate` results (per-example "correct" included) plus "best_accuracy" and
-      "best_step". Each evaluation shows its own progress bar when ``config.progress`` is set.
+      "best_step".
     """
     results = {}
-    for name, entry in config.evals.items():
-        batches = tqdm(
-            eval_batches(config, entry, mesh),
+    for name, entry in evals.items():
+        entry_batches = tqdm(
+            batches(entry),
             desc=f"eval {name}",
             unit="batch",
             leave=False,
-            disable=not config.get("progress", False) or jax.process_index() != 0,
+            disable=not progress or jax.process_index() != 0,
             dynamic_ncols=True,
             mininterval=1.0,
         )
         res = evaluate(
             eval_step,
             params,
-            batches,
+            entry_batches,
             mesh,
             shuffle_patch=patch if entry.shuffle_patches else None,
-            seed=config.seed,
+            seed=seed,
         )
         if name not in best or res["accuracy"] > best[name]["accuracy"]:
             best[name] = {"accuracy": res["accuracy"], "step": step}
