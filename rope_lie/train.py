@@ -90,6 +90,12 @@ def _fresh_state(tx: optax.GradientTransformation, params: dict) -> dict:
     return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
 
+def model_state(model: ViT, tx: optax.GradientTransformation) -> tuple[dict, nnx.State]:
+    """A built model's train state at step 0 (``make_setup``'s layout) and its other state."""
+    _, params, other = nnx.split(model, nnx.Param, ...)
+    return _fresh_state(tx, nnx.to_pure_dict(params)), other
+
+
 def make_setup(
     model: ViT,
     tx: optax.GradientTransformation,
@@ -156,8 +162,7 @@ def create_setup_and_state(
     )
 
     def init_fn(key):
-        _, params, other = nnx.split(build_model(config.model, key), nnx.Param, ...)
-        return _fresh_state(tx, nnx.to_pure_dict(params)), other
+        return model_state(build_model(config.model, key), tx)
 
     shardings = (setup.state_shardings, setup.other_sharding)
     init = _run_once(jax.jit(init_fn, out_shardings=shardings))
