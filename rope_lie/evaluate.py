@@ -183,27 +183,6 @@ def _add_sums(totals: dict[str, float], sums: dict[str, Any]) -> np.ndarray:
     return np.asarray(correct_B)[np.asarray(mask_B)]
 
 
-def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, np.ndarray]]:
-    """This process's batches of one `config.evals` entry: its dataset name, size and split.
-
-    Batches hold `config.eval_batch_size` rounded up to a multiple of the mesh's devices
-    (`sharding.padded_batch_size`), so any eval batch size works on any mesh.
-    """
-    from rope_lie.data import pipeline, run_inputs  # TensorFlow is imported when data is read
-
-    side = entry.get("naflex_side")
-    return pipeline.make_eval_iterator(
-        config.dataset,
-        batch_size=sharding.padded_batch_size(config.eval_batch_size, mesh),
-        split=entry.split,
-        name=entry.name,
-        image_size=entry.image_size,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        finish=None if side is None else run_inputs.naflex_finish(config, side),
-    )
-
-
 def evaluate_all(
     evals: Mapping[str, Any],
     batches: Callable[[Any], Iterable[Mapping[str, np.ndarray]]],
@@ -221,7 +200,7 @@ def evaluate_all(
 
     Args:
       evals: name -> entry (its dataset name, split, image_size, shuffle_patches, ...).
-      batches: entry -> this process's eval batches of it (``eval_batches``).
+      batches: entry -> this process's eval batches of it (``run_inputs.eval_batches``).
       eval_step: from `make_eval_step`.
       params: the model parameters (sharded).
       mesh: the device mesh.

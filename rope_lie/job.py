@@ -1,6 +1,6 @@
 """What a training job needs around the loop: processes, signals, its first lines.
 
-(The data a run reads is ``rope_lie/data/run_inputs.py``.)
+(The data a run reads is ``rope_lie/run_inputs.py``.)
 
 - ``maybe_initialize_distributed``: ``jax.distributed`` for multi-process jobs (config.distributed);
 - ``check_workdir``: a workdir that cannot be written fails before anything is read or trained;

@@ -335,7 +335,7 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
         attention.check_backends(model, jax.default_backend())
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
-        from rope_lie.data import run_inputs  # TensorFlow is imported only when data is read
+        from rope_lie import run_inputs  # TensorFlow is imported only when data is read
 
         # Every dataset now: a missing eval dataset fails before training, not after it.
         num_train = run_inputs.prepare_data(config)
@@ -361,22 +361,22 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
 
 def _make_run(config, workdir, p: _Prepared, other, dropout_key, writer, best) -> loop.Run:
     """The loop's pieces: the steps, the batches and evaluations of the config, the numbers."""
-    from rope_lie.data import run_inputs
+    from rope_lie import run_inputs
 
-    setup, mesh = p.setup, p.setup.mesh
+    setup, mesh, patch = p.setup, p.setup.mesh, p.setup.patch
     eval_step = make_eval_fn(setup, other)
 
     def evaluations(params, step, best):
         return evaluate.evaluate_all(
-            config.evals, lambda entry: evaluate.eval_batches(config, entry, mesh), eval_step,
-            params, mesh, patch=setup.patch, step=step, best=best, seed=config.seed,
+            config.evals, lambda entry: run_inputs.eval_batches(config, entry, mesh, patch),
+            eval_step, params, mesh, patch=patch, step=step, best=best, seed=config.seed,
             progress=config.get("progress", False),
         )  # fmt: skip
 
     return loop.Run(
         workdir=workdir,
         train_step=make_train_step(setup),
-        train_batches=lambda start: run_inputs.data_train_batches(config, start),
+        train_batches=lambda start: run_inputs.data_train_batches(config, patch, start),
         evaluate=evaluations,
         mesh=mesh,
         schedule=setup.schedule,

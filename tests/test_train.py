@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from configs import digits
-from rope_lie import checkpoint, job, metrics, train
-from rope_lie.data import run_inputs
+from rope_lie import checkpoint, job, metrics, run_inputs, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
