@@ -11,9 +11,12 @@ import pytest
 
 from rope_lie import checkpoint, sharding
 
-# A failed restore leaves orbax's read coroutines to an event loop it has closed; Python reports
-# them whenever they are collected, which may be during a later test of this module.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# A failed restore leaves orbax's read coroutines to an event loop it has closed: collected, and
+# their warning ignored, in the test that failed (conftest.py's failed_orbax_reads).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("failed_orbax_reads"),
+]
 
 
 def _state(value: int):

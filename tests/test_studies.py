@@ -746,6 +746,9 @@ def _synthetic_results(directory: str, view: lib.Study, *, seeds: int, num: int,
     lib.append_results(directory, rows, examples)
 
 
+# matplotlib cannot fit the long arm labels of some paper-scale plots (cayley, cayley_fashion,
+# init) and says so; the figure is written all the same, and its content is what is tested.
+@pytest.mark.filterwarnings("ignore:Tight layout not applied:UserWarning")
 @pytest.mark.parametrize("name", sorted(definitions.STUDIES))
 def test_paper_scale_rows_fill_the_report(name, tmp_path, capsys):
     """Synthetic paper-scale results (3 seeds of every arm on the paper-scale evaluations)
