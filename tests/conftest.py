@@ -26,7 +26,6 @@ so this session keeps one device.
 """
 
 import atexit
-import gc
 import os
 import shutil
 import sys
@@ -82,20 +81,11 @@ def tfds_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tensorflow_datasets"))
 
 
-@pytest.fixture
-def failed_orbax_reads():
-    """For a test whose checkpoint restore fails on purpose: orbax leaves its read coroutines to
-    an event loop it has closed, and Python reports them (PytestUnraisableExceptionWarning)
-    whenever they are collected. Collected at the end of this test, which ignores that warning
-    (its mark), not in whichever test comes next, where warnings are errors."""
-    yield
-    gc.collect()
-
-
 @pytest.fixture(scope="session")
 def reference_run(tfds_dir, tmp_path_factory):
-    """The reference run (``helpers.digits_config``), trained once per test process and never
-    changed: (workdir, its returned metrics). Copy the workdir to resume or damage it."""
+    """The reference run (``helpers.digits_config``), trained once per test process that needs
+    it (test_train.py, test_multiprocess.py) and never changed: (workdir, its returned metrics).
+    Copy the workdir to resume or damage it."""
     from rope_lie import train
     from tests import helpers
 
@@ -103,28 +93,20 @@ def reference_run(tfds_dir, tmp_path_factory):
     return workdir, train.train_and_evaluate(helpers.digits_config(tfds_dir), workdir)
 
 
-# Test files whose tests share an expensive module- or session-scoped fixture: each group runs
-# in one test process (pyproject: --dist loadgroup), the rest test by test wherever a process is
-# free. The groups are scheduled first, longest first, so that none is left for the end.
-XDIST_GROUPS = {
-    "test_train.py": "reference_run",
-    "test_multiprocess.py": "reference_run",
-    "test_studies.py": "smoke_study",
-    "test_sharding.py": "eight_devices",
-    "test_interop.py": "converted",
-}
-_GROUP_ORDER = ("reference_run", "smoke_study", "eight_devices", "converted")
+# Files that start training subprocesses or share an expensive fixture, longest first: they are
+# handed to the workers first (pyproject: --dist loadfile, a file whole in one worker), so that
+# none of them is left for the end while the other worker idles.
+FIRST = (
+    "test_multiprocess.py",
+    "test_studies.py",
+    "test_train.py",
+    "test_sharding.py",
+    "test_interop.py",
+)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the markers
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = XDIST_GROUPS.get(item.path.name)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
     def rank(item):
-        group = XDIST_GROUPS.get(item.path.name)
-        return _GROUP_ORDER.index(group) if group is not None else len(_GROUP_ORDER)
+        return FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST)
 
     items.sort(key=rank)  # stable: each file keeps its own order

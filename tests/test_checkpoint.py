@@ -11,12 +11,8 @@ import pytest
 
 from rope_lie import checkpoint, sharding
 
-# A failed restore leaves orbax's read coroutines to an event loop it has closed: collected, and
-# their warning ignored, in the test that failed (conftest.py's failed_orbax_reads).
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-    pytest.mark.usefixtures("failed_orbax_reads"),
-]
+# A failed restore leaves orbax's read coroutines behind: pyproject's filterwarnings says why
+# their warning is ignored.
 
 
 def _state(value: int):

@@ -34,6 +34,7 @@ def two_process_run(tfds_dir, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("two_processes"))
     port = _free_port()
     flags = helpers.reference_flags(tfds_dir) + [f"--workdir={workdir}", "--config.progress=True"]
+    flags.append("--config.eval_every_steps=0")  # evaluated once, at the end: final.json
     flags += [f"--config.distributed.coordinator_address=localhost:{port}",
               "--config.distributed.num_processes=2"]  # fmt: skip
     procs = [

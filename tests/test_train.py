@@ -295,9 +295,8 @@ def test_a_workdir_keeps_its_config_and_loads_back_as_the_trained_model(referenc
     np.testing.assert_allclose(accuracy, final["evals"]["size8"]["accuracy"], atol=1.5 / 360)
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax, closed loop
 def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one_before(
-    reference, tfds_dir, tmp_path, capsys, failed_orbax_reads
+    reference, tfds_dir, tmp_path, capsys
 ):
     """The finished run's step-12 checkpoint loses the second half of its largest file: the
     rerun names the step and its directory, resumes from step 8 and ends as the reference (one
@@ -325,10 +324,7 @@ def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one
     assert os.listdir(os.path.join(workdir, "checkpoints-unreadable")) == ["12"]
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax, closed loop
-def test_a_checkpoint_of_another_config_is_named_before_training(
-    reference, tfds_dir, failed_orbax_reads
-):
+def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds_dir):
     """The workdir holds another model's checkpoint: the error names the step and the first
     parameter that differs (not orbax's dump of both trees), and nothing is trained or written."""
     ref_dir, _ = reference
