@@ -21,7 +21,7 @@ from rope_lie.models import options
 BATCH, SIDE = 8, 64
 # Padded token batches (NaFlex): 64 slots of 8 x 8 x 1 patches, mixed grids up to 8 x 8.
 LENGTH, PATCH_VALUES = 64, 64
-# The key mask as a logit bias (``attention.MASKED_KEY_LOGIT``) in StableHLO text.
+# The key mask as a logit bias (``xla_attention.MASKED_KEY_LOGIT``) in StableHLO text.
 MASK_LOGIT_TEXT = "-1.000000e+09"
 
 
