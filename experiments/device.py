@@ -627,13 +627,13 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
     """(encoder, attention, product) of stage 3, in the order they are compiled and timed:
     every encoder on the first backend, then the next; LieRE 8x8 with the other block product
     after each backend's rows."""
-    from rope_lie.models.backends import ATTENTION_PLATFORMS
+    from rope_lie.models.backends import BACKENDS
 
     encoders = [e for e in ENCODERS if not q.args.encoders or e in q.args.encoders.split(",")]
     attentions = [
         a
         for a in ATTENTIONS
-        if platform in ATTENTION_PLATFORMS[a]
+        if platform in BACKENDS[a].platforms
         and (not q.args.attention or a in q.args.attention.split(","))
     ]
     cases = []
@@ -646,18 +646,18 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
 
 def skipped_attentions(q: Queue, platform: str) -> list[dict]:
     """A row per backend this platform does not run, with the check's message (once)."""
-    from rope_lie.models import vit
-    from rope_lie.models.backends import ATTENTION_PLATFORMS
+    from rope_lie.models import options
+    from rope_lie.models.backends import BACKENDS
 
     rows = []
     for attention in ATTENTIONS:
-        if platform in ATTENTION_PLATFORMS[attention]:
+        if platform in BACKENDS[attention].platforms:
             continue
         if q.args.attention and attention not in q.args.attention.split(","):
             continue
         config = run_config(q.recipes, "rope_mixed", attention, q.shapes["overrides"])
         try:
-            vit.check_model_attention(config.model, platform)
+            options.check_model_attention(config.model, platform)
             message = f"not run on {platform}"
         except ValueError as e:
             message = str(e)
@@ -1020,11 +1020,13 @@ def stage_profile(q: Queue) -> str:
         if encoder in best:
             row = best[encoder]
             targets[encoder] = (encoder, row["attention"], row["batch"], None)
-    if "liere" in targets:  # LieRE 8x8 with the other block product, on the same backend
-        other = other_product(q.data["platform"])
-        key = ("liere", targets["liere"][1], q.shapes["batch"], other)
-        if "compiled" in q.compiled.get(key, {}):
-            targets[f"liere ({other} block product)"] = key
+    if "liere" in targets:  # LieRE 8x8 with the other block product: on the same backend
+        other = other_product(q.data["platform"])  # when it was compiled there (cudnn, xla),
+        for attention in (targets["liere"][1], "cudnn", "xla"):  # else where it was
+            key = ("liere", attention, q.shapes["batch"], other)
+            if "compiled" in q.compiled.get(key, {}):
+                targets[f"liere ({other} block product)"] = key
+                break
     for name, key in targets.items():
         if q.left("profile") <= 0:
             break

@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 
 def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
-    """The trained model of a workdir and its config (``rope_lie.run_config.load``).
+    """The trained model of a workdir and its config (``rope_lie.loading.load``).
 
     Args:
       workdir: a training run's workdir, or a directory written by ``rope_lie.convert``.
@@ -31,10 +31,10 @@ def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
       ``config.json``.
     """
     try:
-        from rope_lie import run_config  # JAX and Flax are imported only when a model is loaded
+        from rope_lie import loading  # JAX and Flax are imported only when a model is loaded
     except ModuleNotFoundError as e:  # the core install: one line naming the extra to install
         from rope_lie import _extras
 
         _extras.raise_missing(e, "rope_lie.load")
 
-    return run_config.load(workdir, step)
+    return loading.load(workdir, step)

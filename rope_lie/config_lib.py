@@ -49,9 +49,9 @@ def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:
     Fields that default to None become typed placeholders so the command line can set them
     (`--config.dataset.data_dir=/data/tfds`).
     """
-    from rope_lie import data_defaults  # not rope_lie.data: a config needs no TensorFlow
+    from rope_lie.data import defaults  # a config needs no TensorFlow (data/__init__.py)
 
-    ds = data_defaults.default_config(name)
+    ds = defaults.default_config(name)
     typed_none = {"data_dir": str, "image_size": int}
     for key, kind in typed_none.items():
         value = overrides.pop(key, ds[key])

@@ -44,7 +44,7 @@ import sys
 from typing import Any
 
 try:
-    from rope_lie import _extras, job
+    from rope_lie import _extras, errors
     from rope_lie.interop import _torch_first, liere_reference, liere_torch, timm_eva, workdir
 except ModuleNotFoundError as _error:  # the core install: one line naming the extra to install
     from rope_lie import _extras
@@ -99,12 +99,12 @@ def _from_timm(args) -> tuple[dict, dict, dict]:
     import torch
 
     torch.manual_seed(args.seed)  # timm's random initialisation, when there is no checkpoint
-    with job.user_errors():  # the checkpoint, the overrides and the architecture are the user's
+    with errors.user_errors():  # the checkpoint, the overrides and the architecture are the user's
         model = timm_eva.create(args.model, args.checkpoint, **parse_overrides(args.overrides))
         cfg = timm_eva.model_config(model)
     params = timm_eva.convert_params(model)  # every check passed: an error here is a bug
     data = model.pretrained_cfg or {}
-    with job.user_errors():
+    with errors.user_errors():
         mean, std = _normalisation(
             args.mean, args.std, data.get("mean", timm_eva.IMAGENET_MEAN),
             data.get("std", timm_eva.IMAGENET_STD), cfg["channels"], f"timm {args.model}",
@@ -118,7 +118,7 @@ def _from_liere(args) -> tuple[dict, dict, dict]:
     _torch_first.check()
     import torch
 
-    with job.user_errors():  # --model's fields and the checkpoint's contents are the user's
+    with errors.user_errors():  # --model's fields and the checkpoint's contents are the user's
         given = liere_reference.parse_spec(args.model) if args.checkpoint is None else None
         if args.checkpoint is None:
             model = liere_torch.reference_model(given, seed=args.seed)
@@ -147,7 +147,7 @@ def _from_liere(args) -> tuple[dict, dict, dict]:
 
 def convert(args: argparse.Namespace) -> str:
     """Convert as the command line says; returns the workdir."""
-    with job.user_errors():  # what is cheap to check comes before PyTorch is imported
+    with errors.user_errors():  # what is cheap to check comes before PyTorch is imported
         if args.source not in SOURCES:
             raise ValueError(f"--from={args.source!r}; expected one of {SOURCES}")
         _check_workdir(args.workdir)
@@ -224,10 +224,10 @@ def _floats(text: str) -> tuple[float, ...]:
 
 class _Parser(argparse.ArgumentParser):
     """argparse prints its usage and exits on a bad flag; here the error is raised as a user
-    error (``job.user_errors``), which ``cli`` prints as one line."""
+    error (``errors.user_errors``), which ``cli`` prints as one line."""
 
     def error(self, message: str):
-        with job.user_errors():
+        with errors.user_errors():
             raise ValueError(f"{message} (python -m rope_lie.convert --help shows the flags)")
 
 
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.checkpoint.lower() == "none":
         args.checkpoint = None
     if args.source == "liere" and args.overrides:
-        with job.user_errors():
+        with errors.user_errors():
             raise ValueError(
                 f"--overrides={args.overrides!r} is for --from=timm; give LieRE fields in --model"
             )
@@ -272,7 +272,7 @@ def _fail(message: str) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """The command line: ``main``, with the user's errors (``job.user_errors``) and a missing
+    """The command line: ``main``, with the user's errors (``errors.user_errors``) and a missing
     ``interop`` extra printed as one line ``error: <message>`` and exit status 2; any other
     error is a bug and keeps its traceback. Returns the exit status."""
     try:
@@ -282,8 +282,8 @@ def cli(argv: list[str] | None = None) -> int:
         if message is None:
             raise
         return _fail(message)
-    except job.USER_ERROR_TYPES as e:
-        if not job.is_user_error(e):
+    except errors.USER_ERROR_TYPES as e:
+        if not errors.is_user_error(e):
             raise
         text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         return _fail(" ".join(line.strip() for line in text.splitlines() if line.strip()))

@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rope_lie import sharding
-from rope_lie.models import tokens, vit
+from rope_lie.models import tokens
 
 TOKEN_KEYS = ("patches", "index", "grid", "token_mask")  # a NaFlex batch (data/naflex.py)
 
@@ -61,13 +61,13 @@ def shuffle_patches(
     batch, *spatial, _ = images.shape
     if len(spatial) != len(patch) or any(s % p for s, p in zip(spatial, patch, strict=True)):
         raise ValueError(f"images spatial shape {tuple(spatial)} not divisible by patch {patch}")
-    blocks = vit.patch_blocks(images, patch)  # (B, *grid, *patch, C)
-    tokens = blocks.reshape(batch, -1, *blocks.shape[1 + len(patch) :])  # (B, T, *patch, C)
-    perm_BT = np.argsort(rng.random(tokens.shape[:2]), axis=1)
-    tokens = np.take_along_axis(
-        tokens, perm_BT.reshape(perm_BT.shape + (1,) * (tokens.ndim - 2)), axis=1
+    blocks = tokens.patch_blocks(images, patch)  # (B, *grid, *patch, C)
+    patches = blocks.reshape(batch, -1, *blocks.shape[1 + len(patch) :])  # (B, T, *patch, C)
+    perm_BT = np.argsort(rng.random(patches.shape[:2]), axis=1)
+    patches = np.take_along_axis(
+        patches, perm_BT.reshape(perm_BT.shape + (1,) * (patches.ndim - 2)), axis=1
     )
-    return vit.unpatch_blocks(tokens.reshape(blocks.shape), patch)
+    return tokens.unpatch_blocks(patches.reshape(blocks.shape), patch)
 
 
 class EvalStep(NamedTuple):
@@ -206,7 +206,7 @@ def _add_sums(totals: dict[str, float], sums: dict[str, Any]) -> np.ndarray:
     return np.asarray(correct_B)[np.asarray(mask_B)]
 
 
-def check_extrapolation(model: vit.ViT, evals: Mapping[str, Any]) -> None:
+def check_extrapolation(model: Any, evals: Mapping[str, Any]) -> None:
     """Every ``evals`` entry's ``extrapolation`` tool works for this model (before training).
 
     Each is traced (``jax.eval_shape``, no arrays) at twice the training grid, where every tool
@@ -214,7 +214,7 @@ def check_extrapolation(model: vit.ViT, evals: Mapping[str, Any]) -> None:
     and YaRN refuse fails now, with the entry's name.
 
     Args:
-      model: the model (an abstract one from ``nnx.eval_shape`` will do).
+      model: the ``ViT`` (an abstract one from ``nnx.eval_shape`` will do).
       evals: ``config.evals``.
     """
     grid = tuple(2 * n for n in model.train_grid)
@@ -238,79 +238,60 @@ def check_extrapolation(model: vit.ViT, evals: Mapping[str, Any]) -> None:
             raise ValueError(f"evals.{name}.extrapolation={tool!r}: {e}") from None
 
 
-def eval_batches(config: Any, entry: Any, mesh: Mesh) -> Iterable[Mapping[str, np.ndarray]]:
-    """This process's batches of one `config.evals` entry: its dataset name, size and split.
-
-    Batches hold `config.eval_batch_size` rounded up to a multiple of the mesh's devices
-    (`sharding.padded_batch_size`), so any eval batch size works on any mesh.
-    """
-    from rope_lie import in_memory
-
-    batch_size = sharding.padded_batch_size(config.eval_batch_size, mesh)
-    if in_memory.uses_memory(config):  # no TensorFlow
-        return in_memory.eval_batches(config, entry, batch_size)
-    from rope_lie.data import pipeline, run_inputs  # TensorFlow is imported when data is read
-
-    side = entry.get("naflex_side")
-    return pipeline.make_eval_iterator(
-        config.dataset,
-        batch_size=batch_size,
-        split=entry.split,
-        name=entry.name,
-        image_size=entry.image_size,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        finish=None if side is None else run_inputs.naflex_finish(config, side),
-    )
-
-
 def evaluate_all(
-    config: Any,
-    eval_step: Callable,
+    evals: Mapping[str, Any],
+    batches: Callable[[Any], Iterable[Mapping[str, np.ndarray]]],
+    eval_step: EvalStep,
     params: Any,
     mesh: Mesh,
+    *,
     patch: Sequence[int],
     step: int,
     best: dict[str, dict[str, Any]],
+    seed: int,
+    progress: bool = False,
     final: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Evaluate every entry of `config.evals` (sorted by name) at train step `step`.
+    """Evaluate every entry of `evals` (``config.evals``) at train step `step`.
 
     Args:
-      config: the run config (evals, dataset, eval_batch_size, seed).
+      evals: name -> entry (its dataset name, split, image_size, shuffle_patches, ...).
+      batches: entry -> this process's eval batches of it (``run_inputs.eval_batches``).
       eval_step: from `make_eval_step`.
       params: the model parameters (sharded).
       mesh: the device mesh.
       patch: the model's patch size, for entries with `shuffle_patches`.
       step: the train step, recorded with a new best.
       best: name -> {"accuracy", "step"} of the best evaluation so far; updated in place.
+      seed: seed of the patch shuffling.
+      progress: show each evaluation's own progress bar (process 0).
       final: whether this is the run's last evaluation; before it, entries with
         ``final_only`` are skipped.
 
     Returns:
       name -> `evaluate` results (per-example "correct" included) plus "best_accuracy" and
-      "best_step". Each evaluation shows its own progress bar when ``config.progress`` is set.
+      "best_step".
     """
     results = {}
-    for name, entry in config.evals.items():
+    for name, entry in evals.items():
         if not final and entry.get("final_only", False):
             continue
-        batches = tqdm(
-            eval_batches(config, entry, mesh),
+        entry_batches = tqdm(
+            batches(entry),
             desc=f"eval {name}",
             unit="batch",
             leave=False,
-            disable=not config.get("progress", False) or jax.process_index() != 0,
+            disable=not progress or jax.process_index() != 0,
             dynamic_ncols=True,
             mininterval=1.0,
         )
         res = evaluate(
             eval_step,
             params,
-            batches,
+            entry_batches,
             mesh,
             shuffle_patch=patch if entry.shuffle_patches else None,
-            seed=config.seed,
+            seed=seed,
             extrapolation=entry.get("extrapolation"),
         )
         if name not in best or res["accuracy"] > best[name]["accuracy"]:

@@ -32,15 +32,16 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections as mc
 import numpy as np
+from jax.sharding import Mesh
 
-from rope_lie import fashion_mnist_files
+from rope_lie import fashion_mnist_files, sharding
 
 DATASET = "fashion_mnist_idx"
 CANVASES = {"plain": fashion_mnist_files.SIDE, "canvas36": 36, "canvas44": 44, "canvas56": 56}
@@ -57,14 +58,15 @@ def uses_memory(config: mc.ConfigDict) -> bool:
 
 
 def run_inputs(config: mc.ConfigDict):
-    """The module that reads the run's data: this one, or ``rope_lie.data.run_inputs`` (which
-    imports TensorFlow). Both have ``prepare_data(config)`` and
-    ``data_train_batches(config, start_step)``."""
+    """The module that reads the run's data: this one, or ``rope_lie.run_inputs`` (which
+    imports TensorFlow). Both have ``prepare_data(config)``,
+    ``data_train_batches(config, patch, start_step)`` and
+    ``eval_batches(config, entry, mesh, patch)``."""
     if uses_memory(config):
         import rope_lie.in_memory as module
 
         return module
-    from rope_lie.data import run_inputs as module
+    from rope_lie import run_inputs as module
 
     return module
 
@@ -235,9 +237,16 @@ def batch_indices(seed: int, step: int, batch_size: int, num: int) -> np.ndarray
     return out
 
 
-def data_train_batches(config: mc.ConfigDict, start_step: int) -> Iterator[dict[str, Any]]:
+def data_train_batches(
+    config: mc.ConfigDict, patch: Sequence[int] | None, start_step: int
+) -> Iterator[dict[str, Any]]:
     """Infinite training batches from `start_step` on: {"image": float32 (B, H, W, C),
-    "label": int32 (B,)}, batch k the same whatever step the stream started at."""
+    "label": int32 (B,)}, batch k the same whatever step the stream started at.
+
+    ``patch`` is unused (images, not token batches: the model cuts them into patches); it is
+    ``rope_lie.run_inputs``'s signature, so the two are interchangeable.
+    """
+    del patch
     check_config(config)
     if start_step < 0:
         raise ValueError(f"start_step={start_step} must be >= 0")
@@ -255,9 +264,13 @@ def data_train_batches(config: mc.ConfigDict, start_step: int) -> Iterator[dict[
         yield {"image": normalise(out, ds), "label": jnp.asarray(labels[index])}
 
 
-def eval_batches(config: mc.ConfigDict, entry: mc.ConfigDict, batch_size: int):
+def eval_batches(config: mc.ConfigDict, entry: mc.ConfigDict, mesh: Mesh, patch=None):
     """Every example of an evaluation entry once, in stored order: {"image", "label", "mask"},
-    the last batch padded with zeros and mask 0."""
+    the last batch padded with zeros and mask 0; ``config.eval_batch_size`` rounded up to a
+    multiple of the mesh's devices, as ``rope_lie.run_inputs.eval_batches``, whose signature
+    this is (``patch`` unused)."""
+    del patch
+    batch_size = sharding.padded_batch_size(config.eval_batch_size, mesh)
     ds = config.dataset
     images, labels = arrays(entry.name or ds.name, entry.split or ds.eval_split)
     size = entry.image_size or ds.image_size

@@ -1,20 +1,17 @@
 """What a training job needs around the loop: processes, signals, its first lines.
 
-(The data a run reads is ``rope_lie/data/run_inputs.py``.)
+(The data a run reads is ``rope_lie/run_inputs.py``.)
 
 - ``maybe_initialize_distributed``: ``jax.distributed`` for multi-process jobs (config.distributed);
 - ``check_workdir``: a workdir that cannot be written fails before anything is read or trained;
 - ``StopOnSigterm``: a scheduler's SIGTERM or a first Ctrl-C (SIGINT) becomes "checkpoint this
   step and return";
-- ``user_errors``: marks errors in what the user asked for (config, data, workdir), which
-  ``rope_lie.main`` prints as one line;
 - ``describe_run``: the run's first two lines (model, data, steps, mesh, processes);
 - ``release_free_heap``: hand the C heap's free pages back to the OS after an evaluation.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
@@ -70,29 +67,6 @@ def check_workdir(workdir: str) -> None:
                 f"workdir {workdir!r}: cannot write in {path!r} ({e.strerror or e}); expected a "
                 "directory this job can create files in (checkpoints, metrics, final.json)"
             ) from e
-
-
-# Errors a check of the user's input raises (bad config values, a missing dataset, a workdir
-# that cannot be written, a checkpoint of another model). Others are bugs: they keep their
-# traceback.
-USER_ERROR_TYPES = (ValueError, TypeError, KeyError, OSError, IndexError)
-_USER_ERROR = "_rope_lie_user_error"
-
-
-@contextlib.contextmanager
-def user_errors():
-    """Inside: a ``USER_ERROR_TYPES`` exception is marked as the user's (``is_user_error``) and
-    re-raised unchanged (same type and message, for callers of the library)."""
-    try:
-        yield
-    except USER_ERROR_TYPES as e:
-        setattr(e, _USER_ERROR, True)
-        raise
-
-
-def is_user_error(e: BaseException) -> bool:
-    """Whether `e` was raised by a check of the user's input (``user_errors``)."""
-    return bool(getattr(e, _USER_ERROR, False))
 
 
 def say(message: str) -> None:

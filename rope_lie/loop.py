@@ -1,5 +1,10 @@
 """The step loop of one training run (``rope_lie/train.py`` sets it up and resumes it).
 
+The loop is given what it runs (``Run``): the jitted train step, a function that reads the
+batches from a step on, a function that evaluates, the checkpoint manager and the metrics
+writer, and the few numbers it needs (steps, log, evaluation and checkpoint intervals); it
+reads no config.
+
 Each step runs in this order: train, check, log, evaluate, checkpoint (the last step is
 checkpointed before its evaluations, so a run killed while evaluating resumes evaluating). A
 non-finite loss or gradient norm stops the run (``FloatingPointError`` naming the step) before
@@ -13,34 +18,54 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rope_lie import checkpoint as ckpt
 from rope_lie import evaluate, job, metrics, sharding
 from rope_lie.job import say
 
-if TYPE_CHECKING:
-    import ml_collections as mc
-
-    from rope_lie.train import Setup
-
 TRAIN_KEYS = ("image", "label", "soft_label", *evaluate.TOKEN_KEYS)
 
 
 @dataclasses.dataclass(kw_only=True)
 class Run:
-    """The pieces of one training run that the loop threads through."""
+    """The pieces of one training run that the loop threads through.
 
-    config: mc.ConfigDict
+    Attributes:
+      workdir: where the run writes (``final.json`` of a non-finite stop).
+      train_step: (state, batch, other, dropout_key) -> (state, metrics), jitted, the state
+        donated (``train.make_train_step``).
+      train_batches: start step -> this process's batches from that step on.
+      evaluate: (params, step, best, final) -> name -> results of the evaluations (before the
+        last step, those without ``final_only``), per-example "correct" included; updates
+        ``best`` (``evaluate.evaluate_all``).
+      mesh: the devices the batches are placed on.
+      schedule: step -> learning rate, for the log.
+      other: the model's non-parameter state (its RNG streams).
+      dropout_key: step k's dropout key is ``fold_in(dropout_key, k)``.
+      manager: the Orbax checkpoint manager.
+      writer: the metrics writer.
+      best: name -> best evaluation so far, saved with each checkpoint.
+      total, steps_per_epoch, eval_every, log_every, save_every: steps.
+      batch_size: examples per global batch, for the throughput.
+      optim_cfg: ``config.optim`` (its lr and warmup_steps name the likely cause of a NaN).
+      progress: show a progress bar.
+    """
+
     workdir: str
-    setup: Setup
-    train_step: Any
-    eval_step: Any
+    train_step: Callable
+    train_batches: Callable[[int], Iterator[Mapping[str, Any]]]
+    evaluate: Callable[[Any, int, dict, bool], dict[str, dict[str, Any]]]
+    mesh: Mesh
+    schedule: optax.Schedule
     other: nnx.State
     dropout_key: jax.Array
     manager: Any
@@ -49,6 +74,11 @@ class Run:
     total: int
     steps_per_epoch: int
     eval_every: int
+    log_every: int
+    save_every: int
+    batch_size: int
+    optim_cfg: Mapping[str, Any]
+    progress: bool = False
     correct: dict = dataclasses.field(default_factory=dict)  # last evals' per-example results
     stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "preemption" when stopped early
 
@@ -80,10 +110,7 @@ def check_step(step: int, m: dict, manager, workdir: str, optim_cfg: Any = None)
 def evals(run: Run, state: Any, step: int, final: bool = True) -> dict[str, dict[str, Any]]:
     """Scalar results of the evaluations (before the last step, those without ``final_only``);
     the per-example ones are kept in run.correct."""
-    setup = run.setup
-    results = evaluate.evaluate_all(
-        run.config, run.eval_step, state["params"], setup.mesh, setup.patch, step, run.best, final
-    )
+    results = run.evaluate(state["params"], step, run.best, final)
     run.correct = {name: res.pop("correct") for name, res in results.items()}
     job.release_free_heap()  # the evaluation's freed buffers go back to the OS
     return results
@@ -97,8 +124,8 @@ def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: fl
         "loss": mean("loss"),
         "train_accuracy": mean("accuracy"),
         "grad_norm": mean("grad_norm"),
-        "lr": float(run.setup.schedule(step - 1)),
-        "throughput": timed * run.config.batch_size / max(seconds, 1e-9),
+        "lr": float(run.schedule(step - 1)),
+        "throughput": timed * run.batch_size / max(seconds, 1e-9),
         "epoch": step / run.steps_per_epoch,
     }
 
@@ -106,33 +133,31 @@ def _log_record(run: Run, step: int, window: list[dict], timed: int, seconds: fl
 def _checked(run: Run, step: int, m: dict) -> dict:
     """Step ``step``'s metrics on the host, after stopping the run if they are not finite."""
     m = jax.device_get(m)
-    check_step(step, m, run.manager, run.workdir, run.config.get("optim"))
+    check_step(step, m, run.manager, run.workdir, run.optim_cfg)
     return m
 
 
 def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
     """Steps start+1..total: train, check, log, evaluate, checkpoint (in that order)."""
-    config, results, window = run.config, None, []
+    results, window = None, []
     pbar = tqdm(
         total=run.total,
         initial=start,
         unit="step",
-        disable=not config.progress or jax.process_index() != 0,
+        disable=not run.progress or jax.process_index() != 0,
         dynamic_ncols=True,
         mininterval=1.0,
     )
-    from rope_lie import in_memory  # the data's module: TFDS (imports TensorFlow) or memory
-
-    batches = in_memory.run_inputs(config).data_train_batches(config, start)
+    batches = run.train_batches(start)
 
     def next_batch():
         batch = next(batches)
-        return sharding.shard_batch({k: batch[k] for k in TRAIN_KEYS if k in batch}, run.setup.mesh)
+        return sharding.shard_batch({k: batch[k] for k in TRAIN_KEYS if k in batch}, run.mesh)
 
     tick, timed, step = time.perf_counter(), 0, start
     batch = next_batch() if start < run.total else None
     pending = None  # the previous step's metrics, still on the device
-    every_save = config.checkpoint.every_steps
+    every_save = run.save_every
     with job.StopOnSigterm() as sigterm:  # a scheduler's notice: save at the next step, stop
         for step in range(start + 1, run.total + 1):
             state, m = run.train_step(state, batch, run.other, run.dropout_key)
@@ -143,7 +168,7 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
                 window.append(_checked(run, *pending))
             stop = sigterm.requested  # read once: the save and the stop agree
             preempted = run.manager.reached_preemption(step)
-            log = step % config.log_every_steps == 0 or step == run.total
+            log = step % run.log_every == 0 or step == run.total
             evaluate_now = step % run.eval_every == 0 or step == run.total
             # Step t's own metrics are waited for only where something depends on them: a log
             # line, an evaluation, or a checkpoint (never save a state whose step went NaN).

@@ -23,6 +23,7 @@ traceback.
 from __future__ import annotations
 
 import ast
+import difflib
 import os
 import re
 import sys
@@ -35,7 +36,7 @@ try:
     from absl import flags, logging  # noqa: E402
     from ml_collections import config_flags  # noqa: E402
 
-    from rope_lie import config_lib  # noqa: E402
+    from rope_lie import config_lib, errors  # noqa: E402
 except ModuleNotFoundError as _error:  # the core install: one line naming the extra to install
     from rope_lie import _extras
 
@@ -125,9 +126,6 @@ def _resolve_recipe_names(argv: list[str]) -> list[str]:
     return out
 
 
-_USER_TYPES = ("ValueError", "TypeError", "KeyError", "FileNotFoundError", "OSError")
-
-
 def _message(e: BaseException) -> str:
     """An exception's message on one line (TFDS's list of every catalogue name left out)."""
     text = str(e)
@@ -137,39 +135,50 @@ def _message(e: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _flag_message(e: flags.Error) -> str | None:
-    """One line for a flag error; None when the recipe itself failed with an unexpected error
-    (its traceback, which ml_collections puts in the message, is then kept)."""
-    text = str(e)
-    if "Traceback (most recent call last)" not in text:
-        return _message(e)
-    flag = text.split(": Error whilst parsing")[0].removeprefix("flag ")
-    last = [line for line in text.splitlines() if line.strip()][-1].strip()
-    kind, _, message = last.partition(": ")
-    if kind.split(".")[-1] not in _USER_TYPES:
-        return None
-    return f"{flag}: {message}"
+def _root_cause(e: BaseException) -> BaseException:
+    """The first exception of `e`'s chain: what was raised before anything wrapped it."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    return e
 
 
-def _unknown_field(e: BaseException, argv: list[str]) -> str:
-    """The message for a ``--config.<path>`` whose field does not exist.
+def _flag_message(e: flags.Error, argv: list[str]) -> str | None:
+    """One line for a flag error; None when the recipe itself failed with an error that is not
+    the user's (``errors.USER_ERROR_TYPES``): a bug, whose traceback is then kept.
 
-    ml_collections raises ``AttributeError`` chained to ``KeyError``s whose messages are the
-    quoted key, then the key with a "Did you mean" line; this names the flag, the config node
-    that lacks the field, and the suggestion.
+    absl raises a flag error with the value's own error as its context; ml_collections wraps an
+    error of the recipe once more before that, so the recipe's error is the root of the chain.
     """
-    texts = []
-    while e is not None:
-        texts.append(str(e.args[0]) if e.args else "")
-        e = e.__context__
-    hint = next((t.split("\n", 1)[1] for t in texts if "\n" in t), "")
-    key = texts[-1].strip("'\"")
-    overrides = [a[len("--config.") :].partition("=")[0] for a in argv if a.startswith("--config.")]
-    path = next((p for p in overrides if key in p.split(".")), key)
-    parent = path.rsplit(".", 1)[0] if "." in path else ""
-    node = "config" + (f".{parent}" if parent else "")
-    message = f"--config.{path}: {node} has no field {key!r}"
-    return f"{message}. {hint}" if hint else f"{message} (--print_config shows the fields)"
+    cause = _root_cause(e)
+    if cause is e or e.__context__ is cause:  # absl's own line names the flag and the value
+        return _message(e)
+    if not isinstance(cause, errors.USER_ERROR_TYPES):
+        return None
+    spec = [a for a in argv if a.startswith("--config=")][-1]
+    return f"{spec}: {_message(cause)}"
+
+
+def _unknown_field(argv: list[str]) -> str | None:
+    """The message for the first ``--config.<path>=...`` whose field the recipe's config does
+    not have: the flag, the config node that lacks the field, and the closest field's name.
+    None when every override names a field. The failed parse left no config: the recipe's is
+    loaded again, without the overrides."""
+    spec = [a for a in argv if a.startswith("--config=")][-1].removeprefix("--config=")
+    config = flags.FLAGS["config"].parser.parse(spec)
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        path = arg[len("--config.") :].partition("=")[0]
+        node, parts = config, path.split(".")
+        for depth, key in enumerate(parts):
+            fields = list(node.keys()) if hasattr(node, "keys") else []
+            if key not in fields:
+                where = ".".join(["config", *parts[:depth]])
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f'. Did you mean "{close[0]}"?' if close else " (--print_config shows them)"
+                return f"--config.{path}: {where} has no field {key!r}{hint}"
+            node = node[key]
+    return None
 
 
 def _fail(message: str, status: int = EXIT_USER_ERROR) -> int:
@@ -183,13 +192,16 @@ def _parse(argv: list[str]):
     try:
         rest = flags.FLAGS(argv)
     except flags.Error as e:
-        message = _flag_message(e)
+        message = _flag_message(e, argv)
         if message is None:
             raise
         raise _UsageError(message) from e
     except (AttributeError, KeyError) as e:  # a --config.<key> that the config does not have
-        raise _UsageError(_unknown_field(e, argv)) from e
-    except (ValueError, TypeError, OSError) as e:  # the recipe's own argument checks
+        message = _unknown_field(argv)
+        if message is None:
+            raise
+        raise _UsageError(message) from e
+    except errors.USER_ERROR_TYPES as e:  # the recipe's own argument checks
         raise _UsageError(_message(e)) from e
     if len(rest) > 1:
         raise _UsageError(f"unexpected arguments {rest[1:]}; flags are --name=value")
@@ -200,8 +212,8 @@ def _parse(argv: list[str]):
     try:
         config = _CONFIG.value
     except Exception as e:  # the recipe file failed to load or to build its config
-        cause = e.__cause__ or e.__context__ or e
-        if not isinstance(cause, (OSError, ValueError, TypeError, KeyError, AttributeError)):
+        cause = _root_cause(e)
+        if not isinstance(cause, errors.USER_ERROR_TYPES):
             raise
         where = flags.FLAGS["config"].config_filename
         raise _UsageError(f"--config={where}: {_message(cause)}") from e
@@ -236,7 +248,7 @@ def run(argv: list[str]) -> int:
 
 
 def _train(config, workdir: str) -> int:
-    from rope_lie import job, train
+    from rope_lie import train
 
     existed = os.path.exists(workdir)
     try:
@@ -246,8 +258,8 @@ def _train(config, workdir: str) -> int:
         return EXIT_INTERRUPTED
     except FloatingPointError as e:
         return _fail(str(e), EXIT_NON_FINITE)
-    except job.USER_ERROR_TYPES as e:
-        if not job.is_user_error(e):
+    except errors.USER_ERROR_TYPES as e:
+        if not errors.is_user_error(e):
             raise
         if not existed:
             _remove_if_empty(workdir)

@@ -23,7 +23,8 @@ SIGTERM, Ctrl-C or preemption) run in ``rope_lie/loop.py``. Rerunning a finished
 re-evaluates its final state and rewrites ``final.json``.
 
 Every run writes its resolved config to ``config.json`` and ``config.py`` in the workdir
-(``rope_lie/run_config.py``); ``rope_lie.load(workdir)`` rebuilds the trained model from them.
+(``rope_lie/run_config.py``); ``rope_lie.load(workdir)`` rebuilds the trained model from them
+(``rope_lie/loading.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from flax import nnx
 from rope_lie import checkpoint as ckpt
 from rope_lie import (
     config_check,
+    errors,
     evaluate,
     finetune,
     job,
@@ -50,7 +52,7 @@ from rope_lie import (
 )
 from rope_lie.encodings import _sharding
 from rope_lie.job import say
-from rope_lie.models import ViT, attention, tokens, vit
+from rope_lie.models import ViT, attention, tokens
 
 if TYPE_CHECKING:  # configs are read by attribute: the step needs no ml_collections
     import ml_collections as mc
@@ -67,7 +69,7 @@ class Setup:
     graphdef: Any
     abstract_params: nnx.State
     tx: optax.GradientTransformation
-    schedule: optax.Schedule
+    schedule: optax.Schedule | None  # step -> learning rate; None: not logged (benchmarks)
     mesh: jax.sharding.Mesh
     state_shardings: Any
     other_sharding: Any
@@ -85,37 +87,88 @@ def merge_model(setup: Setup, params: dict, other: nnx.State) -> ViT:
     return nnx.merge(setup.graphdef, state, other)
 
 
-def create_setup_and_state(config: mc.ConfigDict, mesh, total_steps: int):
-    """(Setup, abstract state, init, init_other), shardings decided from abstract shapes.
+def _fresh_state(tx: optax.GradientTransformation, params: dict) -> dict:
+    """The train state at step 0: parameters, the optimizer's initial state, the step."""
+    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
-    `init(key) -> (state, other)` builds both directly sharded; `init_other(key) -> other` only
-    the model's non-parameter state (its RNG streams), for resuming from a checkpoint.
+
+def model_state(model: ViT, tx: optax.GradientTransformation) -> tuple[dict, nnx.State]:
+    """A built model's train state at step 0 (``make_setup``'s layout) and its other state."""
+    _, params, other = nnx.split(model, nnx.Param, ...)
+    return _fresh_state(tx, nnx.to_pure_dict(params)), other
+
+
+def make_setup(
+    model: ViT,
+    tx: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    *,
+    schedule: optax.Schedule | None = None,
+    fsdp_min_size: int = 2**14,
+) -> tuple[Setup, Any]:
+    """The Setup of a model (abstract, from ``nnx.eval_shape``, or built) and its optimizer.
+
+    Shardings are decided from the abstract shapes (``sharding.state_shardings``).
+
+    Args:
+      model: the ViT; only its graph and shapes are kept.
+      tx: the optimizer.
+      mesh: the device mesh.
+      schedule: step -> learning rate, for the log; None: none is logged.
+      fsdp_min_size: arrays with fewer elements stay replicated under FSDP
+        (``sharding.state_shardings``; ``config.fsdp_min_size``).
+
+    Returns:
+      (setup, the abstract train state ``{"params", "opt_state", "step"}``).
     """
-    abstract_model = nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
-    graphdef, abstract_params, abstract_other = nnx.split(abstract_model, nnx.Param, ...)
-    tx, schedule = optim.make_optimizer(config.optim, abstract_params, total_steps)
-
-    def init_fn(key):
-        _, params, other = nnx.split(build_model(config.model, key), nnx.Param, ...)
-        params = nnx.to_pure_dict(params)
-        state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-        return state, other
-
-    abstract_state, _ = jax.eval_shape(init_fn, jax.random.key(0))
-    shardings = sharding.state_shardings(abstract_state, mesh, config.fsdp_min_size)
-    other_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), abstract_other)
+    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+    abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    abstract_state = jax.eval_shape(
+        lambda p: _fresh_state(tx, p), nnx.to_pure_dict(abstract_params)
+    )
+    state_shardings = sharding.state_shardings(abstract_state, mesh, fsdp_min_size)
     setup = Setup(
         graphdef=graphdef,
         abstract_params=abstract_params,
         tx=tx,
         schedule=schedule,
         mesh=mesh,
-        state_shardings=shardings,
-        other_sharding=other_sharding,
-        patch=tuple(abstract_model.patch),
+        state_shardings=state_shardings,
+        other_sharding=jax.tree.map(lambda _: sharding.replicated(mesh), other),
+        patch=tuple(model.patch),
     )
-    init = _run_once(jax.jit(init_fn, out_shardings=(shardings, other_sharding)))
-    init_other = _run_once(jax.jit(lambda key: init_fn(key)[1], out_shardings=other_sharding))
+    return setup, abstract_state
+
+
+def create_setup_and_state(
+    config: mc.ConfigDict, mesh, total_steps: int, *, abstract_model: ViT | None = None
+):
+    """(Setup, abstract state, init, init_other) of a run's config.
+
+    `init(key) -> (state, other)` builds both directly sharded; `init_other(key) -> other` only
+    the model's non-parameter state (its RNG streams), for resuming from a checkpoint.
+
+    Args:
+      config: the run config (its model, optim and fsdp_min_size).
+      mesh: the device mesh.
+      total_steps: the length of the learning-rate schedule.
+      abstract_model: ``nnx.eval_shape`` of ``build_model(config.model, ...)`` when the caller
+        has it; None: built here.
+    """
+    if abstract_model is None:
+        abstract_model = nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
+    params = nnx.state(abstract_model, nnx.Param)
+    tx, schedule = optim.make_optimizer(config.optim, params, total_steps)
+    setup, abstract_state = make_setup(
+        abstract_model, tx, mesh, schedule=schedule, fsdp_min_size=config.fsdp_min_size
+    )
+
+    def init_fn(key):
+        return model_state(build_model(config.model, key), tx)
+
+    shardings = (setup.state_shardings, setup.other_sharding)
+    init = _run_once(jax.jit(init_fn, out_shardings=shardings))
+    init_other = _run_once(jax.jit(lambda key: init_fn(key)[1], out_shardings=shardings[1]))
     return setup, abstract_state, init, init_other
 
 
@@ -198,21 +251,27 @@ def make_train_step(setup: Setup):
     )
 
 
-def make_eval_fn(
-    setup: Setup, other: nnx.State, chunk_plan: attention.ChunkPlan | None = None
-) -> evaluate.EvalStep:
+def make_eval_fn(setup: Setup, other: nnx.State, platform: str | None = None) -> evaluate.EvalStep:
     """Eval step whose encoder states are precomputed once per resolution (``pe_cache``).
 
-    The attention's inference chunks are planned here, outside ``jit``: ``chunk_plan``, or
-    None for this host's (``attention.chunk_plan`` over the mesh's devices).
+    The attention backend of evaluation is chosen here, once, outside ``jit``
+    (``attention.set_inference_backends``): on one CPU device the formula ``"xla"`` attends an
+    image batch in chunks (``"xla_cpu"``); a NaFlex token batch keeps the model's backend.
+
+    Args:
+      setup: from ``create_setup_and_state``.
+      other: the model's non-parameter state.
+      platform: where the step runs; None: ``jax.default_backend()`` (an export target, say).
     """
-    plan = attention.chunk_plan(device_count=setup.mesh.size) if chunk_plan is None else chunk_plan
+    platform = jax.default_backend() if platform is None else platform
+    inference = nnx.merge(setup.graphdef, setup.abstract_params, other)
+    attention.set_inference_backends(inference, platform, setup.mesh.size)
+    image_setup = dataclasses.replace(setup, graphdef=nnx.graphdef(inference))
 
     def apply_fn(params, images, cache):
-        model = merge_model(setup, params, other)
         if isinstance(images, tokens.Tokens):  # a NaFlex batch
-            return model.classify_tokens(images)
-        return model(images, train=False, pe_cache=cache, chunk_plan=plan)
+            return merge_model(setup, params, other).classify_tokens(images)
+        return merge_model(image_setup, params, other)(images, train=False, pe_cache=cache)
 
     def precompute_fn(params, spatial_shape, extrapolation=None):
         model = merge_model(setup, params, other)
@@ -222,21 +281,18 @@ def make_eval_fn(
 
 
 def schedule_steps(config: mc.ConfigDict, num_train_examples: int) -> tuple[int, int, int]:
-    """(total_steps, steps_per_epoch, eval_every) from the config and the train split size."""
+    """(total_steps, steps_per_epoch, eval_every) from the config and the train split size.
+
+    The fields' own ranges are ``config_check.validate``'s; checked here is only what needs the
+    split's size: that ``num_epochs`` of it make at least one step.
+    """
     steps_per_epoch = max(1, num_train_examples // config.batch_size)
-    if config.total_steps < 0:
-        raise ValueError(
-            f"total_steps={config.total_steps}: expected an integer >= 1, or 0 to train "
-            "num_epochs epochs"
-        )
     total = config.total_steps or int(round(config.num_epochs * steps_per_epoch))
     if total < 1:
         raise ValueError(
             f"total_steps={config.total_steps}, num_epochs={config.num_epochs}: no steps "
             f"({steps_per_epoch} steps per epoch); set total_steps >= 1"
         )
-    if config.eval_every_steps and config.eval_every_epochs:
-        raise ValueError("Set eval_every_steps or eval_every_epochs, not both")
     every = config.eval_every_steps or int(round(config.eval_every_epochs * steps_per_epoch))
     return total, steps_per_epoch, every or total
 
@@ -248,29 +304,46 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
       {"step": last step, "evals": {name: {accuracy, loss, num_examples, resolution,
       best_accuracy, best_step}}}.
     """
-    with job.user_errors():
+    with errors.user_errors():
         config_check.validate(config)
     job.maybe_initialize_distributed(config)
-    with job.user_errors():
+    with errors.user_errors():
         mesh = sharding.make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         return _train(config, workdir, mesh)
 
 
-def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
-    # Everything the user chose is checked before the first step: errors here are theirs
-    # (job.user_errors; rope_lie.main prints them as one line).
-    with job.user_errors():
-        # The model first: a bad model fails before the workdir is created.
-        abstract_model = nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
-        evaluate.check_extrapolation(abstract_model, config.get("evals", {}))  # tools at evaluation
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Prepared:
+    """What ``_prepare`` checked and built before the first step."""
+
+    setup: Setup
+    abstract_state: Any
+    init: Any
+    init_other: Any
+    manager: Any
+    restored: Any
+    num_train: int
+    total: int
+    steps_per_epoch: int
+    eval_every: int
+
+
+def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
+    """Everything the user chose, checked before the first step: errors here are theirs
+    (``errors.user_errors``; ``rope_lie.main`` prints them as one line)."""
+    with errors.user_errors():
+        # The model first, built abstractly once: a bad model fails before the workdir is
+        # created, and its sizes (patch, head_dim) are read from it from here on.
+        model = nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
+        evaluate.check_extrapolation(model, config.get("evals", {}))  # tools at evaluation
         # An attention this platform (or the dtype, or head_dim) rules out: fail now.
-        vit.check_model_attention(config.model)
+        attention.check_backends(model, jax.default_backend())
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
         from rope_lie import in_memory
 
-        # rope_lie.data.run_inputs (TFDS; imports TensorFlow only now) or rope_lie.in_memory
+        # rope_lie.run_inputs (TFDS; imports TensorFlow only now) or rope_lie.in_memory
         run_inputs = in_memory.run_inputs(config)
 
         # Every dataset now: a missing eval dataset fails before training, not after it.
@@ -278,7 +351,9 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         total, steps_per_epoch, eval_every = schedule_steps(config, num_train)
         if config.total_steps == 0:
             say(f"total_steps=0: training num_epochs={config.num_epochs} epochs = {total} steps")
-        setup, abstract_state, init, init_other = create_setup_and_state(config, mesh, total)
+        setup, abstract_state, init, init_other = create_setup_and_state(
+            config, mesh, total, abstract_model=model
+        )
         manager = ckpt.make_manager(os.path.join(workdir, "checkpoints"), **config.checkpoint)
         abstract = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -286,45 +361,78 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
             setup.state_shardings,
         )
         restored = ckpt.restore_latest(manager, abstract)
+    return _Prepared(
+        setup=setup, abstract_state=abstract_state, init=init, init_other=init_other,
+        manager=manager, restored=restored, num_train=num_train, total=total,
+        steps_per_epoch=steps_per_epoch, eval_every=eval_every,
+    )  # fmt: skip
+
+
+def _make_run(config, workdir, p: _Prepared, other, dropout_key, writer, best) -> loop.Run:
+    """The loop's pieces: the steps, the batches and evaluations of the config, the numbers."""
+    from rope_lie import in_memory
+
+    run_inputs = in_memory.run_inputs(config)  # rope_lie.run_inputs or rope_lie.in_memory
+    setup, mesh, patch = p.setup, p.setup.mesh, p.setup.patch
+    eval_step = make_eval_fn(setup, other)
+
+    def evaluations(params, step, best, final):
+        return evaluate.evaluate_all(
+            config.evals, lambda entry: run_inputs.eval_batches(config, entry, mesh, patch),
+            eval_step, params, mesh, patch=patch, step=step, best=best, seed=config.seed,
+            progress=config.get("progress", False), final=final,
+        )  # fmt: skip
+
+    return loop.Run(
+        workdir=workdir,
+        train_step=make_train_step(setup),
+        train_batches=lambda start: run_inputs.data_train_batches(config, patch, start),
+        evaluate=evaluations,
+        mesh=mesh,
+        schedule=setup.schedule,
+        other=other,
+        dropout_key=dropout_key,
+        manager=p.manager,
+        writer=writer,
+        best=best,
+        total=p.total,
+        steps_per_epoch=p.steps_per_epoch,
+        eval_every=p.eval_every,
+        log_every=config.log_every_steps,
+        save_every=config.checkpoint.every_steps,
+        batch_size=config.batch_size,
+        optim_cfg=config.get("optim") or {},
+        progress=config.progress,
+    )
+
+
+def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
+    p = _prepare(config, workdir, mesh)
     from rope_lie import run_config  # ml_collections (the train extra): not needed by the steps
 
     run_config.write(workdir, config)  # the resolved config, beside what it produces
     init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
-    if restored is None:
-        (state, other), start, best = init(init_key), 0, {}
+    if p.restored is None:
+        (state, other), start, best = p.init(init_key), 0, {}
         if config.get("init_from"):
-            state = _init_from(config, setup, state)
+            state = _init_from(config, p.setup, state)
     else:
-        start, state, meta = restored
-        other, best = init_other(init_key), meta.get("best", {})
-        if start >= total:
+        start, state, meta = p.restored
+        other, best = p.init_other(init_key), meta.get("best", {})
+        if start >= p.total:
             say(f"{workdir}: already at step {start}; evaluating its final state")
         else:
-            say(f"Resuming from step {start} of {total} in {workdir}")
-    say(job.describe_run(config, abstract_state, mesh, total, num_train))
+            say(f"Resuming from step {start} of {p.total} in {workdir}")
+    say(job.describe_run(config, p.abstract_state, mesh, p.total, p.num_train))
     writer = metrics.MetricsWriter(workdir, start_step=start, tensorboard=config.tensorboard)
-    run = loop.Run(
-        config=config,
-        workdir=workdir,
-        setup=setup,
-        train_step=make_train_step(setup),
-        eval_step=make_eval_fn(setup, other),
-        other=other,
-        dropout_key=dropout_key,
-        manager=manager,
-        writer=writer,
-        best=best,
-        total=total,
-        steps_per_epoch=steps_per_epoch,
-        eval_every=eval_every,
-    )
+    run = _make_run(config, workdir, p, other, dropout_key, writer, best)
     try:
         state, step, results = loop.run_steps(run, state, start)
     finally:
-        manager.wait_until_finished()
-        manager.close()
+        p.manager.wait_until_finished()
+        p.manager.close()
         writer.close()
-    if step < total:  # stopped early: the checkpoint is saved, final.json comes with the rerun
+    if step < p.total:  # stopped early: the checkpoint is saved, final.json comes with the rerun
         return {"step": step, "preempted": True, "signal": run.stopped_by}
     if results is None:  # resumed a finished run: evaluate its final state again
         results = loop.evals(run, state, step)

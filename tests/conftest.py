@@ -79,3 +79,34 @@ def pytest_xdist_auto_num_workers(config):
 def tfds_dir(tmp_path_factory):
     """A TFDS data_dir shared by the session; local builders are generated into it on first use."""
     return str(tmp_path_factory.mktemp("tensorflow_datasets"))
+
+
+@pytest.fixture(scope="session")
+def reference_run(tfds_dir, tmp_path_factory):
+    """The reference run (``helpers.digits_config``), trained once per test process that needs
+    it (test_train.py, test_multiprocess.py) and never changed: (workdir, its returned metrics).
+    Copy the workdir to resume or damage it."""
+    from rope_lie import train
+    from tests import helpers
+
+    workdir = str(tmp_path_factory.mktemp("reference_run"))
+    return workdir, train.train_and_evaluate(helpers.digits_config(tfds_dir), workdir)
+
+
+# Files that start training subprocesses or share an expensive fixture, longest first: they are
+# handed to the workers first (pyproject: --dist loadfile, a file whole in one worker), so that
+# none of them is left for the end while the other worker idles.
+FIRST = (
+    "test_multiprocess.py",
+    "test_studies.py",
+    "test_train.py",
+    "test_sharding.py",
+    "test_interop.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        return FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order

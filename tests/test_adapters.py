@@ -1,6 +1,8 @@
 """rope_lie/adapters.py: every family inside Flax's own attention modules, in minimal ViTs
 written here (not rope_lie's), equal to rope_lie's attention on the same weights."""
 
+import pathlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -174,7 +176,7 @@ class LinenViT(nn.Module):
 
 
 def test_the_glue_is_at_most_three_lines_per_model():
-    source = open(__file__).read()
+    source = pathlib.Path(__file__).read_text()
     for model in ("class NNXViT", "class LinenViT"):
         body = source.split(model)[1].split("\nclass ")[0].split("\ndef ")[0]
         assert 1 <= body.count("# glue") <= 3, model

@@ -16,12 +16,12 @@ from flax import nnx
 
 from configs import quickstart
 from rope_lie import sharding, train
-from rope_lie.models import attention, vit
+from rope_lie.models import options
 
 BATCH, SIDE = 8, 64
 # Padded token batches (NaFlex): 64 slots of 8 x 8 x 1 patches, mixed grids up to 8 x 8.
 LENGTH, PATCH_VALUES = 64, 64
-# The key mask as a logit bias (``attention.MASKED_KEY_LOGIT``) in StableHLO text.
+# The key mask as a logit bias (``xla_attention.MASKED_KEY_LOGIT``) in StableHLO text.
 MASK_LOGIT_TEXT = "-1.000000e+09"
 
 
@@ -32,7 +32,7 @@ def _setup(backend: str, platform: str, **model: str):
     config.model.variant = "pico/8"  # 2 layers of width 32, H = 16; 8x8 grid + class token
     config.model.attention = backend
     config.model.update(model)
-    vit.check_model_attention(config.model, platform)
+    options.check_model_attention(config.model, platform)
     mesh = sharding.make_mesh(config.mesh)
     setup, abstract_state, _, _ = train.create_setup_and_state(config, mesh, 4)
     model = nnx.eval_shape(lambda: train.build_model(config.model, jax.random.key(0)))
@@ -50,7 +50,7 @@ def _export_steps(backend: str, platform: str, **model: str) -> tuple[str, str]:
     exported_train = jax.export.export(train_step, platforms=(platform,))(
         abstract_state, {"image": image, "label": label}, other, key
     )
-    evaluation = train.make_eval_fn(setup, other, attention.chunk_plan(platform, 1))
+    evaluation = train.make_eval_fn(setup, other, platform)
     params = abstract_state["params"]
     cache = jax.eval_shape(lambda p: evaluation.precompute(p, (SIDE, SIDE)), params)
     batch = {"image": image, "label": label, "mask": jax.ShapeDtypeStruct((BATCH,), bool)}

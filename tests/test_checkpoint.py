@@ -11,9 +11,8 @@ import pytest
 
 from rope_lie import checkpoint, sharding
 
-# A failed restore leaves orbax's read coroutines to an event loop it has closed; Python reports
-# them whenever they are collected, which may be during a later test of this module.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# A failed restore leaves orbax's read coroutines behind: pyproject's filterwarnings says why
+# their warning is ignored.
 
 
 def _state(value: int):

@@ -1,11 +1,12 @@
 """Tests for rope_lie/evaluate.py: patch shuffling, cross-entropy, cached evaluation steps."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rope_lie import evaluate
-from rope_lie.models.vit import patchify
+from rope_lie.models.tokens import patchify
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,8 @@ def _liere_eval_steps():
 
     model = ViT(
         variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5, pe="liere",
-        position_convention="sequential", head_zero_init=False, rngs=nnx.Rngs(0),
+        pe_hparams={"block_size": 4}, position_convention="sequential", head_zero_init=False,
+        rngs=nnx.Rngs(0),
     )  # fmt: skip
     graphdef, state = nnx.split(model)
 
@@ -89,7 +91,7 @@ def test_evaluate_caches_encoder_states_once_per_resolution():
         # Per example, in reading order: the same as argmax of the logits here.
         images = np.concatenate([b["image"] for b in batches])
         labels = np.concatenate([b["label"] for b in batches])
-        logits = nnx.merge(graphdef, params)(jnp.asarray(images))
+        logits = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, jnp.asarray(images))
         np.testing.assert_array_equal(got["correct"], np.argmax(logits, -1) == labels)
         assert got["correct"].dtype == bool and got["correct"].mean() == got["accuracy"]
     assert calls == [(8, 12), (12, 16)]  # once per resolution, not once per batch

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
-from rope_lie import fashion_mnist_files, in_memory
+from rope_lie import fashion_mnist_files, in_memory, sharding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = fashion_mnist_files.DEFAULT_DIR
@@ -67,7 +68,7 @@ def _take(iterator, n):
 
 
 def _memory_batches(config, n, start=0):
-    batches = _take(in_memory.data_train_batches(config, start), n)
+    batches = _take(in_memory.data_train_batches(config, None, start), n)
     return {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in ("image", "label")}
 
 
@@ -180,9 +181,11 @@ def test_eval_batches_hold_the_tfds_paths_examples(real_subset, at, tfds_dir):
     ds = config.dataset.copy_and_resolve_references()
     ds.data_dir = tfds_dir
     one_level = 1 / 255 / config.dataset.std[0]
+    config.eval_batch_size = 128
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1}, jax.devices()[:1])
     for name in ("test", "px56", "canvas44"):
         entry = config.evals[name]
-        memory = list(in_memory.eval_batches(config, entry, 128))
+        memory = list(in_memory.eval_batches(config, entry, mesh))
         tfds = list(
             pipeline.make_eval_iterator(
                 ds, batch_size=128, name=entry.name, image_size=entry.image_size
@@ -206,9 +209,9 @@ def test_eval_batches_hold_the_tfds_paths_examples(real_subset, at, tfds_dir):
 def test_the_stream_resumes_exactly_and_data_seed_sets_it(real_subset, at):
     at(real_subset)
     config = _config()  # 1,200 images: 9.4 batches of 128 an epoch; batch 9 straddles two
-    reference = _take(in_memory.data_train_batches(config, 0), 12)
+    reference = _take(in_memory.data_train_batches(config, None, 0), 12)
     for start in (5, 9):
-        resumed = _take(in_memory.data_train_batches(config, start), 12 - start)
+        resumed = _take(in_memory.data_train_batches(config, None, start), 12 - start)
         for step, batch in enumerate(resumed, start):
             for key in ("image", "label"):
                 np.testing.assert_array_equal(batch[key], reference[step][key], f"{key}@{step}")
@@ -219,7 +222,7 @@ def test_the_stream_resumes_exactly_and_data_seed_sets_it(real_subset, at):
     # Two arms with other init seeds and one data_seed read one stream; data_seed k reads
     # seed k's.
     def first(**fields):
-        return np.asarray(next(in_memory.data_train_batches(_config(**fields), 0))["image"])
+        return np.asarray(next(in_memory.data_train_batches(_config(**fields), None, 0))["image"])
 
     np.testing.assert_array_equal(first(seed=0, data_seed=7), first(seed=1, data_seed=7))
     np.testing.assert_array_equal(first(seed=0, data_seed=7), first(seed=7))

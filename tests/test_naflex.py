@@ -150,10 +150,11 @@ def test_check_config_names_the_bad_field():
 
 def test_native_mode_refuses_augmentations_that_move_the_content():
     from configs import arrows
-    from rope_lie.data import run_inputs
+    from rope_lie import run_inputs
 
     config = arrows.get_config("pe=rope_mixed,mixed_grids")
-    run_inputs.naflex_finish(config)  # the recipe as it is: no augmentation
+    patch = (8, 8)  # the recipe's mu/8
+    run_inputs.naflex_finish(config, patch)  # the recipe as it is: no augmentation
     config.dataset.augment.flip = True
     with pytest.raises(ValueError, match=r"flip=True .* expected crop='none', flip=False"):
-        run_inputs.naflex_finish(config)
+        run_inputs.naflex_finish(config, patch)

@@ -1,8 +1,8 @@
-"""Every catalogue recipe (CIFAR-10/100, ImageNet, UCF101) runs a few steps on
-tfds.testing.mock_data: the recipe's own dataset name, splits and features, random examples.
-
-Apart from tests/test_configs.py (whose helpers it uses) so that pytest-xdist, which keeps a
-file on one worker, can run these ~25 s runs beside the rest of the recipe tests.
+"""The catalogue recipes run a few steps on tfds.testing.mock_data: the recipe's own dataset
+name, splits and features, random examples. ImageNet (inception crop, RandAugment, evaluation at
+another size), UCF101 (video tubelets) and Cayley-STRING's CIFAR-10 (the "string" ViT) each take
+a path of their own; cifar100's is theirs (CIFAR's pipeline with RandAugment: ImageNet's
+training path and Cayley's crop; its data on mock data: tests/data/test_pipeline.py).
 """
 
 import pytest

@@ -335,7 +335,7 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
 
     from experiments.studies import attention_maps
     from rope_lie import train
-    from rope_lie.models import position_hook, vit
+    from rope_lie.models import position_hook, variants
 
     models = set()
     for study in definitions.STUDIES.values():
@@ -351,7 +351,7 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
                 model = nnx.eval_shape(lambda c=m: train.build_model(c, jax.random.key(0)))
                 assert model.blocks, (study.name, arm.name)
                 continue
-            dims, _ = vit.parse_variant(m.variant, m.get("patch_size"), len(m.image_shape))
+            dims, _ = variants.parse_variant(m.variant, m.get("patch_size"), len(m.image_shape))
             heads = dims["num_heads"]
             encoder = position_hook.pe_encoder(
                 m.pe, num_heads=heads, head_dim=dims["width"] // heads,
@@ -948,6 +948,9 @@ def _synthetic_results(directory: str, view: lib.Study, *, seeds: int, num: int,
     lib.append_results(directory, rows, examples)
 
 
+# matplotlib cannot fit the long arm labels of some paper-scale plots (cayley, cayley_fashion,
+# init) and says so; the figure is written all the same, and its content is what is tested.
+@pytest.mark.filterwarnings("ignore:Tight layout not applied:UserWarning")
 @pytest.mark.parametrize("name", sorted(definitions.STUDIES))
 def test_paper_scale_rows_fill_the_report(name, tmp_path, capsys):
     """Synthetic paper-scale results (3 seeds of every arm on the paper-scale evaluations)

@@ -1,4 +1,8 @@
-"""End-to-end tests of rope_lie/train.py on sklearn digits (generated locally, no download)."""
+"""End-to-end tests of rope_lie/train.py on sklearn digits (generated locally, no download).
+
+Most tests start from the session's reference run (``reference_run`` in conftest.py,
+``helpers.digits_config``): they resume, re-evaluate, interrupt or damage a copy of it.
+"""
 
 import json
 import os
@@ -9,45 +13,20 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import jax
 import numpy as np
 import pytest
 
-from configs import digits
-from rope_lie import checkpoint, job, metrics, train
+from rope_lie import checkpoint, errors, job, main, metrics, run_inputs, train
 from rope_lie import config_lib as common
-from rope_lie.data import run_inputs
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _config(tfds_dir, **overrides):
-    """digits:smoke with 12 steps, dropout on, a checkpoint every 4 steps, 2 evals, and the
-    smallest ViT (pico: 2 layers of width 32): the loop is under test here, not the model."""
-    config = digits.get_config("smoke")
-    config.dataset.data_dir = tfds_dir
-    config.model.variant = "pico"
-    config.total_steps = 12
-    config.checkpoint.every_steps = 4
-    config.log_every_steps = 2
-    config.eval_every_steps = 6
-    del config.evals["size8_shuffled"]
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return config
+from tests import helpers
+from tests.helpers import digits_config
 
 
-@pytest.fixture(scope="module")
-def reference(tfds_dir, tmp_path_factory):
-    """An uninterrupted run: (workdir, returned metrics)."""
-    workdir = str(tmp_path_factory.mktemp("reference"))
-    return workdir, train.train_and_evaluate(_config(tfds_dir), workdir)
+@pytest.fixture
+def reference(reference_run):
+    return reference_run
 
 
 def test_run_writes_metrics_checkpoints_and_final(reference):
@@ -82,7 +61,7 @@ def test_final_only_evals_wait_for_the_end_and_data_seed_equal_to_seed_changes_n
     """size16 marked final_only: the evaluation at step 6 skips it, the last one has it. The
     run sets data_seed = seed (0), which must train on the same batches as the reference (no
     data_seed): the same losses and accuracies; an evaluation changes no training number."""
-    config = _config(tfds_dir, data_seed=0)
+    config = digits_config(tfds_dir, data_seed=0)
     config.evals.size16.final_only = True
     final = train.train_and_evaluate(config, str(tmp_path))
     records = metrics.read_jsonl(str(tmp_path / "metrics.jsonl"))
@@ -97,12 +76,16 @@ def test_final_only_evals_wait_for_the_end_and_data_seed_equal_to_seed_changes_n
         assert final["evals"][name]["accuracy"] == pytest.approx(res["accuracy"], abs=1e-9)
 
 
-def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir, monkeypatch, capsys):
-    workdir, final = reference
+def test_rerun_of_a_finished_run_only_reevaluates(
+    reference, tfds_dir, tmp_path, monkeypatch, capsys
+):
+    ref_dir, final = reference
+    workdir = str(tmp_path / "finished")
+    shutil.copytree(ref_dir, workdir)
     trims = []  # each evaluation hands its freed heap back (job.release_free_heap)
     monkeypatch.setattr(train.job, "release_free_heap", lambda: trims.append(1) or True)
     capsys.readouterr()
-    again = train.train_and_evaluate(_config(tfds_dir, progress=True), workdir)
+    again = train.train_and_evaluate(digits_config(tfds_dir, progress=True), workdir)
     out, err = capsys.readouterr()
     assert f"{workdir}: already at step 12; evaluating its final state" in out
     assert "eval size8" in err and "eval size16" in err  # the evaluation's own progress bars
@@ -114,8 +97,10 @@ def test_rerun_of_a_finished_run_only_reevaluates(reference, tfds_dir, monkeypat
 def test_run_killed_in_its_final_evaluations_resumes_evaluating(
     reference, tfds_dir, tmp_path, monkeypatch, capsys
 ):
-    """The last step is saved before its evaluations: a kill there costs no training steps."""
-    workdir, final = str(tmp_path), reference[1]
+    """The last step is saved before its evaluations: a kill there costs no training steps.
+    (From the reference's step-8 checkpoint: steps 9-12, then the kill.)"""
+    workdir, final = str(tmp_path / "killed"), reference[1]
+    helpers.copy_without_last_checkpoint(reference[0], workdir)
     evals = train.loop.evals
 
     def killed_at_the_end(run, state, step, final=True):
@@ -125,83 +110,130 @@ def test_run_killed_in_its_final_evaluations_resumes_evaluating(
 
     monkeypatch.setattr(train.loop, "evals", killed_at_the_end)
     with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(_config(tfds_dir), workdir)
+        train.train_and_evaluate(digits_config(tfds_dir), workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "8"]
     monkeypatch.setattr(train.loop, "evals", evals)
     capsys.readouterr()
-    again = train.train_and_evaluate(_config(tfds_dir), workdir)
+    again = train.train_and_evaluate(digits_config(tfds_dir), workdir)
     assert f"{workdir}: already at step 12; evaluating its final state" in capsys.readouterr().out
     for name, res in final["evals"].items():
         np.testing.assert_allclose(again["evals"][name]["accuracy"], res["accuracy"], atol=1e-6)
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
-def test_release_free_heap_finds_glibcs_malloc_trim():
-    assert job._malloc_trim() is not None
-    assert job.release_free_heap() in (True, False)
+def test_release_free_heap_calls_malloc_trim_where_the_c_library_has_it(monkeypatch):
+    """glibc's malloc_trim is found; release_free_heap calls it with pad 0 and says whether it
+    released memory; without it (another C library) it does nothing and says False."""
+    if platform.libc_ver()[0] == "glibc":
+        assert job._malloc_trim() is not None
+    calls = []
+    monkeypatch.setattr(job, "_malloc_trim", lambda: lambda pad: calls.append(pad) or 1)
+    assert job.release_free_heap() is True and calls == [0]
+    monkeypatch.setattr(job, "_malloc_trim", lambda: lambda pad: 0)
+    assert job.release_free_heap() is False
+    monkeypatch.setattr(job, "_malloc_trim", lambda: None)
+    assert job.release_free_heap() is False
 
 
 # Training in a subprocess; after every checkpoint save it sleeps, so the parent can SIGKILL it
 # mid-run, after the first checkpoint and before the last one.
 _CHILD = textwrap.dedent(
     """
-    import os, sys, time
-    sys.path.insert(0, sys.argv[1])
-    from tests import test_train
-    from rope_lie import train
+    import sys, time
+    from rope_lie import checkpoint, train
+    from tests.helpers import digits_config
 
-    save = train.ckpt.save
+    save = checkpoint.save
     def slow_save(*args, **kwargs):
         out = save(*args, **kwargs)
         time.sleep(0.5)
         return out
-    train.ckpt.save = slow_save
-    train.train_and_evaluate(test_train._config(sys.argv[2]), sys.argv[3])
+    checkpoint.save = slow_save
+    train.train_and_evaluate(digits_config(sys.argv[1]), sys.argv[2])
     """
 )
-
-
-def _child(tfds_dir, workdir):
-    pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=pythonpath)
-    cmd = [sys.executable, "-c", _CHILD, REPO, tfds_dir, workdir]
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
 
 
 def test_resume_after_kill_9_is_bit_identical(reference, tfds_dir, tmp_path, capsys):
     ref_dir, ref_final = reference
     workdir = str(tmp_path / "killed")
-    proc = _child(tfds_dir, workdir)
-    first = os.path.join(workdir, "checkpoints", "4")  # renamed into place once complete
-    deadline = time.time() + 240
-    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "training ended before it could be killed:\n" + proc.stdout.read()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, tfds_dir, workdir], env=helpers.subprocess_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as proc:  # fmt: skip
+        helpers.wait_for_checkpoint(proc, workdir, 4)
+        proc.send_signal(signal.SIGKILL)
     killed_at = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))[-1]["step"]
     assert killed_at < 12
 
     # Only the killed run needs its own process; the rerun resumes here from what it left.
     capsys.readouterr()
-    train.train_and_evaluate(_config(tfds_dir), workdir)
+    train.train_and_evaluate(digits_config(tfds_dir), workdir)
     assert "Resuming from step" in capsys.readouterr().out
-
-    ref_step, ref_state = checkpoint.load_state(os.path.join(ref_dir, "checkpoints"))
-    step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
-    assert step == ref_step == 12
-    ref_leaves = jax.tree_util.tree_leaves_with_path(ref_state)
-    leaves = jax.tree_util.tree_leaves_with_path(state)
-    assert [p for p, _ in leaves] == [p for p, _ in ref_leaves]
-    for (path, ref), (_, value) in zip(ref_leaves, leaves, strict=True):
-        np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
+    helpers.assert_same_checkpoints(workdir, ref_dir)
     with open(os.path.join(workdir, "final.json")) as f:
         assert json.load(f) == json.loads(json.dumps(ref_final))
     drop = lambda r: {k: v for k, v in r.items() if k != "throughput"}
     ref_records = metrics.read_jsonl(os.path.join(ref_dir, "metrics.jsonl"))
     records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     assert [drop(r) for r in records] == [drop(r) for r in ref_records]
+
+
+def _signal_after_saving(monkeypatch, signum, step):
+    """Send this process ``signum`` right after the checkpoint of ``step`` is saved, as a
+    scheduler (SIGTERM) or a user (Ctrl-C, SIGINT) would while the run goes on."""
+    save = checkpoint.save
+
+    def save_then_signal(manager, saved_step, *args, **kwargs):
+        out = save(manager, saved_step, *args, **kwargs)
+        if saved_step == step:
+            os.kill(os.getpid(), signum)
+        return out
+
+    monkeypatch.setattr(checkpoint, "save", save_then_signal)
+
+
+def test_sigterm_saves_the_next_step_exits_0_then_resumes_exactly(
+    reference, tfds_dir, tmp_path, monkeypatch, capsys
+):
+    """A scheduler's SIGTERM mid-run (``rope_lie.main``'s run): the step it is on is
+    checkpointed, the run stops with status 0 and no final.json; the rerun ends bit-identical
+    to the uninterrupted run."""
+    workdir = str(tmp_path / "preempted")
+    _signal_after_saving(monkeypatch, signal.SIGTERM, 4)
+    assert main._train(digits_config(tfds_dir), workdir) == 0
+    out = capsys.readouterr().out
+    stopped_at = int(re.search(r"Preemption at step (\d+)", out).group(1))
+    assert stopped_at == 5 and not os.path.exists(os.path.join(workdir, "final.json"))
+    assert checkpoint.load_state(os.path.join(workdir, "checkpoints"))[0] == stopped_at
+    monkeypatch.undo()
+    train.train_and_evaluate(digits_config(tfds_dir), workdir)
+    helpers.assert_same_checkpoints(workdir, reference[0])
+
+
+def test_ctrl_c_saves_the_next_step_says_so_and_exits_130(tfds_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C (SIGINT) mid-run: the step it is on is checkpointed and the run says so and
+    stops; ``rope_lie.main`` exits with status 130."""
+    workdir = str(tmp_path / "interrupted")
+    _signal_after_saving(monkeypatch, signal.SIGINT, 4)
+    assert main._train(digits_config(tfds_dir), workdir) == main.EXIT_INTERRUPTED == 130
+    out = capsys.readouterr().out
+    assert "Ctrl-C: saving a checkpoint at the next step" in out
+    stopped_at = int(re.search(r"Interrupted \(Ctrl-C\) at step (\d+)", out).group(1))
+    assert stopped_at == 5 and not os.path.exists(os.path.join(workdir, "final.json"))
+    assert checkpoint.load_state(os.path.join(workdir, "checkpoints"))[0] == stopped_at
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    import threading
+
+    with job.StopOnSigterm() as stop:
+        if threading.current_thread() is threading.main_thread():
+            assert signal.getsignal(signal.SIGINT) == stop._handle
+        stop._handle(signal.SIGINT, None)
+        assert stop.requested and stop.signal_name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            stop._handle(signal.SIGINT, None)
+    assert signal.getsignal(signal.SIGINT) != stop._handle
 
 
 @pytest.mark.parametrize("every_steps, saved", [(1, 1), (3, None)])
@@ -212,7 +244,7 @@ def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(
     # Saving every 3 steps, step 2's metrics are read only after step 3 is dispatched (the loop
     # waits for a step's own metrics only where a log, evaluation or save needs them): the NaN
     # must still be named as step 2's, and step 3's state (NaN too) never saved.
-    config = _config(
+    config = digits_config(
         tfds_dir,
         **{"optim.lr": 1e38, "optim.warmup_steps": 0, "checkpoint.every_steps": every_steps,
            "log_every_steps": 5},
@@ -253,20 +285,19 @@ def test_a_workdir_keeps_its_config_and_loads_back_as_the_trained_model(referenc
     import importlib.util
 
     import rope_lie
-    from rope_lie import interop, run_config
+    from rope_lie import interop, loading
     from rope_lie.data import pipeline
 
     workdir, final = reference
-    config = _config(tfds_dir)
+    config = digits_config(tfds_dir)
     model, loaded = rope_lie.load(workdir)
-    # (the rerun test above may have rewritten it with progress bars on)
-    as_json = lambda c: {**json.loads(c.to_json_best_effort()), "progress": None}
+    as_json = lambda c: json.loads(c.to_json_best_effort())
     assert as_json(loaded) == as_json(config)
     spec = importlib.util.spec_from_file_location("workdir_recipe", f"{workdir}/config.py")
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     assert as_json(recipe.get_config()) == as_json(config)
-    assert interop.load is run_config.load
+    assert interop.load is loading.load
 
     _, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
     from flax import nnx
@@ -286,105 +317,6 @@ def test_a_workdir_keeps_its_config_and_loads_back_as_the_trained_model(referenc
     np.testing.assert_allclose(accuracy, final["evals"]["size8"]["accuracy"], atol=1.5 / 360)
 
 
-def test_sigterm_saves_the_step_and_exits_cleanly_then_resumes_exactly(
-    reference, tfds_dir, tmp_path
-):
-    """A scheduler's SIGTERM mid-run: the child checkpoints the step it is on, exits with
-    status 0 and no final.json; the rerun ends bit-identical to the uninterrupted run."""
-    ref_dir, _ = reference
-    workdir = str(tmp_path / "preempted")
-    proc = _child(tfds_dir, workdir)
-    first = os.path.join(workdir, "checkpoints", "4")
-    deadline = time.time() + 240
-    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "training ended before the signal:\n" + proc.stdout.read()
-    proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out
-    assert "Preemption at step" in out and not os.path.exists(os.path.join(workdir, "final.json"))
-    stopped_at = int(re.search(r"Preemption at step (\d+)", out).group(1))
-    step, _ = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
-    assert step == stopped_at and 4 <= step < 12  # the step it stopped on is saved
-
-    train.train_and_evaluate(_config(tfds_dir), workdir)
-    _, ref_state = checkpoint.load_state(os.path.join(ref_dir, "checkpoints"))
-    _, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
-    for (path, ref), (_, value) in zip(
-        jax.tree_util.tree_leaves_with_path(ref_state),
-        jax.tree_util.tree_leaves_with_path(state),
-        strict=True,
-    ):
-        np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
-
-
-# The command line in a subprocess, with the same slow saves as _CHILD.
-_MAIN_CHILD = textwrap.dedent(
-    """
-    import sys, time
-    sys.path.insert(0, sys.argv[1])
-    from rope_lie import main, train
-
-    save = train.ckpt.save
-    def slow_save(*args, **kwargs):
-        out = save(*args, **kwargs)
-        time.sleep(0.5)
-        return out
-    train.ckpt.save = slow_save
-    sys.exit(main.run(["rope_lie.main", *sys.argv[2:]]))
-    """
-)
-
-
-def test_ctrl_c_saves_the_step_says_so_and_exits_130(tfds_dir, tmp_path):
-    """Ctrl-C (SIGINT) mid-run through the command line: the step it is on is checkpointed, the
-    run says so and exits with status 130, without a traceback."""
-    workdir = str(tmp_path / "interrupted")
-    args = [
-        "--config=configs/digits.py:smoke,variant=pico",
-        "--config.total_steps=12",
-        "--config.checkpoint.every_steps=4",
-        f"--config.dataset.data_dir={tfds_dir}",
-        f"--workdir={workdir}",
-    ]
-    pythonpath = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _MAIN_CHILD, REPO, *args],
-        env=dict(os.environ, PYTHONPATH=pythonpath),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    first = os.path.join(workdir, "checkpoints", "4")
-    deadline = time.time() + 240
-    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "training ended before the signal:\n" + proc.stdout.read()
-    proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, out
-    assert "Ctrl-C: saving a checkpoint at the next step" in out and "Traceback" not in out
-    stopped_at = int(re.search(r"Interrupted \(Ctrl-C\) at step (\d+)", out).group(1))
-    step, _ = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
-    assert step == stopped_at and 4 <= step < 12, out
-    assert not os.path.exists(os.path.join(workdir, "final.json"))
-
-
-def test_a_second_ctrl_c_stops_at_once():
-    import threading
-
-    with job.StopOnSigterm() as stop:
-        if threading.current_thread() is threading.main_thread():
-            assert signal.getsignal(signal.SIGINT) == stop._handle
-        stop._handle(signal.SIGINT, None)
-        assert stop.requested and stop.signal_name == "SIGINT"
-        with pytest.raises(KeyboardInterrupt):
-            stop._handle(signal.SIGINT, None)
-    assert signal.getsignal(signal.SIGINT) != stop._handle
-
-
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax, closed loop
 def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one_before(
     reference, tfds_dir, tmp_path, capsys
 ):
@@ -402,7 +334,7 @@ def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one
     )
     with open(largest, "r+b") as f:
         f.truncate(os.path.getsize(largest) // 2)
-    config = _config(tfds_dir)
+    config = digits_config(tfds_dir)
     del config.evals["size16"]
     capsys.readouterr()
     final = train.train_and_evaluate(config, workdir)
@@ -410,15 +342,7 @@ def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one
     assert f"Checkpoint step 12 in {workdir}/checkpoints cannot be read: " in out
     assert "Falling back to checkpoint step 8" in out and "Resuming from step 8 of 12" in out
     assert final["evals"]["size8"] == json.loads(json.dumps(ref_final["evals"]["size8"]))
-    _, ref_state = checkpoint.load_state(os.path.join(ref_dir, "checkpoints"))
-    step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
-    assert step == 12
-    for (path, ref), (_, value) in zip(
-        jax.tree_util.tree_leaves_with_path(ref_state),
-        jax.tree_util.tree_leaves_with_path(state),
-        strict=True,
-    ):
-        np.testing.assert_array_equal(value, ref, err_msg=jax.tree_util.keystr(path))
+    helpers.assert_same_checkpoints(workdir, ref_dir)
     assert os.listdir(os.path.join(workdir, "checkpoints-unreadable")) == ["12"]
 
 
@@ -432,7 +356,7 @@ def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds
         r"shape \(2, 16\) in the checkpoint and \(4, 16\) in this config"
     )
     with pytest.raises(ValueError, match=match):
-        train.train_and_evaluate(_config(tfds_dir, **{"model.variant": "mu"}), ref_dir)
+        train.train_and_evaluate(digits_config(tfds_dir, **{"model.variant": "mu"}), ref_dir)
     assert os.listdir(os.path.join(ref_dir, "checkpoints")) == before
 
 
@@ -472,15 +396,15 @@ def test_an_unwritable_workdir_fails_before_reading_data(tfds_dir, tmp_path, mon
 
     monkeypatch.setattr(run_inputs, "prepare_data", prepare_data)
     with pytest.raises(OSError, match=f"cannot write in '{re.escape(unwritable)}'"):
-        train.train_and_evaluate(_config(tfds_dir), workdir)
+        train.train_and_evaluate(digits_config(tfds_dir), workdir)
 
 
 def test_an_extrapolation_tool_the_model_lacks_fails_before_the_workdir_is_made(tfds_dir, tmp_path):
     """evals.<name>.extrapolation is checked against the model first: NTK needs a fixed
     spectrum, and digits' LieRE has learned generators."""
-    config = _config(tfds_dir)
+    config = digits_config(tfds_dir)
     config.evals["size16_ntk"] = common.eval_entry(image_size=16, extrapolation="ntk")
     workdir = str(tmp_path / "never")
     with pytest.raises(ValueError, match="evals.size16_ntk.extrapolation='ntk'.*supports") as e:
         train.train_and_evaluate(config, workdir)
-    assert job.is_user_error(e.value) and not os.path.exists(workdir)
+    assert errors.is_user_error(e.value) and not os.path.exists(workdir)

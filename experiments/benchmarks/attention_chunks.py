@@ -1,8 +1,9 @@
-"""Benchmark 7: inference with the attention in chunks (``attention.cpu_chunks``) against none.
+"""Benchmark 7: inference with the attention in chunks (``xla_attention.cpu_chunks``) against none.
 
-On one XLA:CPU device, ``Attention`` outside training attends the batch in groups, one after
-the other in a ``lax.map`` loop, so that a group's logits stay in cache through the softmax,
-and each group in two concurrent chunks, one per core (``attention.attend``). This times the
+On one XLA:CPU device the evaluation step attends with the ``"xla_cpu"`` backend
+(``backends.inference_backend``): the batch in groups, one after the other in a ``lax.map``
+loop, so that a group's logits stay in cache through the softmax, and each group in two
+concurrent chunks, one per core (``xla_attention.attend_cpu_batches``). This times the
 jitted forward of a ViT (the evaluation path: encoder states precomputed once per resolution)
 with the chunks ``cpu_chunks`` chooses and with none, round-robin in one process
 (``common.timeit_interleaved``), at the training grid and the larger evaluation grids of the
@@ -22,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.benchmarks import common
-from rope_lie.models import attention
+from rope_lie.models import xla_attention
 from rope_lie.models.vit import ViT
 
 # The arrows studies' model and evaluation batch: ViT mu/8 with LieRE 8x8 trained on 64 px,
@@ -36,21 +37,19 @@ BATCH = 250
 
 def forward_calls(side: int, batch: int) -> tuple[dict, int, tuple[int, int], bool]:
     """({"none": call, "chunks": call}, tokens, the chunks, whether the two give equal bits)."""
-    model = ViT(**MODEL, head_zero_init=False, rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
     images = np.random.default_rng(0).normal(size=(batch, side, side, 1)).astype(np.float32)
     images = jnp.asarray(images)
-    grid = model.input_grid(images)
-    cache = jax.jit(lambda s: nnx.merge(graphdef, s).precompute_pe(grid))(state)
-    heads, tokens = model.blocks[0].attn.num_heads, grid[0] * grid[1] + 1
-    chunks = attention.cpu_chunks(batch, heads, tokens, tokens)
     calls = {}
-    for name, plan in (("none", attention.ChunkPlan()), ("chunks", attention.ChunkPlan(True))):
-        fn = jax.jit(
-            lambda s, x, c, plan=plan: nnx.merge(graphdef, s)(x, pe_cache=c, chunk_plan=plan)
-        )
+    for name, backend in (("none", "xla"), ("chunks", "xla_cpu")):  # the same parameters
+        model = ViT(**MODEL, attention=backend, head_zero_init=False, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        grid = model.input_grid(images)
+        cache = jax.jit(lambda s, g=graphdef, t=grid: nnx.merge(g, s).precompute_pe(t))(state)
+        fn = jax.jit(lambda s, x, c, g=graphdef: nnx.merge(g, s)(x, pe_cache=c))
         compiled = fn.lower(state, images, cache).compile()
-        calls[name] = lambda compiled=compiled: compiled(state, images, cache)
+        calls[name] = lambda compiled=compiled, s=state, c=cache: compiled(s, images, c)
+    heads, tokens = model.blocks[0].attn.num_heads, grid[0] * grid[1] + 1
+    chunks = xla_attention.cpu_chunks(batch, heads, tokens, tokens)
     equal = bool(jnp.all(calls["none"]() == calls["chunks"]()))
     return calls, tokens, chunks, equal
 

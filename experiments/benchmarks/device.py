@@ -34,8 +34,8 @@ import numpy as np
 from flax import nnx
 
 from rope_lie import sharding, train
-from rope_lie.models import attention, vit
-from rope_lie.models.backends import ATTENTION_PLATFORMS
+from rope_lie.models import options
+from rope_lie.models.backends import BACKENDS
 
 # Dense bfloat16 peak TFLOP/s per device kind (substring of ``jax.devices()[0].device_kind``).
 PEAK_TFLOPS = {
@@ -63,8 +63,8 @@ def peak_flops(device_kind: str, override: float | None) -> float | None:
 
 
 def backends(platform: str) -> list[str]:
-    """The backends that may run on this platform."""
-    return [n for n in attention.ATTENTIONS if platform in ATTENTION_PLATFORMS[n]]
+    """The backends that may train on this platform ("xla_cpu" is the evaluation step's)."""
+    return [n for n, b in BACKENDS.items() if platform in b.platforms and n != "xla_cpu"]
 
 
 def make_config(encoder: str, backend: str, dtype: str, variant: str, pool: str = "cls"):
@@ -183,7 +183,7 @@ def run(args) -> list[dict]:
             row = dict(device=kind, encoder=encoder, attention=backend, batch=args.batch,
                        dtype=args.dtype, pool=args.pool)  # fmt: skip
             try:
-                vit.check_model_attention(config.model, platform)
+                options.check_model_attention(config.model, platform)
             except ValueError as e:
                 rows.append(row | dict(skipped=str(e)))
                 print(f"  {encoder:16s} {backend:8s} skipped: {e}", flush=True)

@@ -1,8 +1,9 @@
 """Benchmarks 2 and 3: a full ViT train step per encoder, and an eval step with cached states.
 
 All encoders of a model are timed round-robin (``common.timeit_interleaved``). Train step:
-forward, backward and an AdamW update of every parameter (encoder parameters per
-layer and head, the default), one jitted function, no dropout, as a ratio to the same model
+``train.make_train_step``, the training job's own (forward, backward, an AdamW update of every
+parameter, the gradient norm; encoder parameters per layer and head, the default), no dropout,
+as a ratio to the same model
 without position encoding (``nope``) measured in the same run. Eval step: the jitted forward
 with the encoder states precomputed once for the resolution (``ViT.precompute_pe``), as a
 ratio to RoPE-Mixed (and the uncached forward beside it). Positions: the "sequential"
@@ -20,6 +21,7 @@ import optax
 from flax import nnx
 
 from experiments.benchmarks import common
+from rope_lie import sharding, train
 from rope_lie.models.vit import ViT
 
 # name: (pe, pe_hparams, goal for the train-step ratio to nope, or None)
@@ -61,22 +63,20 @@ def batch_of(model_kw: dict, batch: int):
 
 
 def train_step(model: ViT, optimizer: optax.GradientTransformation | None = None):
-    """(jitted step, params, optimizer state): step(params, opt_state, images, labels), with
-    ``optimizer`` (default AdamW 1e-3)."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    """(jitted step, state, other): ``train.make_train_step`` of ``model`` with ``optimizer``
+    (default AdamW 1e-3) on one device, its train state and the model's other state.
+
+    ``step(state, {"image", "label"}, other, dropout_key) -> (state, metrics)``, the state
+    donated: the training job's own step (loss, gradients, update, gradient norm).
+    """
     optimizer = optax.adamw(1e-3) if optimizer is None else optimizer
-
-    def loss_fn(params, images, labels):
-        logits = nnx.merge(graphdef, params, rest)(images, train=True)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-    @jax.jit
-    def step(params, opt_state, images, labels):
-        loss, grads = jax.value_and_grad(loss_fn)(params, images, labels)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return step, params, optimizer.init(params)
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1}, jax.devices()[:1])
+    setup, _ = train.make_setup(model, optimizer, mesh)
+    state, other = train.model_state(model, optimizer)
+    # Placed as the step returns them: a later call then reuses the first call's program.
+    state = jax.device_put(state, setup.state_shardings)
+    other = jax.device_put(other, setup.other_sharding)
+    return train.make_train_step(setup), state, other
 
 
 def train_call(model_kw: dict, batch: int, encoder: str):
@@ -87,12 +87,13 @@ def train_call(model_kw: dict, batch: int, encoder: str):
 def step_call(model: ViT, images, labels, optimizer: optax.GradientTransformation | None = None):
     """A no-argument call that runs one ``train_step`` of ``model`` on one batch (and keeps the
     updated state)."""
-    step, params, opt_state = train_step(model, optimizer)
-    state = {"params": params, "opt": opt_state}
+    step, state, other = train_step(model, optimizer)
+    batch, key = {"image": images, "label": labels}, jax.random.key(0)
+    held = {"state": state}
 
     def call():
-        state["params"], state["opt"], loss = step(state["params"], state["opt"], images, labels)
-        return loss
+        held["state"], metrics = step(held["state"], batch, other, key)
+        return metrics["loss"]
 
     return call
 

@@ -1,6 +1,7 @@
 """Throughput of padded mixed-size token batches against fixed-size batches (NaFlex).
 
-One ViT train step (forward, backward, no optimiser) per case, on batches of B images:
+One ViT train step per case (``train.make_train_step``, the training job's: forward, backward,
+AdamW), on batches of B images:
 
 - ``fixed8``: 8x8-patch images through ``ViT.__call__`` (the fixed-size path, 64 tokens);
 - ``fixed10``: 10x10-patch images through ``ViT.__call__`` (100 tokens, the padded length);
@@ -29,30 +30,32 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments.benchmarks import common
+from experiments.benchmarks import common, model_steps
 from rope_lie import config_lib
+from rope_lie.evaluate import TOKEN_KEYS
 from rope_lie.models import tokens
 from rope_lie.models.vit import ViT
 
 PATCH = 8
 
 
-def _loss(model, inputs, labels, token_path):
-    logits = model.classify_tokens(inputs, train=True) if token_path else model(inputs, train=True)
-    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+def _step_calls(model):
+    """(images, labels) -> loss and (tokens, labels) -> loss: one ``train.make_train_step``
+    step each (``model_steps.train_step``), sharing one train state that each call advances."""
+    step, state, other = model_steps.train_step(model)
+    held, key = {"state": state}, jax.random.key(0)
 
+    def call(batch):
+        held["state"], metrics = step(held["state"], batch, other, key)
+        return metrics["loss"]
 
-def _step(model, token_path):
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    def image_step(images, labels):
+        return call({"image": images, "label": labels})
 
-    @jax.jit
-    def step(params, inputs, labels):
-        def loss(p):
-            return _loss(nnx.merge(graphdef, p, rest), inputs, labels, token_path)
+    def token_step(batch, labels):
+        return call({**dict(zip(TOKEN_KEYS, batch, strict=True)), "label": labels})
 
-        return jax.value_and_grad(loss)(params)
-
-    return lambda inputs, labels: step(params, inputs, labels)
+    return image_step, token_step
 
 
 def run(
@@ -72,7 +75,7 @@ def run(
     mixed = tokens.pack([image(s) for s in sides], (PATCH, PATCH), max_side**2)
     mixed = tokens.Tokens(*map(jnp.asarray, mixed))
     tokens8 = model.image_tokens(fixed8)
-    image_step, token_step = _step(model, False), _step(model, True)
+    image_step, token_step = _step_calls(model)
     cases = {
         "fixed8": (lambda: image_step(fixed8, labels), batch * 64, batch * 64),
         "fixed10": (lambda: image_step(fixed10, labels), batch * 100, batch * 100),
@@ -119,7 +122,7 @@ def main() -> None:
         key = pe if attention == "xla" else f"{pe} {attention}"
         results["cases"][key] = rows
         common.print_table(
-            f"{key}: one train step (forward + backward), batch {args.batch}, "
+            f"{key}: one train step (forward, backward, AdamW), batch {args.batch}, "
             f"ViT-{args.variant}/8, {args.dtype}, pool {args.pool}",
             ["case", "min / median ms", "real tokens/s", "padding", "time / fixed8"],
             [[name, common.fmt_time(r["time"]), f"{r['real_tokens_per_s']:,.0f}",

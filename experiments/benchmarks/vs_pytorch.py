@@ -1,7 +1,8 @@
 """Benchmark 6: the ViT train step against PyTorch eager on the same CPU, at the same shapes.
 
 One train step = forward, backward and an AdamW update of every parameter, float32, batch 128,
-no dropout. Ours is ``model_steps.train_step`` (one jitted function). PyTorch's is eager:
+no dropout. Ours is the training job's step, ``train.make_train_step`` (``model_steps.train_step``;
+it also computes the gradient norm and the batch accuracy). PyTorch's is eager:
 ``zero_grad``, forward, cross-entropy, ``backward``, ``torch.optim.AdamW.step``, with
 ``torch.get_num_threads()`` threads (one per core, as XLA:CPU uses). Models, when timm can be
 imported (the ``bench`` extra):
@@ -76,21 +77,20 @@ def ours_step(model_kw: dict, batch: int, encoder: str):
         **model_kw, pe=pe, pe_hparams=hparams, additive=additive,
         position_convention="sequential", head_zero_init=False, rngs=nnx.Rngs(0),
     )  # fmt: skip
-    step, params, opt_state = model_steps.train_step(model)
+    step, state, other = model_steps.train_step(model)
     images, labels = _batch(model_kw, batch)
-    compiled = step.lower(params, opt_state, images, labels).compile()
+    data, key = {"image": images, "label": labels}, jax.random.key(0)
+    compiled = step.lower(state, data, other, key).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    state = {"params": params, "opt": opt_state}
+    count = sum(x.size for x in jax.tree.leaves(state["params"]))
+    held = {"state": state}
 
     def call():
-        state["params"], state["opt"], loss = compiled(
-            state["params"], state["opt"], images, labels
-        )
-        return loss
+        held["state"], metrics = compiled(held["state"], data, other, key)
+        return metrics["loss"]
 
     call.compiled = compiled  # for profile_step.py: the HLO behind the call
-    count = sum(x.size for x in jax.tree.leaves(params))
     return call, float(cost["flops"]), count
 
 
@@ -106,7 +106,7 @@ def _batch(model_kw: dict, batch: int):
 
 
 def _dims(model_kw: dict) -> dict:
-    from rope_lie.models.vit import parse_variant
+    from rope_lie.models.variants import parse_variant
 
     dims, patch = parse_variant(model_kw["variant"], None, 2)
     return dict(dims, patch=patch[0])

@@ -7,7 +7,7 @@ prepared TFDS builder: this project's own datasets (``LOCAL_BUILDERS``) are
 generated into data_dir on first use; catalogue datasets (cifar10, cifar100,
 mnist, imagenet2012, ucf101) must be prepared by the user, and a missing one
 raises an error that says how. ``RECIPES`` and ``default_config`` live in
-rope_lie/data_defaults.py (no TensorFlow) and are re-exported here.
+rope_lie/data/defaults.py (no TensorFlow).
 """
 
 import contextlib
@@ -21,14 +21,7 @@ from absl import logging as absl_logging
 from tensorflow_datasets.core.utils import tqdm_utils
 
 from rope_lie.data import fashion_mnist_idx, sklearn_digits, spatial_arrows, spatial_arrows_3d
-from rope_lie.data_defaults import (  # noqa: F401  (re-exported: catalog.RECIPES ...)
-    CROPS,
-    RECIPES,
-    Recipe,
-    base_name,
-    default_config,
-    recipe_for,
-)
+from rope_lie.data.defaults import CROPS, Recipe, base_name, default_config, recipe_for
 
 LOCAL_BUILDERS = {
     "spatial_arrows": spatial_arrows.SpatialArrows,

@@ -17,7 +17,7 @@ patch), such as ``spatial_arrows/c8_g6to10``: scenes of 6 to 10 cells a side, wh
 resize would blur into other patches. In either mode an ``extent`` crops the image first.
 
 The batches are dicts of numpy arrays (B per process):
-  patches     float32 (B, max_tokens, prod(patch) * C), the patches in ``vit.patchify``'s layout
+  patches     float32 (B, max_tokens, prod(patch) * C), the patches in ``tokens.patchify``'s layout
   index       int32 (B, max_tokens, 2): each token's (row, col) in its image's patch grid
   grid        int32 (B, 2): each image's patch grid (gh, gw)
   token_mask  float32 (B, max_tokens): 1 for a real token, 0 for padding
@@ -73,7 +73,7 @@ def tokens_of(
     if resize:
         image = tf.image.resize(image, [gh * patch, gw * patch], antialias=True)
     x = tf.reshape(image, [gh, patch, gw, patch, channels])
-    x = tf.transpose(x, [0, 2, 1, 3, 4])  # (gh, gw, p, p, C): vit.patchify's order
+    x = tf.transpose(x, [0, 2, 1, 3, 4])  # (gh, gw, p, p, C): tokens.patchify's order
     count = gh * gw
     patches = tf.reshape(x, [count, patch * patch * channels])
     rows, cols = tf.meshgrid(tf.range(gh), tf.range(gw), indexing="ij")

@@ -63,7 +63,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from rope_lie.data import augment, catalog, records
+from rope_lie.data import augment, catalog, defaults, records
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -103,7 +103,7 @@ def process_split(split: str, process_index: int, process_count: int) -> tfds.ty
 
 
 def read_split(
-    builder: tfds.core.DatasetBuilder, recipe: catalog.Recipe, split: tfds.typing.SplitArg
+    builder: tfds.core.DatasetBuilder, recipe: defaults.Recipe, split: tfds.typing.SplitArg
 ) -> tuple[tf.data.Dataset, int]:
     """Examples of ``split`` in stored order, pixels still encoded for images and videos.
 
@@ -121,7 +121,7 @@ def example_shape(
     builder: tfds.core.DatasetBuilder, ds_cfg: ml_collections.ConfigDict
 ) -> tuple[int, ...]:
     """Shape of one model input, (H, W, C) or (T, H, W, C), after preprocessing."""
-    recipe = catalog.recipe_for(ds_cfg.name)
+    recipe = defaults.recipe_for(ds_cfg.name)
     stored = tuple(builder.info.features[recipe.feature].shape)
     if recipe.kind == "volume":
         return stored
@@ -162,7 +162,7 @@ def _normalise(image: tf.Tensor, ds_cfg: ml_collections.ConfigDict) -> tf.Tensor
 
 def _train_example(builder, ds_cfg, shape, key, example) -> dict:
     """Decode, crop, resize, flip, RandAugment and normalise one training example."""
-    recipe, aug = catalog.recipe_for(ds_cfg.name), ds_cfg.augment
+    recipe, aug = defaults.recipe_for(ds_cfg.name), ds_cfg.augment
     clip_key, crop_key, flip_key, ra_key = tf.unstack(augment.split_key(key, 4))
     image = _decode(builder, recipe, ds_cfg, example, clip_key)
     if aug.crop == "pad":
@@ -186,7 +186,7 @@ def _train_example(builder, ds_cfg, shape, key, example) -> dict:
 
 def _eval_example(builder, ds_cfg, shape, example) -> dict:
     """Decode, resize (or resize and centre-crop) and normalise one eval example."""
-    recipe = catalog.recipe_for(ds_cfg.name)
+    recipe = defaults.recipe_for(ds_cfg.name)
     image = _decode(builder, recipe, ds_cfg, example, None)
     if ds_cfg.image_size is not None:
         image = augment.resize_and_center_crop(image, ds_cfg.image_size, ds_cfg.eval_crop_fraction)
@@ -274,7 +274,7 @@ def make_train_iterator(
         raise ValueError(f"start_step={start_step} must be >= 0")
     local_batch = local_batch_size(batch_size, process_count)
     builder = catalog.prepare(ds_cfg.name, ds_cfg.data_dir)
-    recipe, shape = catalog.recipe_for(ds_cfg.name), example_shape(builder, ds_cfg)
+    recipe, shape = defaults.recipe_for(ds_cfg.name), example_shape(builder, ds_cfg)
     split = process_split(train_split(builder, ds_cfg), process_index, process_count)
     ds, num_examples = read_split(builder, recipe, split)
     process_key = tf.random.experimental.stateless_fold_in(

@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from rope_lie import checkpoint as ckpt
-from rope_lie import run_config
+from rope_lie import loading, run_config
 from rope_lie.models import ViT
 from rope_lie.run_config import CONFIG_JSON, CONFIG_PY
 
@@ -87,8 +87,8 @@ def check_params(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> Non
 
 
 def build(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> ViT:
-    """The ViT of ``model_cfg`` holding ``params`` (``rope_lie.run_config.build``)."""
-    return run_config.build(model_cfg, params)
+    """The ViT of ``model_cfg`` holding ``params`` (``rope_lie.loading.build``)."""
+    return loading.build(model_cfg, params)
 
 
 def converted_config(
@@ -171,4 +171,4 @@ def recipe_config(recipe_path: str, arg: str | None = None) -> mc.ConfigDict:
 
 
 # A converted model's directory loads like a training run's workdir: one call for both.
-load = run_config.load
+load = loading.load

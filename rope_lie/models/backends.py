@@ -1,37 +1,38 @@
-"""The attention backends behind ``Attention``'s one seam (``attention.ATTENTIONS``).
+"""The attention backends behind ``Attention``'s one seam, and their table (``BACKENDS``).
 
-Each is a function of (q_BTNH, k_BTNH, v_BTNH, bias) -> o_BTNH that computes what the formula
-``attention.attend`` computes, ``softmax(q k^T / sqrt(H) + bias) v`` per head, another way:
+Each backend is a function of (q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS) -> o_BTNH that
+computes the formula ``softmax(q k^T / sqrt(H) + bias) v`` per head (``xla_attention.attend``)
+its own way:
 
-- ``attend_chunked`` (``"chunked"``): exact, an online softmax over key blocks with a custom
-  VJP; O(T x block) memory on any platform;
-- ``attend_cudnn`` (``"cudnn"``): cuDNN's fused attention (NVIDIA GPUs, bfloat16/float16);
-- ``attend_pallas`` (``"pallas"``): the Pallas TPU flash-attention kernel.
+- ``"xla"`` (default): the formula in XLA operations (``xla_attention.attend``);
+- ``"xla_cpu"``: the same with an inference batch cut into chunks for one CPU device
+  (``xla_attention.attend_cpu_batches``); the evaluation step's choice there
+  (``inference_backend``);
+- ``"chunked"``: exact, an online softmax over key blocks with a custom VJP; O(T x block)
+  memory on any platform (``attend_chunked``);
+- ``"cudnn"``: cuDNN's fused attention (NVIDIA GPUs, bfloat16/float16; ``attend_cudnn``);
+- ``"pallas"``: the Pallas TPU flash-attention kernel (``attend_pallas``).
 
-``ATTENTION_PLATFORMS`` says where each backend (the default ``"xla"`` included) runs, and
-``check_attention`` (called outside ``jit`` before the first step, ``vit.check_model_attention``)
-raises, naming ``model.attention`` and what it needs, where one cannot. ``attention.py`` keeps
-the formula (``"xla"``), the CPU chunk plan and the ``Attention`` module.
+``BACKENDS`` names each one's function, the platforms it runs on and its checks of the dtype
+and head_dim; ``check_attention`` (called outside ``jit`` before the first step) raises, naming
+``model.attention`` and what it needs, where one cannot run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from rope_lie.models.xla_attention import attend, attend_cpu_batches, bias_4d, with_key_mask
+
 # Keys per block of the "chunked" attention: its logits are (B, N, T, KEY_BLOCK) at a time.
 KEY_BLOCK = 128
-
-
-def bias_4d(bias: jax.Array | None) -> jax.Array | None:
-    """A bias broadcastable to (B, N, T, S) as a 4-dimensional array (leading axes of 1)."""
-    if bias is None or bias.ndim == 4:
-        return bias
-    return bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
 
 
 def attend_chunked(
@@ -386,21 +387,66 @@ def attend_pallas(
     return jnp.swapaxes(o_BNTH[:, :, :tokens], 1, 2).astype(v_BTNH.dtype)
 
 
-# The platforms (``jax.default_backend()`` names) each backend runs on.
-ATTENTION_PLATFORMS = {
-    "xla": ("cpu", "gpu", "cuda", "rocm", "tpu"),
-    "cudnn": ("gpu", "cuda"),
-    "pallas": ("tpu",),
-    "chunked": ("cpu", "gpu", "cuda", "rocm", "tpu"),
-}
+def _check_cudnn(where: str, dtype: jnp.dtype, head_dim: int) -> None:
+    if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise ValueError(f"{where} needs model.dtype 'bfloat16' or 'float16'; got {dtype.name}")
+    if head_dim % 8 or head_dim > 256:
+        raise ValueError(
+            f"{where} needs head_dim (width / num_heads) a multiple of 8 and <= 128 "
+            f"(<= 256 on Hopper and later); got {head_dim}"
+        )
+
+
+def _check_pallas(where: str, dtype: jnp.dtype, head_dim: int) -> None:
+    del dtype
+    if head_dim > 128 and head_dim % 128:
+        raise ValueError(
+            f"{where} needs head_dim (width / num_heads) <= 128 or a multiple of 128 (the "
+            f"kernel's lane width); got {head_dim}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One attention backend.
+
+    Attributes:
+      attend: (q_BTNH, k_BTNH, v_BTNH, bias or None, key_mask_BS or None) -> o_BTNH in v's
+        dtype; ``key_mask_BS`` (B, S) is 0 at padded keys.
+      platforms: the ``jax.default_backend()`` names it runs on.
+      check: None, or (where, dtype, head_dim) -> None, raising ``ValueError`` that starts with
+        ``where`` when the activation dtype or head_dim rules it out.
+    """
+
+    attend: Callable[..., jax.Array]
+    platforms: tuple[str, ...]
+    check: Callable[[str, jnp.dtype, int], None] | None = None
+
+
+EVERYWHERE = ("cpu", "gpu", "cuda", "rocm", "tpu")
+
+# "xla", "xla_cpu" and "chunked" add the key mask to the bias (``with_key_mask``); "cudnn" and
+# "pallas" take it as their kernels do (sequence lengths, segment ids).
+BACKENDS: dict[str, Backend] = {
+    "xla": Backend(lambda q, k, v, bias, mask: attend(q, k, v, with_key_mask(bias, mask)),
+                   EVERYWHERE),
+    "xla_cpu": Backend(
+        lambda q, k, v, bias, mask: attend_cpu_batches(q, k, v, with_key_mask(bias, mask)),
+        ("cpu",)),
+    "chunked": Backend(
+        lambda q, k, v, bias, mask: attend_chunked(q, k, v, with_key_mask(bias, mask)),
+        EVERYWHERE),
+    "cudnn": Backend(lambda q, k, v, bias, mask: attend_cudnn(q, k, v, bias, mask),
+                     ("gpu", "cuda"), _check_cudnn),
+    "pallas": Backend(lambda q, k, v, bias, mask: attend_pallas(q, k, v, bias, mask),
+                      ("tpu",), _check_pallas),
+}  # fmt: skip
 
 
 def check_attention_name(name: str) -> None:
-    """``name`` must name a backend (``ATTENTION_PLATFORMS``'s keys, ``attention.ATTENTIONS``'s)."""
-    if name not in ATTENTION_PLATFORMS:
-        raise ValueError(
-            f"unknown attention={name!r}; expected one of {sorted(ATTENTION_PLATFORMS)}"
-        )
+    """``name`` must name a backend (a ``BACKENDS`` key)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention={name!r}; expected one of {sorted(BACKENDS)}")
 
 
 def check_attention(
@@ -412,35 +458,41 @@ def check_attention(
 ) -> None:
     """Raise, naming ``model.attention`` and what it needs, where a backend cannot run.
 
-    Called outside ``jit`` before the first step (``vit.check_model_attention`` from a
-    config), so that a run fails at once and not in the middle of compiling. No backend
-    restricts the token count: ``attend_cudnn`` pads an odd one, ``attend_pallas`` pads to its
-    blocks.
+    Called outside ``jit`` before the first step (``train.train_and_evaluate``, from the
+    model; ``options.check_model_attention``, from a config), so that a run fails at once and
+    not in the middle of compiling. No backend restricts the token count: ``attend_cudnn`` pads
+    an odd one, ``attend_pallas`` pads to its blocks.
 
     Args:
-      name: an ``attention.ATTENTIONS`` key.
+      name: a ``BACKENDS`` key.
       platform: the backend the steps run on (``jax.default_backend()``, or an export target).
       dtype: the activation dtype.
       head_dim: H.
     """
     check_attention_name(name)
-    where = f"model.attention={name!r}"
-    if platform not in ATTENTION_PLATFORMS[name]:
+    backend, where = BACKENDS[name], f"model.attention={name!r}"
+    if platform not in backend.platforms:
         raise ValueError(
-            f"{where} needs platform in {list(ATTENTION_PLATFORMS[name])}; this run is on "
+            f"{where} needs platform in {list(backend.platforms)}; this run is on "
             f"{platform!r} (use 'xla' or 'chunked', which run everywhere)"
         )
-    dtype = jnp.dtype(dtype)
-    if name == "cudnn":
-        if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-            raise ValueError(f"{where} needs model.dtype 'bfloat16' or 'float16'; got {dtype.name}")
-        if head_dim % 8 or head_dim > 256:
-            raise ValueError(
-                f"{where} needs head_dim (width / num_heads) a multiple of 8 and <= 128 "
-                f"(<= 256 on Hopper and later); got {head_dim}"
-            )
-    if name == "pallas" and head_dim > 128 and head_dim % 128:
-        raise ValueError(
-            f"{where} needs head_dim (width / num_heads) <= 128 or a multiple of 128 (the "
-            f"kernel's lane width); got {head_dim}"
-        )
+    if backend.check is not None:
+        backend.check(where, jnp.dtype(dtype), head_dim)
+
+
+def inference_backend(name: str, platform: str, device_count: int) -> str:
+    """The backend an evaluation step uses for a model trained with ``name``, on this host.
+
+    One XLA:CPU device: ``"xla_cpu"`` for ``"xla"`` (the formula with the batch cut to fit the
+    CPU's cache and use both cores; the same logits to float32 rounding). Anywhere else, and
+    for every other backend, ``name`` itself (no gain measured or expected on GPU/TPU or over
+    several devices). Decided outside ``jit``, from host facts.
+
+    Args:
+      name: the model's backend (``config.model.attention``).
+      platform: where the step runs, e.g. ``"cpu"``, ``"gpu"``, ``"tpu"``.
+      device_count: devices of the step's mesh.
+    """
+    if name == "xla" and platform == "cpu" and device_count == 1:
+        return "xla_cpu"
+    return name

@@ -56,15 +56,12 @@ from rope_lie import encodings
 from rope_lie.encodings import _sharding, positions
 from rope_lie.encodings import extrapolation as extrapolation_lib
 from rope_lie.encodings.state import State
-from rope_lie.models import attention, blocks, position_hook, tokens
+from rope_lie.models import blocks, position_hook, tokens
 from rope_lie.models.attention import xavier_uniform
-from rope_lie.models.options import (  # noqa: F401  (vit.check_model_attention ...: public)
-    POOLS,
+from rope_lie.models.options import (
     activation_dtype,
-    additive_names,
     check_augment,
     check_image_shape,
-    check_model_attention,
     check_options,
     check_position_hparams,
     check_registers,
@@ -72,19 +69,9 @@ from rope_lie.models.options import (  # noqa: F401  (vit.check_model_attention 
     num_prefix_tokens,
 )
 from rope_lie.models.position_hook import PositionParam
-from rope_lie.models.tokens import (  # noqa: F401  (vit.patchify, vit.patch_blocks: public)
-    patch_blocks,
-    patchify,
-    token_grid,
-    unpatch_blocks,
-)
+from rope_lie.models.tokens import patchify, token_grid
 from rope_lie.models.variables import NoDecay
-from rope_lie.models.variants import (  # noqa: F401  (vit.VARIANTS, vit.parse_variant: public)
-    DIM_KEYS,
-    VARIANTS,
-    model_dims,
-    parse_variant,
-)
+from rope_lie.models.variants import model_dims
 
 REGISTER_INIT_STD = 0.02  # timm's reg_token and DINOv3's storage tokens
 
@@ -100,7 +87,7 @@ def init_additive_params(
     """The additive family's parameters (APE table) as ``PositionParam``; empty for none/sincos.
 
     Args:
-      additive: ``additive_names()``.
+      additive: ``options.additive_names()``.
       rngs: ``nnx.Rngs`` with a ``params`` (or default) stream.
       grid_shape: the training token grid.
       width: D.
@@ -167,9 +154,9 @@ class ViT(nnx.Module):
         """Build the model.
 
         Args:
-          variant: ``VARIANTS`` key with optional ``/patch``, e.g. ``"Ti/16"``, ``"mu/8"``; None
-            with ``dims`` giving width, depth, num_heads and mlp_dim.
-          dims: entries of ``DIM_KEYS`` that override the variant's (``model_dims``).
+          variant: ``variants.VARIANTS`` key with optional ``/patch``, e.g. ``"Ti/16"``,
+            ``"mu/8"``; None with ``dims`` giving width, depth, num_heads and mlp_dim.
+          dims: entries of ``variants.DIM_KEYS`` that override the variant's (``model_dims``).
           patch_size: int, (p, p) patches or (t, p, p) tubelets; overrides the variant's.
           image_shape: training input spatial shape, (H, W) or (D, H, W).
           channels: input channels C.
@@ -208,9 +195,11 @@ class ViT(nnx.Module):
             False: none (timm's ``norm`` as an Identity, beside its ``fc_norm``).
           fc_norm: a LayerNorm on the pooled feature, before the head (timm's ``fc_norm``);
             False (default): none.
-          attention: the attention backend, ``attention.ATTENTIONS``: ``"xla"`` (the plain
-            formula), ``"cudnn"`` (GPU), ``"pallas"`` (TPU) or ``"chunked"`` (exact, O(T x
-            block) memory, anywhere); ``check_model_attention`` checks it against a platform.
+          attention: the attention backend, a ``backends.BACKENDS`` key: ``"xla"`` (the plain
+            formula), ``"cudnn"`` (GPU), ``"pallas"`` (TPU), ``"chunked"`` (exact, O(T x
+            block) memory, anywhere) or ``"xla_cpu"`` (the formula in batch chunks, the
+            evaluation step's choice on one CPU device); ``backends.check_attention`` checks
+            it against a platform.
           fold_mix: fold Cayley-STRING's P into the q/k projections once per step (default);
             False applies it to every token, as the reference code does (same logits; for the
             speed comparison in ``experiments/benchmarks/cayley_speed.py``).
@@ -516,7 +505,6 @@ class ViT(nnx.Module):
         *,
         train: bool = False,
         pe_cache: Sequence[State] | None = None,
-        chunk_plan: attention.ChunkPlan | None = None,
     ) -> jax.Array:
         """Classify a batch at any resolution divisible by the patch size.
 
@@ -525,8 +513,6 @@ class ViT(nnx.Module):
           train: apply dropout (uses the ``dropout`` RNG stream).
           pe_cache: ``precompute_pe(self.input_grid(images))`` computed beforehand, or None to
             compute the encoder states here.
-          chunk_plan: how the ``"xla"`` attention cuts an inference batch
-            (``attention.chunk_plan()``, decided outside ``jit`` from host facts); None: none.
 
         Returns:
           float32 logits (B, V).
@@ -545,5 +531,5 @@ class ViT(nnx.Module):
             )
         x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
         for block, state in zip(self.blocks, states, strict=True):
-            x_BTD = block(x_BTD, state, train=train, chunk_plan=chunk_plan)
+            x_BTD = block(x_BTD, state, train=train)
         return self.classify_features(x_BTD)

@@ -152,10 +152,11 @@ def _images(batches, n=4):
 
 
 def test_data_seed_sets_the_batches_apart_from_the_seed(data_dir):
-    from rope_lie.data import run_inputs
+    from rope_lie import run_inputs
 
     def batches(seed, data_seed=None):
-        return _images(run_inputs.data_train_batches(_run_config(data_dir, seed, data_seed), 0))
+        config = _run_config(data_dir, seed, data_seed)
+        return _images(run_inputs.data_train_batches(config, (4, 4), 0))
 
     # Without data_seed the seed sets the batches, as before data_seed existed (the pipeline
     # called with the seed), so runs recorded before it stay valid.

@@ -12,9 +12,10 @@ import pytest
 from flax import nnx
 
 from rope_lie import encodings
-from rope_lie.models import attention
+from rope_lie.models import attention, backends, xla_attention
 from rope_lie.models.attention import Attention
 from rope_lie.models.position_hook import PositionParam
+from rope_lie.models.vit import ViT
 
 WIDTH, HEADS, AXES, BATCH, TOKENS = 24, 2, 2, 2, 7
 HEAD_DIM = WIDTH // HEADS
@@ -222,12 +223,12 @@ def test_attend_is_jax_dot_product_attention(dtype, with_bias):
     def loss(f, q, k, v):
         return jnp.sum(w * f(q, k, v, bias=bias).astype(jnp.float32))
 
-    ours = attention.attend(q, k, v, bias)
+    ours = xla_attention.attend(q, k, v, bias)
     theirs = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
     assert ours.dtype == theirs.dtype == dtype
     tol = 1e-6 if dtype == jnp.float32 else 1e-2
     np.testing.assert_allclose(np.float32(ours), np.float32(theirs), atol=tol, rtol=tol)
-    g_ours = jax.grad(lambda *a: loss(attention.attend, *a), argnums=(0, 1, 2))(q, k, v)
+    g_ours = jax.grad(lambda *a: loss(xla_attention.attend, *a), argnums=(0, 1, 2))(q, k, v)
     g_theirs = jax.grad(lambda *a: loss(jax.nn.dot_product_attention, *a), argnums=(0, 1, 2))(
         q, k, v
     )
@@ -241,7 +242,7 @@ def _attend_and_grads(q, k, v, bias, w, loop=1, parallel=1):
     sum(w * it) in q, k, v: one program per bias shape and chunking, shared by the cases."""
 
     def attend(q, k, v):
-        return attention.attend(q, k, v, bias, loop_chunks=loop, batch_chunks=parallel)
+        return xla_attention.attend(q, k, v, bias, loop_chunks=loop, batch_chunks=parallel)
 
     return attend(q, k, v), jax.grad(lambda *a: jnp.sum(w * attend(*a)), (0, 1, 2))(q, k, v)
 
@@ -268,7 +269,7 @@ def test_attend_in_chunks_is_attend(bias_shape, loop, parallel):
     # Example 5 alone (its own batch of one) is row 5: no example moved or mixed with another.
     one_bias = bias if bias is None or bias.ndim == 3 or bias.shape[0] == 1 else bias[5:6]
     np.testing.assert_allclose(
-        whole[5:6], jax.jit(attention.attend)(q[5:6], k[5:6], v[5:6], one_bias), atol=1e-6
+        whole[5:6], jax.jit(xla_attention.attend)(q[5:6], k[5:6], v[5:6], one_bias), atol=1e-6
     )
     for a, b in zip(g_chunked, g_whole, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
@@ -277,15 +278,15 @@ def test_attend_in_chunks_is_attend(bias_shape, loop, parallel):
 def test_attend_chunks_must_divide_the_batch():
     q = jnp.zeros((6, TOKENS, HEADS, HEAD_DIM))
     with pytest.raises(ValueError, match=r"loop_chunks=2 x batch_chunks=2 .* divide the batch 6"):
-        attention.attend(q, q, q, loop_chunks=2, batch_chunks=2)
+        xla_attention.attend(q, q, q, loop_chunks=2, batch_chunks=2)
     with pytest.raises(ValueError, match="batch_chunks=0"):
-        attention.attend(q, q, q, batch_chunks=0)
+        xla_attention.attend(q, q, q, batch_chunks=0)
 
 
 def test_cpu_chunks_rule():
     """Two concurrent chunks for an even batch, and the fewest loop groups whose logits fit
     the budget with two examples per chunk or more."""
-    rule = functools.partial(attention.cpu_chunks, group_logits_bytes=1000 * 4)  # 1000 logits
+    rule = functools.partial(xla_attention.cpu_chunks, group_logits_bytes=1000 * 4)  # 1000 logits
     assert rule(8, 1, 10, 10) == (1, 2)  # 8 x 100 logits fit: no loop
     assert rule(8, 2, 10, 10) == (2, 2)  # 1600 do not, 4 x 200 do
     # At least two examples per chunk, even where a group's logits then exceed the budget:
@@ -293,52 +294,49 @@ def test_cpu_chunks_rule():
     assert rule(7, 1, 20, 20) == (1, 1)  # odd, and 7 is prime
     assert rule(4, 1, 40, 40) == (1, 2)
     assert rule(2, 1, 5, 5) == (1, 1)  # two chunks would hold one each
-    assert attention.cpu_chunks(8, 2, 10, 10) == (1, 2)  # GROUP_LOGITS_BYTES: 12 MiB fit
+    assert xla_attention.cpu_chunks(8, 2, 10, 10) == (1, 2)  # GROUP_LOGITS_BYTES: 12 MiB fit
 
 
-def test_chunk_plan_from_host_facts():
-    """The plan chunks on one CPU device only; its chunks are ``cpu_chunks``'s."""
-    assert attention.chunk_plan("cpu", 1) == attention.ChunkPlan(chunk=True)
+def test_inference_backend_from_host_facts():
+    """One CPU device: the formula becomes "xla_cpu" (chunks); elsewhere, or another backend,
+    the model's own."""
+    assert backends.inference_backend("xla", "cpu", 1) == "xla_cpu"
     for platform, devices in (("cpu", 8), ("gpu", 1), ("tpu", 1)):
-        plan = attention.chunk_plan(platform, devices)
-        assert not plan.chunk and plan.chunks(8, 2, 10, 10) == (1, 1)
-    plan = attention.ChunkPlan(chunk=True, group_logits_bytes=1000 * 4)
-    assert plan.chunks(8, 2, 10, 10) == (2, 2)
-    assert attention.ChunkPlan().chunks(8, 2, 10, 10) == (1, 1)
-    hash(plan)  # static: usable as a jit static argument
+        assert backends.inference_backend("xla", platform, devices) == "xla"
+    for name in ("chunked", "cudnn", "pallas"):
+        assert backends.inference_backend(name, "cpu", 1) == name
 
 
-def test_inference_in_chunks_equals_training_path(monkeypatch):
-    """``Attention`` chunks only outside training, as the plan passed in says, with the same
-    result to float32 rounding; without a plan it does not chunk."""
-    attn = Attention(WIDTH, HEADS, num_axes=AXES, pe="liere", rngs=nnx.Rngs(0))
+def test_xla_cpu_backend_is_xla_in_the_chunks_cpu_chunks_plans(monkeypatch):
+    """The "xla_cpu" backend cuts the batch as ``cpu_chunks`` says, from the shapes alone (no
+    host facts read while tracing), with the logits of "xla" to float32 rounding; and
+    ``set_inference_backends`` gives a model's layers that backend on one CPU device only."""
     x_BTD = jnp.asarray(np.random.default_rng(5).normal(size=(8, TOKENS, WIDTH)), jnp.float32)
     pos_TA = jnp.asarray(np.random.default_rng(6).uniform(size=(TOKENS, AXES)), jnp.float32)
-    graphdef, state = nnx.split(attn)
     calls = []
 
-    class Plan(attention.ChunkPlan):
-        def chunks(self, *shape):
-            calls.append(shape)
-            return 2, 2
+    def cpu_chunks(*shape):
+        calls.append(shape)
+        return 2, 2
 
-    # The model reads no host facts while tracing: poisoned, they would raise.
     def no_host(*_):
         raise AssertionError("read while tracing")
 
+    monkeypatch.setattr(xla_attention, "cpu_chunks", cpu_chunks)
     monkeypatch.setattr(jax, "default_backend", no_host)
     monkeypatch.setattr(jax, "device_count", no_host)
-
-    @functools.partial(jax.jit, static_argnums=(1, 2))
-    def call(state, train: bool, plan):
-        return nnx.merge(graphdef, state)(x_BTD, pos_TA, train=train, chunk_plan=plan)
-
-    inference = call(state, False, Plan(chunk=True))
-    assert calls == [(8, HEADS, TOKENS, TOKENS)]
-    training = call(state, True, Plan(chunk=True))
-    assert len(calls) == 1  # not asked in training
-    np.testing.assert_allclose(inference, training, atol=1e-6, rtol=1e-6)
-    np.testing.assert_allclose(call(state, False, None), training, atol=1e-6, rtol=1e-6)  # none
+    outputs = {}
+    for name in ("xla", "xla_cpu"):
+        attn = Attention(WIDTH, HEADS, num_axes=AXES, pe="liere", attention=name, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(attn)
+        outputs[name] = jax.jit(lambda s, g=graphdef: nnx.merge(g, s)(x_BTD, pos_TA))(state)
+    assert calls == [(8, HEADS, TOKENS, TOKENS, None)]
+    np.testing.assert_allclose(outputs["xla_cpu"], outputs["xla"], atol=1e-6, rtol=1e-6)
+    monkeypatch.undo()
+    for devices, expected in ((1, "xla_cpu"), (2, "xla")):
+        model = ViT(variant="pico/4", image_shape=(8, 8), num_classes=3, rngs=nnx.Rngs(0))
+        attention.set_inference_backends(model, "cpu", devices)
+        assert {block.attn.attention for block in model.blocks} == {expected}
 
 
 def test_bfloat16_activations():

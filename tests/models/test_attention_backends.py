@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rope_lie.models import attention, backends, vit
+from rope_lie.models import backends, options, xla_attention
 from rope_lie.models.attention import Attention
 from rope_lie.models.position_hook import PositionParam
 
@@ -65,7 +65,7 @@ def test_chunked_equals_xla_in_values_and_gradients(grid, bias_kind):
     q, k, v = _qkv(tokens)
     bias = _bias(bias_kind, tokens)
     chunked = lambda q, k, v, b: backends.attend_chunked(q, k, v, b, block=8)  # noqa: E731
-    xla = lambda q, k, v, b: attention.attend(q, k, v, b)  # noqa: E731
+    xla = lambda q, k, v, b: xla_attention.attend(q, k, v, b)  # noqa: E731
     out, grads = _values_and_grads(chunked, q, k, v, bias)
     ref_out, ref_grads = _values_and_grads(xla, q, k, v, bias)
     assert out.shape == ref_out.shape and out.dtype == ref_out.dtype
@@ -81,7 +81,7 @@ def test_chunked_any_block_size(block):
     """One key per block, uneven blocks, exactly S, more than S: the same attention."""
     q, k, v = _qkv(TOKENS["2d"], seed=3)
     bias = _bias("heads", TOKENS["2d"])
-    ref = attention.attend(q, k, v, bias)
+    ref = xla_attention.attend(q, k, v, bias)
     out = backends.attend_chunked(q, k, v, bias, block=block)
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="block=0"):
@@ -93,7 +93,7 @@ def test_chunked_bfloat16_close_to_xla():
     q, k, v = _qkv(TOKENS["3d"], jnp.bfloat16, seed=4)
     bias = _bias("heads", TOKENS["3d"]).astype(jnp.bfloat16)
     out = backends.attend_chunked(q, k, v, bias, block=8)
-    ref = attention.attend(q, k, v, bias)
+    ref = xla_attention.attend(q, k, v, bias)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.float32(out), np.float32(ref), atol=2e-2, rtol=2e-2)
 
@@ -122,7 +122,7 @@ def test_attention_layer_backend_chunked_equals_xla(pe, hparams):
         graphdef, state = nnx.split(layer)
 
         def loss(state, graphdef=graphdef):
-            return jnp.sum(jnp.sin(nnx.merge(graphdef, state)(x_BTD, pos_TA, train=True)))
+            return jnp.sum(jnp.sin(nnx.merge(graphdef, state)(x_BTD, pos_TA)))
 
         results[name] = jax.jit(jax.value_and_grad(loss))(state)
     (value, grads), (ref_value, ref_grads) = results["chunked"], results["xla"]
@@ -133,12 +133,6 @@ def test_attention_layer_backend_chunked_equals_xla(pe, hparams):
         any(np.max(np.abs(g)) > 0 for g in jax.tree.leaves(nnx.state(grads, PositionParam)))
         or pe != "alibi"
     )
-
-
-def test_every_backend_has_its_platforms():
-    """``attention.ATTENTIONS`` (the functions) and ``backends.ATTENTION_PLATFORMS`` (where each
-    runs, what ``check_attention_name`` accepts) name the same backends."""
-    assert set(attention.ATTENTIONS) == set(backends.ATTENTION_PLATFORMS)
 
 
 def test_unknown_attention_is_named():
@@ -160,7 +154,7 @@ def test_pallas_tpu_kernel_in_interpret_mode(with_bias):
             out, grads = _values_and_grads(backends.attend_pallas, q, k, v, bias)
         else:
             out, grads = jax.jit(backends.attend_pallas)(q, k, v, None), ()
-    ref_out, ref_grads = _values_and_grads(attention.attend, q, k, v, bias)
+    ref_out, ref_grads = _values_and_grads(xla_attention.attend, q, k, v, bias)
     np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
     for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
         np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
@@ -191,7 +185,7 @@ def test_pallas_kernel_with_large_blocks_in_interpret_mode(tokens):
     bias = _bias("heads", tokens)
     with pltpu.force_tpu_interpret_mode():
         out, grads = _values_and_grads(backends.attend_pallas, q, k, v, bias)
-    ref_out, ref_grads = _values_and_grads(attention.attend, q, k, v, bias)
+    ref_out, ref_grads = _values_and_grads(xla_attention.attend, q, k, v, bias)
     np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
     for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
         np.testing.assert_allclose(g, ref, atol=1e-4, rtol=1e-4, err_msg=name)
@@ -215,7 +209,7 @@ def _masked_reference(bias_kind):
     mask = jnp.asarray(KEY_MASK)
 
     def xla(q, k, v, b):
-        return attention.attend(q, k, v, attention.with_key_mask(b, mask))
+        return xla_attention.attend(q, k, v, xla_attention.with_key_mask(b, mask))
 
     return (q, k, v, bias), _values_and_grads(xla, q, k, v, bias, examples=REAL)
 
@@ -266,7 +260,7 @@ def test_cudnn_pads_an_odd_token_count(grid, bias_kind):
     bias = _bias(bias_kind, TOKENS[grid])
     cudnn_as_xla = lambda *a: backends.attend_cudnn(*a, implementation="xla")  # noqa: E731
     out, grads = _values_and_grads(cudnn_as_xla, q, k, v, bias)
-    ref_out, ref_grads = _values_and_grads(attention.attend, q, k, v, bias)
+    ref_out, ref_grads = _values_and_grads(xla_attention.attend, q, k, v, bias)
     assert out.shape == q.shape and len(grads) == len(ref_grads)
     np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
     for name, g, ref in zip("qkvb", grads, ref_grads, strict=False):
@@ -290,6 +284,7 @@ CHECK = dict(platform="gpu", dtype=jnp.bfloat16, head_dim=64)
         ("cudnn", dict(head_dim=12), "multiple of 8 and <= 128 .*got 12"),
         ("pallas", dict(platform="gpu"), r"model.attention='pallas' needs platform in \['tpu'\]"),
         ("pallas", dict(platform="tpu", head_dim=192), "multiple of 128 .*got 192"),
+        ("xla_cpu", {}, r"model.attention='xla_cpu' needs platform in \['cpu'\]"),
         ("bogus", {}, "unknown attention='bogus'"),
     ],
 )
@@ -303,6 +298,7 @@ def test_check_attention_names_the_setting_and_its_needs(name, changes, message)
     [
         ("xla", dict(platform="cpu", dtype=jnp.float32)),
         ("chunked", dict(platform="tpu", dtype=jnp.float32)),
+        ("xla_cpu", dict(platform="cpu", dtype=jnp.float32)),
         ("cudnn", {}),
         ("cudnn", dict(platform="cuda", dtype=jnp.float16, head_dim=256)),
         ("pallas", dict(platform="tpu", dtype=jnp.float32, head_dim=256)),
@@ -318,18 +314,18 @@ def test_check_model_attention_from_a_config():
 
     model = quickstart.get_config("pe=alibi").model  # mu/8: H = 16; 8x8 grid + class token
     assert model.attention == "xla"
-    vit.check_model_attention(model, "cpu")
+    options.check_model_attention(model, "cpu")
     model.attention = "cudnn"
     with pytest.raises(ValueError, match="model.attention='cudnn' needs platform"):
-        vit.check_model_attention(model, "cpu")
+        options.check_model_attention(model, "cpu")
     with pytest.raises(ValueError, match="model.dtype 'bfloat16'"):
-        vit.check_model_attention(model, "gpu")
+        options.check_model_attention(model, "gpu")
     model.dtype = "bfloat16"
-    vit.check_model_attention(model, "gpu")  # 65 tokens: attend_cudnn pads them to 66
+    options.check_model_attention(model, "gpu")  # 65 tokens: attend_cudnn pads them to 66
     model.update(variant=None, dims=dict(width=48, depth=1, num_heads=4, mlp_dim=96))
     model.patch_size = 4
     with pytest.raises(ValueError, match="multiple of 8 and <= 128 .*got 12"):
-        vit.check_model_attention(model, "gpu")
+        options.check_model_attention(model, "gpu")
 
 
 def test_default_backend_is_attend():
@@ -339,6 +335,6 @@ def test_default_backend_is_attend():
     x_BTD = jnp.asarray(np.random.default_rng(8).normal(size=(2, 17, 16)), jnp.float32)
     pos_TA = jnp.asarray(np.random.default_rng(9).uniform(size=(17, 2)), jnp.float32)
     q, k, v, bias = layer.qkv(x_BTD, pos_TA)
-    o_BTNH = attention.attend(q, k, v, bias)
+    o_BTNH = xla_attention.attend(q, k, v, bias)
     expected = jnp.einsum("BTNH,NHD->BTD", o_BTNH, layer.wo_NHD[...]) + layer.bo_D[...][None, None]
-    np.testing.assert_allclose(layer(x_BTD, pos_TA, train=True), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(layer(x_BTD, pos_TA), expected, rtol=1e-6, atol=1e-6)

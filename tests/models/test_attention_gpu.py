@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rope_lie.models import ViT, attention, backends, tokens
+from rope_lie.models import ViT, backends, tokens, xla_attention
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU"
@@ -60,8 +60,8 @@ def test_cudnn_matches_xla_in_values_and_gradients(bias_kind, masked, tokens):
         mask[1, [3, 17, 50]] = False
     mask = jnp.asarray(mask)
     cudnn = lambda q, k, v, b: backends.attend_cudnn(q, k, v, b, mask)  # noqa: E731
-    xla = lambda q, k, v, b: attention.attend(  # noqa: E731
-        q, k, v, attention.with_key_mask(None if b is None else b, mask)
+    xla = lambda q, k, v, b: xla_attention.attend(  # noqa: E731
+        q, k, v, xla_attention.with_key_mask(None if b is None else b, mask)
     )
     out, grads = _values_and_grads(cudnn, q, k, v, bias)
     ref, ref_grads = _values_and_grads(xla, q, k, v, bias)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rope_lie.models.attention import attention_probs
 from rope_lie.models.vit import ViT
+from rope_lie.models.xla_attention import attention_probs
 
 
 def _vit(pe, convention="integer", pe_hparams=None, **kw):

@@ -8,6 +8,8 @@ to float32 rounding, and the values in padded slots change nothing.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,7 @@ from flax import nnx
 
 from rope_lie import config_lib, encodings
 from rope_lie.encodings import liere, positions
-from rope_lie.models import attention, backends, tokens
+from rope_lie.models import backends, tokens, xla_attention
 from rope_lie.models.vit import ViT
 
 # Three grids of different sizes and aspect ratios, padded to 20 tokens (16 is the largest).
@@ -149,14 +151,14 @@ def test_key_mask_gives_padded_keys_exactly_zero_weight_with_or_without_a_bias()
     q, k = (jnp.asarray(rng.normal(size=(2, 4, 2, 8)), jnp.float32) for _ in range(2))
     mask_BS = jnp.asarray([[1, 1, 0, 1], [1, 0, 0, 0]])
     alibi_1NTS = jnp.asarray(-rng.uniform(size=(1, 2, 4, 4)), jnp.float32)
-    assert attention.with_key_mask(alibi_1NTS, None) is alibi_1NTS
+    assert xla_attention.with_key_mask(alibi_1NTS, None) is alibi_1NTS
     for bias in (None, alibi_1NTS):
-        probs = attention.attention_probs(q, k, attention.with_key_mask(bias, mask_BS))
+        probs = xla_attention.attention_probs(q, k, xla_attention.with_key_mask(bias, mask_BS))
         np.testing.assert_array_equal(np.asarray(probs)[0, :, :, 2], 0.0)
         np.testing.assert_array_equal(np.asarray(probs)[1, :, :, 1:], 0.0)
         # The real keys' weights are the softmax over the real keys alone.
         own_bias = None if bias is None else bias[..., [0, 1, 3]]
-        alone = attention.attention_probs(q[:1], k[:1, [0, 1, 3]], own_bias)
+        alone = xla_attention.attention_probs(q[:1], k[:1, [0, 1, 3]], own_bias)
         np.testing.assert_allclose(np.asarray(probs)[0][..., [0, 1, 3]], alone[0], rtol=1e-6)
 
 
@@ -223,21 +225,25 @@ def test_patch_dropout_keeps_the_rotations_of_the_kept_tokens_positions(pe):
 def test_training_patch_dropout_is_the_model_on_the_kept_tokens_and_off_is_identity():
     batch, key = _packed(), jax.random.key(5)
     model = _model("rope_mixed", additive="ape", patch_dropout=0.4)
+    graphdef, state = nnx.split(model)
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def logits(b, train, patch_key):
+        return nnx.merge(graphdef, state).classify_tokens(b, train=train, patch_key=patch_key)
+
     kept = tokens.patch_dropout(key, batch, tokens.keep_count(MAX_TOKENS, 0.4))
+    evaluation = _logits_packed(model, batch)
     np.testing.assert_allclose(
-        model.classify_tokens(batch, train=True, patch_key=key),
-        model.classify_tokens(kept),
+        logits(batch, True, key), _logits_packed(model, kept), rtol=1e-6, atol=1e-6
+    )
+    assert not np.allclose(_logits_packed(model, kept), evaluation, atol=1e-4)
+    # Off in evaluation, and at rate 0 in training: every token, whatever the key.
+    np.testing.assert_allclose(logits(batch, False, key), evaluation, rtol=1e-6, atol=1e-6)
+    off = _model("rope_mixed", additive="ape")
+    np.testing.assert_allclose(
+        _logits_packed(off, batch, train=True, patch_key=key), _logits_packed(off, batch),
         rtol=1e-6, atol=1e-6,
     )  # fmt: skip
-    assert not np.allclose(model.classify_tokens(kept), model.classify_tokens(batch), atol=1e-4)
-    # Off in evaluation, and at rate 0 in training: every token, whatever the key.
-    np.testing.assert_array_equal(
-        model.classify_tokens(batch), model.classify_tokens(batch, train=False, patch_key=key)
-    )
-    off = _model("rope_mixed", additive="ape")
-    np.testing.assert_array_equal(
-        off.classify_tokens(batch, train=True, patch_key=key), off.classify_tokens(batch)
-    )
 
 
 @pytest.mark.parametrize("pe", ["visionllama", "ape"])
@@ -262,11 +268,11 @@ def test_image_tokens_path_equals_the_image_path():
 
 @pytest.mark.parametrize("pe", ["alibi", "rope_mixed"])
 def test_padded_batch_of_four_through_the_cpu_attention_chunks(pe):
-    """An even batch of 4 is attended in two concurrent chunks on CPU (``cpu_chunks``): the
-    mask (and ALiBi's per-example bias) is chunked with its examples."""
-    if jax.default_backend() == "cpu":
-        assert attention.cpu_chunks(4, 2, 21, 21)[1] == 2
-    _check_padded_equals_alone(_model(pe), GRIDS_2D[:2] * 2, PATCH_2D, MAX_TOKENS)
+    """An even batch of 4 through the "xla_cpu" backend is attended in two concurrent chunks
+    (``cpu_chunks``): the mask (and ALiBi's per-example bias) is chunked with its examples."""
+    assert xla_attention.cpu_chunks(4, 2, 21, 21)[1] == 2
+    model = _model(pe, attention="xla_cpu")
+    _check_padded_equals_alone(model, GRIDS_2D[:2] * 2, PATCH_2D, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("backend", ["pallas", "cudnn"])

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from rope_lie import encodings
-from rope_lie.models import vit
+from rope_lie.models import tokens
 from rope_lie.models.position_hook import PositionParam
 from rope_lie.models.vit import ViT
 
@@ -46,10 +46,12 @@ def _config_for(pe, **overrides):
     return {**config, **overrides}
 
 
+# Every family alone through the ViT: tests/models/test_tokens.py (each family's logits at three
+# grids, equal to the padded batch's) and test_bfloat16.py (float32 logits of every family);
+# here every additive table beside a rotary family, the dtype and the shape.
 @pytest.mark.parametrize("additive", ["none", "ape", "sincos"])
-@pytest.mark.parametrize("pe", _families())
-def test_forward_2d_every_family(pe, additive):
-    config = _config_for(pe, additive=additive)
+def test_forward_2d_with_every_additive_table(additive):
+    config = _config_for("liere", additive=additive)
     model = ViT(**config, rngs=nnx.Rngs(0))
     shape = (2, *config["image_shape"], 3)
     logits = model(_images(shape))
@@ -263,7 +265,7 @@ def test_call_errors():
 
 def test_patchify_matches_convolution_layout():
     images = _images((2, 4, 6, 3))
-    patches = vit.patchify(images, (2, 3))
+    patches = tokens.patchify(images, (2, 3))
     chex.assert_shape(patches, (2, 4, 18))
     # Token 3 is grid cell (1, 1): rows 2-3, columns 3-5, flattened (row, col, channel).
     np.testing.assert_array_equal(patches[:, 3], images[:, 2:4, 3:6].reshape(2, 18))
@@ -272,14 +274,14 @@ def test_patchify_matches_convolution_layout():
 @pytest.mark.parametrize("shape, patch", [((2, 4, 6, 3), (2, 3)), ((1, 4, 2, 6, 2), (2, 1, 3))])
 def test_patch_blocks_puts_each_patch_on_the_trailing_axes_and_inverts(shape, patch):
     images = np.arange(math.prod(shape)).reshape(shape)  # numpy: the host path of evaluate
-    blocks = vit.patch_blocks(images, patch)
+    blocks = tokens.patch_blocks(images, patch)
     grid = tuple(s // p for s, p in zip(shape[1:-1], patch, strict=True))
     assert blocks.shape == (shape[0], *grid, *patch, shape[-1])
     last = tuple(slice((g - 1) * p, g * p) for g, p in zip(grid, patch, strict=True))
     np.testing.assert_array_equal(
         blocks[(slice(None), *(g - 1 for g in grid))], images[(slice(None), *last)]
     )
-    np.testing.assert_array_equal(vit.unpatch_blocks(blocks, patch), images)
+    np.testing.assert_array_equal(tokens.unpatch_blocks(blocks, patch), images)
 
 
 @pytest.mark.parametrize(

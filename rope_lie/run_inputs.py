@@ -1,8 +1,14 @@
-"""The data of a training run, from its config: prepared before step 1, then read per process.
+"""The inputs of a training run, planned from its config: prepared before step 1, then read.
+
+The training job's side of the data (``rope_lie/data`` reads datasets from a dataset config
+alone): which datasets a run's config names, how its batches are split over processes and
+devices, and the NaFlex token budgets of its model's patch, which the caller passes in (the
+model's sizes are worked out once, from the model).
 
 - ``prepare_data`` / ``data_summary`` / ``prepare_eval_data``: every dataset generated or checked
   before the first step (process 0 first in a multi-process job, the others at a barrier);
-- ``data_train_batches``: this process's share of every global batch (``config.data_shards``).
+- ``data_train_batches``: this process's share of every global batch (``config.data_shards``);
+- ``eval_batches``: this process's batches of one evaluation (``config.evals``).
 
 Importing this module imports TensorFlow (through ``rope_lie.data``): the training job imports it
 when it starts reading data, not at import time.
@@ -10,28 +16,29 @@ when it starts reading data, not at import time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections as mc
 import numpy as np
+from jax.sharding import Mesh
 
+from rope_lie import sharding
 from rope_lie.data import catalog, naflex, pipeline
 from rope_lie.in_memory import data_seed  # one rule for both input paths
-from rope_lie.models import variants
 
 
-def model_patch(config: mc.ConfigDict) -> tuple[int, ...]:
-    """The patch size of ``config.model`` (its variant's, or ``patch_size``)."""
-    model = config.model
-    rank = len(model.image_shape)
-    return variants.model_dims(model.variant, model.get("dims"), model.get("patch_size"), rank)[1]
-
-
-def naflex_finish(config: mc.ConfigDict, side: int | None = None):
+def naflex_finish(config: mc.ConfigDict, patch: Sequence[int], side: int | None = None):
     """``naflex.example_fn`` of a run with ``config.naflex``: training budgets (``side`` None)
-    or one evaluation budget of side**2 tokens, padded to at least that."""
-    cfg, patch = config.naflex, model_patch(config)
+    or one evaluation budget of side**2 tokens, padded to at least that.
+
+    Args:
+      config: the run config (naflex, dataset.augment, model.image_shape).
+      patch: the model's patch size.
+      side: None for training, or an evaluation's grid side.
+    """
+    cfg = config.naflex
     naflex.check_config(cfg, patch, len(config.model.image_shape))
     if side is None and cfg.get("native"):
         aug = config.dataset.augment
@@ -50,7 +57,7 @@ def naflex_finish(config: mc.ConfigDict, side: int | None = None):
     return naflex.example_fn(patch[0], budget, budget=budget)
 
 
-def data_train_batches(config: mc.ConfigDict, start_step: int):
+def data_train_batches(config: mc.ConfigDict, patch: Sequence[int], start_step: int):
     """This process's slice of the global batches from `start_step` on (exact resume).
 
     The global batch is made of ``config.data_shards`` shards (0: one per process), each
@@ -74,7 +81,7 @@ def data_train_batches(config: mc.ConfigDict, start_step: int):
             start_step=start_step,
             process_index=shard,
             process_count=shards,
-            finish=naflex_finish(config) if config.get("naflex") else None,
+            finish=naflex_finish(config, patch) if config.get("naflex") else None,
         )
         for shard in range(index * per_process, (index + 1) * per_process)
     ]
@@ -133,3 +140,24 @@ def prepare_eval_data(config: mc.ConfigDict) -> None:
     names = {entry.name or config.dataset.name for entry in config.evals.values()}
     for name in sorted(names):
         catalog.prepare(name, config.dataset.data_dir)
+
+
+def eval_batches(
+    config: mc.ConfigDict, entry: Any, mesh: Mesh, patch: Sequence[int]
+) -> Iterable[Mapping[str, np.ndarray]]:
+    """This process's batches of one `config.evals` entry: its dataset name, size and split.
+
+    Batches hold `config.eval_batch_size` rounded up to a multiple of the mesh's devices
+    (`sharding.padded_batch_size`), so any eval batch size works on any mesh.
+    """
+    side = entry.get("naflex_side")
+    return pipeline.make_eval_iterator(
+        config.dataset,
+        batch_size=sharding.padded_batch_size(config.eval_batch_size, mesh),
+        split=entry.split,
+        name=entry.name,
+        image_size=entry.image_size,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        finish=None if side is None else naflex_finish(config, patch, side),
+    )

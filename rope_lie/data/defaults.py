@@ -2,7 +2,8 @@
 default settings: the part of rope_lie.data that recipes need to build a config.
 
 It imports no TensorFlow, so a recipe loads, and a bad command line fails, in the time it takes
-to import JAX (rope_lie.main); ``rope_lie.data.catalog`` re-exports everything here.
+to import JAX (rope_lie.main): ``rope_lie/data/__init__.py`` imports nothing until a name of it
+is used.
 """
 
 import dataclasses
