@@ -1,7 +1,7 @@
 """A real multi-process job on this machine: 2 processes x 2 CPU devices (gloo collectives).
 
 `python -m rope_lie.main` is started twice with `config.distributed` (coordinator on localhost),
-as the README shows, on the reference run's config (``helpers.digits_config``: 2 data shards,
+as docs/training.md shows, on the reference run's config (``helpers.digits_config``: 2 data shards,
 eval batches of 30 that 4 devices read as 32, padded). The job must train exactly as the
 reference run does in one process on the same global batches, evaluate, write its files once
 (process 0), checkpoint jointly, and its checkpoint must resume in one process on one device;
