@@ -62,13 +62,17 @@ def sweep(name: str, sides, checkpoint: str | None, scale: bool, seed: int = 0) 
         with torch.no_grad():
             expected = model(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
         got, got_features = (np.asarray(a) for a in logits_and_features(state, jnp.asarray(images)))
-        rows.append(dict(
-            model=name, side=side, tokens=(side // 16) ** 2,
-            max_logit_diff=float(np.abs(got - expected).max()),
-            logit_scale=float(np.abs(expected).max()),
-            max_feature_diff=float(np.abs(got_features - features.pop().numpy()).max()),
-            argmax_agree=int((got.argmax(-1) == expected.argmax(-1)).sum()),
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                model=name,
+                side=side,
+                tokens=(side // 16) ** 2,
+                max_logit_diff=float(np.abs(got - expected).max()),
+                logit_scale=float(np.abs(expected).max()),
+                max_feature_diff=float(np.abs(got_features - features.pop().numpy()).max()),
+                argmax_agree=int((got.argmax(-1) == expected.argmax(-1)).sum()),
+            )
+        )
     return rows
 
 
@@ -88,12 +92,16 @@ def main() -> None:
         raise ValueError(f"--checkpoint needs exactly one model in --models, got {models}")
     scale = not args.timm_init and args.checkpoint is None
     rows = [r for name in models for r in sweep(name, sides, args.checkpoint, scale)]
-    print("model                              side  tokens  max|dlogit|  |logit|  "
-          "max|dfeature|  argmax agree")  # fmt: skip
+    print(
+        "model                              side  tokens  max|dlogit|  |logit|  "
+        "max|dfeature|  argmax agree"
+    )
     for r in rows:
-        print(f"{r['model']:<34} {r['side']:>4}  {r['tokens']:>6}  {r['max_logit_diff']:>11.2e}"
-              f"  {r['logit_scale']:>7.2e}  {r['max_feature_diff']:>13.2e}  "
-              f"{r['argmax_agree']}/4")  # fmt: skip
+        print(
+            f"{r['model']:<34} {r['side']:>4}  {r['tokens']:>6}  {r['max_logit_diff']:>11.2e}"
+            f"  {r['logit_scale']:>7.2e}  {r['max_feature_diff']:>13.2e}  "
+            f"{r['argmax_agree']}/4"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

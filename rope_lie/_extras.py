@@ -14,10 +14,22 @@ import sys
 
 # Top-level modules of the distributions that the train extra declares and the core does not
 # (pyproject.toml; tests/test_dependencies.py checks the two agree).
-TRAIN_MODULES = frozenset({
-    "absl", "flax", "importlib_resources", "ml_collections", "optax", "orbax", "PIL", "sklearn",
-    "tensorboard", "tensorflow", "tensorflow_datasets", "tqdm",
-})  # fmt: skip
+TRAIN_MODULES = frozenset(
+    {
+        "absl",
+        "flax",
+        "importlib_resources",
+        "ml_collections",
+        "optax",
+        "orbax",
+        "PIL",
+        "sklearn",
+        "tensorboard",
+        "tensorflow",
+        "tensorflow_datasets",
+        "tqdm",
+    }
+)
 INTEROP_MODULES = frozenset({"torch", "torchvision", "timm"})  # the interop extra beyond train
 EXTRAS = {"train": TRAIN_MODULES, "interop": TRAIN_MODULES | INTEROP_MODULES}
 

@@ -46,24 +46,48 @@ def _check(expected: str, test: Callable[[Any], bool], *keys: str) -> None:
         _CHECKS[key] = (test, expected)
 
 
-_check("an integer >= 1", lambda v: _is_int(v) and v >= 1,
-       "batch_size", "eval_batch_size", "log_every_steps", "checkpoint.every_steps",
-       "checkpoint.keep", "mesh.fsdp")  # fmt: skip
-_check("an integer >= 0", lambda v: _is_int(v) and v >= 0,
-       "eval_every_steps", "optim.warmup_steps", "data_shards", "fsdp_min_size")  # fmt: skip
-_check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0,
-       "optim.eps")  # fmt: skip
+_check(
+    "an integer >= 1",
+    lambda v: _is_int(v) and v >= 1,
+    "batch_size",
+    "eval_batch_size",
+    "log_every_steps",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "mesh.fsdp",
+)
+_check(
+    "an integer >= 0",
+    lambda v: _is_int(v) and v >= 0,
+    "eval_every_steps",
+    "optim.warmup_steps",
+    "data_shards",
+    "fsdp_min_size",
+)
+_check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0, "optim.eps")
 # lr = 0 keeps the parameters as they are (a fine-tune's start evaluated at a new size, say)
-_check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
-       "optim.lr")  # fmt: skip
-_check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
-       "num_epochs", "eval_every_epochs", "optim.weight_decay",
-       "optim.grad_clip")  # fmt: skip
-_check("a number in [0, 1)", lambda v: _is_number(v) and 0 <= v < 1,
-       "optim.b1", "optim.b2", "model.dropout")  # fmt: skip
+_check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0, "optim.lr")
+_check(
+    "a finite number >= 0",
+    lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+    "num_epochs",
+    "eval_every_epochs",
+    "optim.weight_decay",
+    "optim.grad_clip",
+)
+_check(
+    "a number in [0, 1)",
+    lambda v: _is_number(v) and 0 <= v < 1,
+    "optim.b1",
+    "optim.b2",
+    "model.dropout",
+)
 _check("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1, "optim.end_lr_ratio")
-_check("-1 (the remaining devices) or an integer >= 1",
-       lambda v: _is_int(v) and (v == -1 or v >= 1), "mesh.data")  # fmt: skip
+_check(
+    "-1 (the remaining devices) or an integer >= 1",
+    lambda v: _is_int(v) and (v == -1 or v >= 1),
+    "mesh.data",
+)
 _check("'adam' or 'adamw'", lambda v: v in ("adam", "adamw"), "optim.name")
 _check("'keep' or 'new'", lambda v: v in ("keep", "new"), "init_head")
 

@@ -106,11 +106,19 @@ def _from_timm(args) -> tuple[dict, dict, dict]:
     data = model.pretrained_cfg or {}
     with errors.user_errors():
         mean, std = _normalisation(
-            args.mean, args.std, data.get("mean", timm_eva.IMAGENET_MEAN),
-            data.get("std", timm_eva.IMAGENET_STD), cfg["channels"], f"timm {args.model}",
-        )  # fmt: skip
-    info = dict(versions=f"timm {timm.__version__}, torch {torch.__version__}", mean=mean, std=std,
-                notes=timm_eva.notes(model))  # fmt: skip
+            args.mean,
+            args.std,
+            data.get("mean", timm_eva.IMAGENET_MEAN),
+            data.get("std", timm_eva.IMAGENET_STD),
+            cfg["channels"],
+            f"timm {args.model}",
+        )
+    info = dict(
+        versions=f"timm {timm.__version__}, torch {torch.__version__}",
+        mean=mean,
+        std=std,
+        notes=timm_eva.notes(model),
+    )
     return cfg, params, info
 
 
@@ -137,11 +145,21 @@ def _from_liere(args) -> tuple[dict, dict, dict]:
         params, notes = liere_reference.convert_state_dict(state, spec, args.liere_layers)
         cfg = liere_reference.model_config(spec, args.liere_layers)
         mean, std = _normalisation(
-            args.mean, args.std, liere_reference.MEAN, liere_reference.STD, spec.channels,
+            args.mean,
+            args.std,
+            liere_reference.MEAN,
+            liere_reference.STD,
+            spec.channels,
             "the LieRE reference's",
-        )  # fmt: skip
-    info = dict(versions=f"torch {torch.__version__}", mean=mean, std=std, notes=notes,
-                spec=dataclasses.asdict(spec), layers=args.liere_layers)  # fmt: skip
+        )
+    info = dict(
+        versions=f"torch {torch.__version__}",
+        mean=mean,
+        std=std,
+        notes=notes,
+        spec=dataclasses.asdict(spec),
+        layers=args.liere_layers,
+    )
     return cfg, params, info
 
 
@@ -170,9 +188,12 @@ def convert(args: argparse.Namespace) -> str:
         **info,
     )
     config = workdir.converted_config(
-        cfg, dataset=args.dataset or DEFAULT_DATASETS[args.source], mean=mean, std=std,
+        cfg,
+        dataset=args.dataset or DEFAULT_DATASETS[args.source],
+        mean=mean,
+        std=std,
         interop=interop,
-    )  # fmt: skip
+    )
     return workdir.save(args.workdir, config, params)
 
 
@@ -232,8 +253,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m rope_lie.convert", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = _Parser(
+        prog="python -m rope_lie.convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--from", dest="source", required=True, choices=SOURCES)
     p.add_argument("--model", required=True, help="timm name, or LieRE reference fields")
     p.add_argument("--checkpoint", required=True, help="weights file, or 'none' (random init)")

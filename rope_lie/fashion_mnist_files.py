@@ -20,9 +20,17 @@ FILES = {
 }
 SIDE = 28
 CLASS_NAMES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)  # fmt: skip
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 _IDX_DTYPES = {0x08: np.uint8}  # the only element type Fashion-MNIST uses
 
 
@@ -64,8 +72,9 @@ def read_idx(path: str) -> np.ndarray:
     dims = tuple(int(d) for d in np.frombuffer(data, ">i4", count=ndim, offset=4))
     body = np.frombuffer(data, _IDX_DTYPES[data[2]], offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: header says {dims} ({int(np.prod(dims))} values), file has "
-                         f"{body.size}")  # fmt: skip
+        raise ValueError(
+            f"{path}: header says {dims} ({int(np.prod(dims))} values), file has {body.size}"
+        )
     return body.reshape(dims)
 
 

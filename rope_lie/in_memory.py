@@ -133,15 +133,19 @@ def check_config(config: mc.ConfigDict) -> None:
     shards = config.get("data_shards", 0)
     supported = (  # (field, value, whether supported, what is)
         ("augment.crop", aug.crop, aug.crop in ("none", "pad"), "'none' or 'pad'"),
-        ("augment.randaugment.num_layers", aug.randaugment.num_layers,
-         not aug.randaugment.num_layers, "0"),
+        (
+            "augment.randaugment.num_layers",
+            aug.randaugment.num_layers,
+            not aug.randaugment.num_layers,
+            "0",
+        ),
         ("augment.mixup_alpha", aug.mixup_alpha, not aug.mixup_alpha, "0"),
         ("augment.cutmix_alpha", aug.cutmix_alpha, not aug.cutmix_alpha, "0"),
         ("augment.label_smoothing", aug.label_smoothing, not aug.label_smoothing, "0"),
         ("naflex", "set" if config.get("naflex") else None, not config.get("naflex"), "unset"),
         ("processes", jax.process_count(), jax.process_count() == 1, "1"),
         ("data_shards", shards, shards in (0, 1), "0 or 1"),
-    )  # fmt: skip
+    )
     for field, value, ok, expected in supported:
         if not ok:
             raise ValueError(
@@ -258,9 +262,12 @@ def data_train_batches(
     for step in itertools.count(start_step):
         index = batch_indices(seed, step, batch, num)
         out = augment_batch(
-            jnp.asarray(images[index]), jax.random.fold_in(base_key, step), padding=padding,
-            flip=bool(ds.augment.flip), size=ds.image_size,
-        )  # fmt: skip
+            jnp.asarray(images[index]),
+            jax.random.fold_in(base_key, step),
+            padding=padding,
+            flip=bool(ds.augment.flip),
+            size=ds.image_size,
+        )
         yield {"image": normalise(out, ds), "label": jnp.asarray(labels[index])}
 
 

@@ -44,8 +44,11 @@ def build(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> ViT:
     wanted = {ckpt.path_name(p): tuple(v.shape) for p, v in leaves}
     given = {ckpt.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(params)}
     missing, extra = sorted(set(wanted) - set(given)), sorted(set(given) - set(wanted))
-    shapes = [f"{k}: {np.shape(given[k])} != {wanted[k]}" for k in sorted(set(wanted) & set(given))
-              if tuple(np.shape(given[k])) != wanted[k]]  # fmt: skip
+    shapes = [
+        f"{k}: {np.shape(given[k])} != {wanted[k]}"
+        for k in sorted(set(wanted) & set(given))
+        if tuple(np.shape(given[k])) != wanted[k]
+    ]
     if missing or extra or shapes:
         raise ValueError(
             f"the parameters do not fit config.model: missing {missing}, unexpected {extra}, "

@@ -176,8 +176,12 @@ def write_stopped(
     """final.json of a run stopped by a non-finite loss or gradient: the step, the metrics that
     went bad, and the checkpoint it can be resumed from (process 0 only)."""
     if jax.process_index() == 0:
-        final = {"step": step, "stopped": "non-finite", "metrics": dict(bad),
-                 "last_good_checkpoint": last_checkpoint}  # fmt: skip
+        final = {
+            "step": step,
+            "stopped": "non-finite",
+            "metrics": dict(bad),
+            "last_good_checkpoint": last_checkpoint,
+        }
         _write_json(os.path.join(workdir, "final.json"), final)
 
 

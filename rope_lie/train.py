@@ -211,9 +211,10 @@ def make_train_step(setup: Setup):
             logits_BV = model(batch["image"], train=True)
         else:  # NaFlex tokens, or patch dropout on the image's tokens
             batch_tokens = (
-                evaluate.batch_tokens(batch) if "image" not in batch
+                evaluate.batch_tokens(batch)
+                if "image" not in batch
                 else model.image_tokens(batch["image"])
-            )  # fmt: skip
+            )
             patch_key = jax.random.fold_in(key, PATCH_DROPOUT_STREAM)
             logits_BV = model.classify_tokens(batch_tokens, train=True, patch_key=patch_key)
         labels = batch["soft_label"] if "soft_label" in batch else batch["label"]
@@ -362,10 +363,17 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
         )
         restored = ckpt.restore_latest(manager, abstract)
     return _Prepared(
-        setup=setup, abstract_state=abstract_state, init=init, init_other=init_other,
-        manager=manager, restored=restored, num_train=num_train, total=total,
-        steps_per_epoch=steps_per_epoch, eval_every=eval_every,
-    )  # fmt: skip
+        setup=setup,
+        abstract_state=abstract_state,
+        init=init,
+        init_other=init_other,
+        manager=manager,
+        restored=restored,
+        num_train=num_train,
+        total=total,
+        steps_per_epoch=steps_per_epoch,
+        eval_every=eval_every,
+    )
 
 
 def _make_run(config, workdir, p: _Prepared, other, dropout_key, writer, best) -> loop.Run:
@@ -378,10 +386,18 @@ def _make_run(config, workdir, p: _Prepared, other, dropout_key, writer, best) -
 
     def evaluations(params, step, best, final):
         return evaluate.evaluate_all(
-            config.evals, lambda entry: run_inputs.eval_batches(config, entry, mesh, patch),
-            eval_step, params, mesh, patch=patch, step=step, best=best, seed=config.seed,
-            progress=config.get("progress", False), final=final,
-        )  # fmt: skip
+            config.evals,
+            lambda entry: run_inputs.eval_batches(config, entry, mesh, patch),
+            eval_step,
+            params,
+            mesh,
+            patch=patch,
+            step=step,
+            best=best,
+            seed=config.seed,
+            progress=config.get("progress", False),
+            final=final,
+        )
 
     return loop.Run(
         workdir=workdir,

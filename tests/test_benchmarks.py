@@ -117,14 +117,26 @@ def test_cayley_speed_rows_give_epochs_per_image_times_and_ratios_of_the_same_ru
     from experiments.benchmarks import cayley_speed
 
     names = [name for name, _, _ in cayley_speed.cases()]
-    assert names == ["dense/folded", "dense/per_token", "block2x2/folded", "block2x2/per_token",
-                     "banded/folded", "banded/per_token", "topk/folded", "topk/per_token",
-                     "rope_mixed"]  # fmt: skip
+    assert names == [
+        "dense/folded",
+        "dense/per_token",
+        "block2x2/folded",
+        "block2x2/per_token",
+        "banded/folded",
+        "banded/per_token",
+        "topk/folded",
+        "topk/per_token",
+        "rope_mixed",
+    ]
     train = {n: {"min_s": 0.1, "median_s": 0.1} for n in names}
     infer = {n: {"min_s": 0.512, "median_s": 0.6} for n in names}
     train["dense/per_token"] = {"min_s": 0.3, "median_s": 0.3}
-    results = {"train": train, "infer": infer, "params": dict.fromkeys(names, 1234),
-               "shapes": {"train_batch": 128, "eval_batch": 256, "repeats": 2}}  # fmt: skip
+    results = {
+        "train": train,
+        "infer": infer,
+        "params": dict.fromkeys(names, 1234),
+        "shapes": {"train_batch": 128, "eval_batch": 256, "repeats": 2},
+    }
     rows = {row[0]: row for row in cayley_speed.rows(results)}
     # 469 steps of 128 for 60,000 images; 0.512 s / 256 images = 2 ms per image.
     assert rows["dense/folded"][1:5] == ["1,234", "46.9", "2.000", "1.00 / 1.00"]

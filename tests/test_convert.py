@@ -40,53 +40,83 @@ def paths(tmp_path) -> dict[str, str]:
     full.mkdir()
     (full / "config.json").write_text("{}")
     (tmp_path / "a_file").write_text("x")
-    return {"tmp": str(tmp_path), "new": str(tmp_path / "new"), "full": str(full),
-            "file": str(tmp_path / "a_file")}  # fmt: skip
+    return {
+        "tmp": str(tmp_path),
+        "new": str(tmp_path / "new"),
+        "full": str(full),
+        "file": str(tmp_path / "a_file"),
+    }
 
 
 CASES = {  # case: (arguments with {tmp} {new} {full} {file}, the error line's pattern)
-    "no_flags": ([], r"the following arguments are required: --from, --model, --checkpoint, "
-                     rf"--workdir {HELP}"),
-    "unknown_source": (["--from=onnx", "--model=m", "--checkpoint=none", "--workdir={new}"],
-                       r"argument --from: invalid choice: 'onnx' \(choose from 'timm', 'liere'\)"),
-    "unknown_flag": ([*TIMM, "--checkpoint=none", "--workdir={new}", "--pretrained=1"],
-                     r"unrecognized arguments: --pretrained=1"),
-    "bad_mean": ([*TIMM, "--checkpoint=none", "--workdir={new}", "--mean=0.5,x"],
-                 r"argument --mean: '0.5,x' is not a list of finite numbers; expected one per "
-                 r"channel"),
-    "bad_seed": ([*TIMM, "--checkpoint=none", "--workdir={new}", "--seed=one"],
-                 r"argument --seed: invalid int value: 'one'"),
-    "missing_checkpoint": ([*TIMM, "--checkpoint={tmp}/model.pth", "--workdir={new}"],
-                           r"--checkpoint='.*/model\.pth': no such file; expected a timm "
-                           r"state_dict file \(\.safetensors or \.pth\) or 'none'"),
-    "checkpoint_is_a_directory": ([*TIMM, "--checkpoint={tmp}", "--workdir={new}"],
-                                  r"--checkpoint='.*' is not a file; expected a timm state_dict"),
+    "no_flags": (
+        [],
+        r"the following arguments are required: --from, --model, --checkpoint, "
+        rf"--workdir {HELP}",
+    ),
+    "unknown_source": (
+        ["--from=onnx", "--model=m", "--checkpoint=none", "--workdir={new}"],
+        r"argument --from: invalid choice: 'onnx' \(choose from 'timm', 'liere'\)",
+    ),
+    "unknown_flag": (
+        [*TIMM, "--checkpoint=none", "--workdir={new}", "--pretrained=1"],
+        r"unrecognized arguments: --pretrained=1",
+    ),
+    "bad_mean": (
+        [*TIMM, "--checkpoint=none", "--workdir={new}", "--mean=0.5,x"],
+        r"argument --mean: '0.5,x' is not a list of finite numbers; expected one per "
+        r"channel",
+    ),
+    "bad_seed": (
+        [*TIMM, "--checkpoint=none", "--workdir={new}", "--seed=one"],
+        r"argument --seed: invalid int value: 'one'",
+    ),
+    "missing_checkpoint": (
+        [*TIMM, "--checkpoint={tmp}/model.pth", "--workdir={new}"],
+        r"--checkpoint='.*/model\.pth': no such file; expected a timm "
+        r"state_dict file \(\.safetensors or \.pth\) or 'none'",
+    ),
+    "checkpoint_is_a_directory": (
+        [*TIMM, "--checkpoint={tmp}", "--workdir={new}"],
+        r"--checkpoint='.*' is not a file; expected a timm state_dict",
+    ),
     "liere_missing_checkpoint": (
         ["--from=liere", "--model=", "--checkpoint={tmp}/last.ckpt", "--workdir={new}"],
         r"--checkpoint='.*/last\.ckpt': no such file; expected a LieRE reference Lightning "
-        r"checkpoint"),
-    "workdir_not_empty": ([*TIMM, "--checkpoint=none", "--workdir={full}"],
-                          r"--workdir='.*/full' is not empty; expected a new or empty directory"),
-    "workdir_is_a_file": ([*TIMM, "--checkpoint=none", "--workdir={file}"],
-                          r"--workdir='.*/a_file' is a file; expected a new or empty directory"),
-    "unknown_model": (["--from=timm", "--model=vit_small_patch16_224", "--checkpoint=none",
-                       "--workdir={new}"],
-                      r"timm model 'vit_small_patch16_224' is not supported; expected one of "
-                      r"\('vit_small_patch16_rope_224', .*'vit_large_patch16_dinov3_qkvb'\)"),
-    "overrides_syntax": ([*TIMM, "--checkpoint=none", "--workdir={new}", "--overrides=depth"],
-                         r"--overrides='depth': 'depth' is not key=value; expected "
-                         r"timm.create_model keyword arguments"),
-    "overrides_for_liere": (["--from=liere", "--model=", "--checkpoint=none", "--workdir={new}",
-                             "--overrides=depth=2"],
-                            r"--overrides='depth=2' is for --from=timm; give LieRE fields in "
-                            r"--model"),
-    "liere_unknown_field": (["--from=liere", "--model=width=3", "--checkpoint=none",
-                             "--workdir={new}"],
-                            r"unknown LieRE reference field 'width'; expected \['channels', "),
-    "liere_spec_incomplete": (["--from=liere", "--model=image_size=32", "--checkpoint=none",
-                               "--workdir={new}"],
-                              r"LieRE reference spec 'image_size=32': .*missing .*required"),
-}  # fmt: skip
+        r"checkpoint",
+    ),
+    "workdir_not_empty": (
+        [*TIMM, "--checkpoint=none", "--workdir={full}"],
+        r"--workdir='.*/full' is not empty; expected a new or empty directory",
+    ),
+    "workdir_is_a_file": (
+        [*TIMM, "--checkpoint=none", "--workdir={file}"],
+        r"--workdir='.*/a_file' is a file; expected a new or empty directory",
+    ),
+    "unknown_model": (
+        ["--from=timm", "--model=vit_small_patch16_224", "--checkpoint=none", "--workdir={new}"],
+        r"timm model 'vit_small_patch16_224' is not supported; expected one of "
+        r"\('vit_small_patch16_rope_224', .*'vit_large_patch16_dinov3_qkvb'\)",
+    ),
+    "overrides_syntax": (
+        [*TIMM, "--checkpoint=none", "--workdir={new}", "--overrides=depth"],
+        r"--overrides='depth': 'depth' is not key=value; expected "
+        r"timm.create_model keyword arguments",
+    ),
+    "overrides_for_liere": (
+        ["--from=liere", "--model=", "--checkpoint=none", "--workdir={new}", "--overrides=depth=2"],
+        r"--overrides='depth=2' is for --from=timm; give LieRE fields in "
+        r"--model",
+    ),
+    "liere_unknown_field": (
+        ["--from=liere", "--model=width=3", "--checkpoint=none", "--workdir={new}"],
+        r"unknown LieRE reference field 'width'; expected \['channels', ",
+    ),
+    "liere_spec_incomplete": (
+        ["--from=liere", "--model=image_size=32", "--checkpoint=none", "--workdir={new}"],
+        r"LieRE reference spec 'image_size=32': .*missing .*required",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -142,10 +172,19 @@ def test_the_command_prints_one_line_and_exits_2_for_a_missing_checkpoint(tmp_pa
     before): the exit status and the whole of stderr."""
     missing = str(tmp_path / "model.safetensors")
     result = subprocess.run(
-        [sys.executable, "-m", "rope_lie.convert", *TIMM, f"--checkpoint={missing}",
-         f"--workdir={tmp_path / 'w'}"],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rope_lie.convert",
+            *TIMM,
+            f"--checkpoint={missing}",
+            f"--workdir={tmp_path / 'w'}",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr == (
         f"error: --checkpoint={missing!r}: no such file; expected a timm state_dict file "
@@ -224,8 +263,11 @@ def torch_side(tmp_path_factory) -> dict:
     tmp = str(tmp_path_factory.mktemp("convert_errors"))
     result = subprocess.run(
         [sys.executable, "-c", _TORCH_SIDE, tmp, TINY],
-        env=_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -430,7 +430,10 @@ def test_importing_the_package_and_encoders_loads_no_train_module():
     }
     result = subprocess.run(
         [sys.executable, "-c", code, ",".join(_extras.TRAIN_MODULES)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", result.stdout

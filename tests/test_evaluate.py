@@ -45,10 +45,16 @@ def _liere_eval_steps():
     from rope_lie.models.vit import ViT
 
     model = ViT(
-        variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5, pe="liere",
-        pe_hparams={"block_size": 4}, position_convention="sequential", head_zero_init=False,
+        variant="pico/4",
+        image_shape=(8, 12),
+        channels=3,
+        num_classes=5,
+        pe="liere",
+        pe_hparams={"block_size": 4},
+        position_convention="sequential",
+        head_zero_init=False,
         rngs=nnx.Rngs(0),
-    )  # fmt: skip
+    )
     graphdef, state = nnx.split(model)
 
     def apply_fn(params, images, cache):
@@ -79,10 +85,12 @@ def test_evaluate_caches_encoder_states_once_per_resolution():
     rng = np.random.default_rng(0)
     for size in [(8, 12), (12, 16)]:  # the training resolution, then a larger one
         batches = [
-            {"image": rng.normal(size=(2, *size, 3)).astype(np.float32),
-             "label": rng.integers(0, 5, size=(2,))}
+            {
+                "image": rng.normal(size=(2, *size, 3)).astype(np.float32),
+                "label": rng.integers(0, 5, size=(2,)),
+            }
             for _ in range(3)
-        ]  # fmt: skip
+        ]
         got = evaluate.evaluate(counted, params, batches, mesh)
         expected = evaluate.evaluate(uncached, params, batches, mesh)
         assert got["num_examples"] == expected["num_examples"] == 6
@@ -133,9 +141,13 @@ def test_an_evaluation_with_a_tool_computes_its_states_with_it():
             assert abs(with_pi["loss"] - plain["loss"]) > 1e-4
     with pytest.raises(ValueError, match="needs an eval step with precompute"):
         evaluate.evaluate(uncached, params, batches, mesh, extrapolation="pi")
-    tokens = {"patches": np.zeros((1, 2, 3)), "index": np.zeros((1, 2, 2), np.int32),
-              "grid": np.ones((1, 2), np.int32), "token_mask": np.ones((1, 2)),
-              "label": np.zeros((1,), np.int32)}  # fmt: skip
+    tokens = {
+        "patches": np.zeros((1, 2, 3)),
+        "index": np.zeros((1, 2, 2), np.int32),
+        "grid": np.ones((1, 2), np.int32),
+        "token_mask": np.ones((1, 2)),
+        "label": np.zeros((1,), np.int32),
+    }
     with pytest.raises(ValueError, match="needs fixed-size images, not NaFlex tokens"):
         evaluate.evaluate(step, params, [tokens], mesh, extrapolation="pi")
 
@@ -147,9 +159,15 @@ def test_check_extrapolation_names_the_entry_before_training():
     from rope_lie.models.vit import ViT
 
     model = nnx.eval_shape(
-        lambda: ViT(variant="pico/4", image_shape=(8, 8), channels=1, num_classes=2,
-                    pe="rope_mixed", rngs=nnx.Rngs(0))
-    )  # fmt: skip
+        lambda: ViT(
+            variant="pico/4",
+            image_shape=(8, 8),
+            channels=1,
+            num_classes=2,
+            pe="rope_mixed",
+            rngs=nnx.Rngs(0),
+        )
+    )
     ok = mc.ConfigDict({"test": {"split": "test"}, "px16_yarn": {"extrapolation": "yarn"}})
     evaluate.check_extrapolation(model, ok)
     for tool, match in [

@@ -42,9 +42,18 @@ ROTARY_1D = [("rope", "rope", {})]
 POSITIONS = ["shared", "per_example", "per_example_whole"]
 HOW = ["apply", "precompute_rotate"]
 VIT_PES = [
-    "nope", "rope_axial", "rope_mixed", "visionllama", "liere", "cayley_string",
-    "circulant_string", "comrope", "dinov3", "alibi", "ape",
-]  # fmt: skip
+    "nope",
+    "rope_axial",
+    "rope_mixed",
+    "visionllama",
+    "liere",
+    "cayley_string",
+    "circulant_string",
+    "comrope",
+    "dinov3",
+    "alibi",
+    "ape",
+]
 VIT_CALLS = ["forward", "tokens", "gradient"]
 
 _SCRIPT = textwrap.dedent(
@@ -178,8 +187,11 @@ def explicit_results():
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, json.dumps(cases)],
-        capture_output=True, text=True, env=env, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -143,8 +143,11 @@ def test_recipe_smoke_trains_and_evaluates_every_regime(tmp_path, monkeypatch):
     final = train.train_and_evaluate(c, str(tmp_path / "run"))
     resolutions = {name: res["resolution"] for name, res in final["evals"].items()}
     assert resolutions == {
-        "test": "28x28", "test_shuffled": "28x28", "px56": "56x56", "canvas44": "44x44",
-    }  # fmt: skip
+        "test": "28x28",
+        "test_shuffled": "28x28",
+        "px56": "56x56",
+        "canvas44": "44x44",
+    }
     assert all(np.isfinite(res["loss"]) for res in final["evals"].values())
 
 

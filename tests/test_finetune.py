@@ -37,8 +37,11 @@ def test_same_shapes_are_taken_and_the_ape_grid_is_resized():
 
 def test_another_class_count_needs_init_head_new():
     source, target = _params(), _params(num_classes=3)
-    with pytest.raises(ValueError, match=r"head/bias has shape \(10,\) .* \(3,\).*"
-                       r"init_head='new'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"head/bias has shape \(10,\) .* \(3,\).*"
+        r"init_head='new'",
+    ):
         finetune.adapt_params(source, target)
     out = finetune.adapt_params(source, target, init_head="new")
     np.testing.assert_array_equal(out["head"]["kernel"], target["head"]["kernel"])
@@ -78,10 +81,11 @@ def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(
     for grid, num_train in ((8, 32), (12, 16)):
         tfds.builder(
             "spatial_arrows",
-            config=SpatialArrowsConfig(name=f"ft_g{grid}", grid_size=grid, num_train=num_train,
-                                       num_test=8),
+            config=SpatialArrowsConfig(
+                name=f"ft_g{grid}", grid_size=grid, num_train=num_train, num_test=8
+            ),
             data_dir=data_dir,
-        ).download_and_prepare()  # fmt: skip
+        ).download_and_prepare()
     src_dir, ft_dir = str(tmp_path / "g8"), str(tmp_path / "g12")
     train.train_and_evaluate(_arrows_config(data_dir, 8), src_dir)
     step, source = finetune.load_params(src_dir)
@@ -96,8 +100,9 @@ def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(
     tuned = jax.tree.map(np.asarray, state["params"])
     gen = lambda p: p["blocks"]["1"]["attn"]["pe_params"]["gen_ANKbb"]  # noqa: E731
     np.testing.assert_array_equal(gen(tuned), gen(source))
-    np.testing.assert_array_equal(tuned["blocks"]["1"]["mlp"]["fc1"]["kernel"],
-                                  source["blocks"]["1"]["mlp"]["fc1"]["kernel"])  # fmt: skip
+    np.testing.assert_array_equal(
+        tuned["blocks"]["1"]["mlp"]["fc1"]["kernel"], source["blocks"]["1"]["mlp"]["fc1"]["kernel"]
+    )
     expected = ape.table({"grid_GD": source["additive_params"]["grid_GD"]}, grid_shape=(12, 12))
     np.testing.assert_allclose(
         tuned["additive_params"]["grid_GD"].reshape(144, -1), expected, rtol=1e-6

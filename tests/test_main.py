@@ -47,9 +47,13 @@ def run_main(monkeypatch, capsys):
 def _child(*args: str) -> subprocess.CompletedProcess:
     """``python -m rope_lie.main ARGS`` in a child process, from the repository root."""
     return subprocess.run(
-        [sys.executable, "-m", "rope_lie.main", *args], env=helpers.subprocess_env(),
-        capture_output=True, text=True, cwd=helpers.REPO, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-m", "rope_lie.main", *args],
+        env=helpers.subprocess_env(),
+        capture_output=True,
+        text=True,
+        cwd=helpers.REPO,
+        timeout=300,
+    )
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -149,9 +153,13 @@ def test_a_listing_cut_short_by_its_reader_exits_quietly():
     """``--list | head -c 10``: the closed pipe ends the listing without a traceback."""
     cmd = f"{sys.executable} -m rope_lie.main --list | head -c 10"
     proc = subprocess.run(
-        cmd, shell=True, env=helpers.subprocess_env(), capture_output=True, text=True,
+        cmd,
+        shell=True,
+        env=helpers.subprocess_env(),
+        capture_output=True,
+        text=True,
         cwd=helpers.REPO,
-    )  # fmt: skip
+    )
     assert proc.stdout == "Recipes (-" and proc.stderr == "", proc.stderr[-2000:]
 
 

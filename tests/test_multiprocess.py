@@ -35,8 +35,10 @@ def two_process_run(tfds_dir, tmp_path_factory):
     port = _free_port()
     flags = helpers.reference_flags(tfds_dir) + [f"--workdir={workdir}", "--config.progress=True"]
     flags.append("--config.eval_every_steps=0")  # evaluated once, at the end: final.json
-    flags += [f"--config.distributed.coordinator_address=localhost:{port}",
-              "--config.distributed.num_processes=2"]  # fmt: skip
+    flags += [
+        f"--config.distributed.coordinator_address=localhost:{port}",
+        "--config.distributed.num_processes=2",
+    ]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "rope_lie.main", *flags, f"--config.distributed.process_id={i}"],
@@ -98,9 +100,12 @@ def test_a_one_device_checkpoint_resumes_on_a_4_device_fsdp_mesh(reference_run, 
     # digits:smoke evaluates size8_shuffled too; the reference run does not.
     proc = subprocess.run(
         [sys.executable, "-m", "rope_lie.main", *flags, f"--workdir={resumed}"],
-        cwd=helpers.REPO, env=helpers.subprocess_env(devices=4), capture_output=True,
-        text=True, timeout=400,
-    )  # fmt: skip
+        cwd=helpers.REPO,
+        env=helpers.subprocess_env(devices=4),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Resuming from step 8" in proc.stdout + proc.stderr
     assert "data=1 x fsdp=4 mesh of 4 cpu devices" in proc.stdout + proc.stderr

@@ -51,9 +51,14 @@ def test_decay_mask_selects_only_weight_matrices():
 @pytest.mark.parametrize("kw", [{}, {"additive": "ape", "layer_scale": 0.1}])
 def test_every_family_decays_exactly_the_weight_matrices(pe, kw):
     model = ViT(
-        variant="pico/4", image_shape=(16,) if pe == "rope" else (8, 8), channels=1,
-        num_classes=3, pe=pe, rngs=nnx.Rngs(0), **kw,
-    )  # fmt: skip
+        variant="pico/4",
+        image_shape=(16,) if pe == "rope" else (8, 8),
+        channels=1,
+        num_classes=3,
+        pe=pe,
+        rngs=nnx.Rngs(0),
+        **kw,
+    )
     flat = nnx.traversals.flatten_mapping(optim.decay_mask(nnx.state(model, nnx.Param)))
     decayed = {"/".join(map(str, path)) for path, on in flat.items() if on}
     per_block = ["attn/wq_DNH", "attn/wk_DNH", "attn/wv_DNH", "attn/wo_NHD"]

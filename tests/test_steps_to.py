@@ -43,8 +43,10 @@ def _rows(taus: dict[str, list[float]], top: dict[str, float] | None = None) -> 
     for arm, per_seed in taus.items():
         for seed, tau in enumerate(per_seed):
             acc = _curve(tau, (top or {}).get(arm, 0.9))
-            rows += [dict(arm=arm, seed=seed, step=int(s), eval="test", accuracy=float(a))
-                     for s, a in zip(EVAL_STEPS, acc, strict=True)]  # fmt: skip
+            rows += [
+                dict(arm=arm, seed=seed, step=int(s), eval="test", accuracy=float(a))
+                for s, a in zip(EVAL_STEPS, acc, strict=True)
+            ]
     return rows
 
 
@@ -56,10 +58,14 @@ def test_a_3_5x_faster_arm_is_found_over_seed_pairs():
     tau_b = 3000 * np.exp(rng.normal(0, 0.1, 5))
     tau_a = tau_b / 3.5 * np.exp(rng.normal(0, 0.1, 5))
     curves_rows = _rows({"liere": list(tau_a), "ape": list(tau_b)})
-    steps_a = {s: steps_to.steps_to_accuracy(*c, 0.8) for s, c in
-               steps_to.curves(curves_rows, "liere", "test").items()}  # fmt: skip
-    steps_b = {s: steps_to.steps_to_accuracy(*c, 0.8) for s, c in
-               steps_to.curves(curves_rows, "ape", "test").items()}  # fmt: skip
+    steps_a = {
+        s: steps_to.steps_to_accuracy(*c, 0.8)
+        for s, c in steps_to.curves(curves_rows, "liere", "test").items()
+    }
+    steps_b = {
+        s: steps_to.steps_to_accuracy(*c, 0.8)
+        for s, c in steps_to.curves(curves_rows, "ape", "test").items()
+    }
     result = steps_to.compare_steps(steps_a, steps_b, paired=True)
     true = np.exp(np.mean(np.log(tau_b) - np.log(tau_a)))
     assert result["ratio"] == pytest.approx(true, rel=0.08)
@@ -75,9 +81,13 @@ def test_equal_arms_are_not_told_apart_at_more_than_the_nominal_rate():
     for _ in range(reps):
         taus = {arm: list(3000 * np.exp(rng.normal(0, 0.15, 5))) for arm in ("a", "b")}
         rows = _rows(taus)
-        steps = {arm: {s: steps_to.steps_to_accuracy(*c, 0.8)
-                       for s, c in steps_to.curves(rows, arm, "test").items()}
-                 for arm in taus}  # fmt: skip
+        steps = {
+            arm: {
+                s: steps_to.steps_to_accuracy(*c, 0.8)
+                for s, c in steps_to.curves(rows, arm, "test").items()
+            }
+            for arm in taus
+        }
         paired += steps_to.compare_steps(steps["a"], steps["b"], paired=True)["p"] < 0.05
         welch += steps_to.compare_steps(steps["a"], steps["b"], paired=False)["p"] < 0.05
     slack = 2 * np.sqrt(0.05 * 0.95 / reps)
@@ -87,8 +97,7 @@ def test_equal_arms_are_not_told_apart_at_more_than_the_nominal_rate():
 def test_the_cli_reads_held_out_csv_and_counts_seeds_that_never_reach(tmp_path, capsys):
     """An arm whose curve tops out at 84 % never reaches 85 %: reported, left out of the
     ratio; 'final' is b's mean final accuracy."""
-    rows = _rows({"a": [1000.0, 1100.0, 900.0], "b": [3000.0, 3300.0, 2700.0]},
-                 top={"a": 0.9})  # fmt: skip
+    rows = _rows({"a": [1000.0, 1100.0, 900.0], "b": [3000.0, 3300.0, 2700.0]}, top={"a": 0.9})
     rows += _rows({"c": [1000.0, 1000.0, 1000.0]}, top={"c": 0.84})
     (tmp_path / "toy").mkdir()
     training_curves.write_csv(

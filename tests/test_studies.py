@@ -70,9 +70,8 @@ def smoke_study(tfds_dir, tmp_path_factory):
     results, runs, log = str(root / "results"), str(root / "runs"), []
     flags = [f"--config.dataset.data_dir={tfds_dir}", "--config.tensorboard=False"]
     lib.run_study(
-        SMOKE, seeds=1, scale="cpu", root=runs, study_dir=results, extra_flags=flags,
-        log=log.append,
-    )  # fmt: skip
+        SMOKE, seeds=1, scale="cpu", root=runs, study_dir=results, extra_flags=flags, log=log.append
+    )
     return results, runs, log, flags
 
 
@@ -125,9 +124,15 @@ def test_a_run_recorded_by_another_study_is_copied_not_retrained(
     calls, log = [], []
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
     handled = lib.run_study(
-        study, seeds=1, scale="cpu", root=str(tmp_path / "elsewhere"), study_dir=str(tmp_path),
-        arms=["liere_again"], others=[(SMOKE, results)], log=log.append,
-    )  # fmt: skip
+        study,
+        seeds=1,
+        scale="cpu",
+        root=str(tmp_path / "elsewhere"),
+        study_dir=str(tmp_path),
+        arms=["liere_again"],
+        others=[(SMOKE, results)],
+        log=log.append,
+    )
     assert handled == [("liere_again", 0)] and calls == []
     assert any(f"recorded by {results} as liere" in line for line in log)
     mine, theirs = lib.read_results(str(tmp_path)), lib.read_results(results)
@@ -144,9 +149,16 @@ def test_a_run_recorded_by_another_study_is_copied_not_retrained(
     # Another run (different overrides) is not taken for this one: it would be trained.
     log = []
     lib.run_study(
-        study, seeds=1, scale="cpu", root=runs, study_dir=str(tmp_path / "b"), dry_run=True,
-        arms=["liere_other"], others=[(SMOKE, results)], log=log.append,
-    )  # fmt: skip
+        study,
+        seeds=1,
+        scale="cpu",
+        root=runs,
+        study_dir=str(tmp_path / "b"),
+        dry_run=True,
+        arms=["liere_other"],
+        others=[(SMOKE, results)],
+        log=log.append,
+    )
     assert sum("rope_lie.main" in line for line in log) == 1
     assert not any("recorded by" in line for line in log)
 
@@ -154,9 +166,14 @@ def test_a_run_recorded_by_another_study_is_copied_not_retrained(
 def test_paper_scale_uses_the_paper_arguments(tmp_path):
     log = []
     lib.run_study(
-        SMOKE, seeds=1, scale="paper", root=str(tmp_path), study_dir=str(tmp_path),
-        dry_run=True, log=log.append,
-    )  # fmt: skip
+        SMOKE,
+        seeds=1,
+        scale="paper",
+        root=str(tmp_path),
+        study_dir=str(tmp_path),
+        dry_run=True,
+        log=log.append,
+    )
     cmds = [line for line in log if "rope_lie.main" in line]
     assert ":pe=liere,smoke,res=paper " in cmds[0] and ":pe=ape,smoke,block=2 " in cmds[1]
     with pytest.raises(ValueError, match="scale='tpu'"):
@@ -181,8 +198,12 @@ def test_summary_table_and_plot(smoke_study):
 
 def test_the_summary_says_which_trees_and_cpus_ran_the_study():
     row = dict(arm="a", seed=0, eval="test", tree="abc1234", cpu="AMD EPYC avx2")
-    rows = [row, {**row, "eval": "other"}, {**row, "seed": 1, "tree": "def5678+resumed"},
-            {**row, "arm": "b", "cpu": "AMD EPYC avx512"}]  # fmt: skip
+    rows = [
+        row,
+        {**row, "eval": "other"},
+        {**row, "seed": 1, "tree": "def5678+resumed"},
+        {**row, "arm": "b", "cpu": "AMD EPYC avx512"},
+    ]
     text = report.provenance(rows)
     assert text.startswith("Provenance: 3 runs on **2 code trees (mixed)**: abc1234 (2), ")
     assert "def5678 (1)" in text and "AMD EPYC avx2 (2), AMD EPYC avx512 (1)" in text
@@ -246,8 +267,9 @@ def test_a_data_stream_sets_the_runs_data_seed_and_its_own_workdir():
     # Arms without a stream keep the workdir names their runs were recorded under.
     assert lib.run_dir("/r", arm, 0, "cpu").endswith("digits_pe=ape_smoke_seed0_a89e752c")
     assert lib.run_dir("/r", own, 0, "cpu") != lib.run_dir("/r", arm, 0, "cpu")
-    assert not lib.shares_data(dataclasses.replace(SMOKE, arms=(SMOKE.arms[0], own)), "liere",
-                               "ape_own")  # fmt: skip
+    assert not lib.shares_data(
+        dataclasses.replace(SMOKE, arms=(SMOKE.arms[0], own)), "liere", "ape_own"
+    )
     assert lib.shares_data(SMOKE, "liere", "ape") and lib.shares_data(None, "x", "y")
     with pytest.raises(ValueError, match="data_stream=0; expected None .* or an integer >= 1"):
         dataclasses.replace(arm, data_stream=0)
@@ -354,10 +376,13 @@ def test_every_arm_of_every_study_builds_its_config_and_model(scale):
             dims, _ = variants.parse_variant(m.variant, m.get("patch_size"), len(m.image_shape))
             heads = dims["num_heads"]
             encoder = position_hook.pe_encoder(
-                m.pe, num_heads=heads, head_dim=dims["width"] // heads,
-                num_axes=len(m.image_shape), share_heads=m.share_pe_heads,
+                m.pe,
+                num_heads=heads,
+                head_dim=dims["width"] // heads,
+                num_axes=len(m.image_shape),
+                share_heads=m.share_pe_heads,
                 hparams=m.pe_hparams.to_dict(),
-            )  # fmt: skip
+            )
             jax.eval_shape(encoder.init, jax.random.key(0))
 
 
@@ -367,8 +392,9 @@ def test_fit_reads_the_last_training_window_and_the_held_out_accuracy(smoke_stud
     results, runs, _, _ = smoke_study
     rows = fit.fit_rows(SMOKE, runs, seeds=2)  # seed 1 never ran
     assert [(r["arm"], r["seed"]) for r in rows] == [("liere", 0), ("ape", 0)]
-    recorded = {r["arm"]: float(r["accuracy"]) for r in lib.read_results(results)
-                if r["eval"] == "size8"}  # fmt: skip
+    recorded = {
+        r["arm"]: float(r["accuracy"]) for r in lib.read_results(results) if r["eval"] == "size8"
+    }
     for row in rows:
         workdir = lib.run_dir(runs, SMOKE.arm(row["arm"]), 0, "cpu")
         with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -472,9 +498,14 @@ def test_distance_only_ceiling_matches_the_symmetry_orbits_by_brute_force():
     from rope_lie.data import glyphs as glyph_lib
 
     layouts = glyph_lib.sample_layouts(
-        np.random.default_rng(0), 300, grid_shape=(5, 5), deltas=glyph_lib.DELTAS_2D,
-        num_distractor_arrows=7, letter_ids=glyph_lib.LETTER_IDS_2D, num_letters=5,
-    )  # fmt: skip
+        np.random.default_rng(0),
+        300,
+        grid_shape=(5, 5),
+        deltas=glyph_lib.DELTAS_2D,
+        num_distractor_arrows=7,
+        letter_ids=glyph_lib.LETTER_IDS_2D,
+        num_letters=5,
+    )
     deltas = glyph_lib.DELTAS_2D
     best = []
     for grid, stem in zip(layouts["glyphs"], layouts["y_orientation"], strict=True):
@@ -731,11 +762,20 @@ def _tmp_study(
             examples[f"{arm}/{seed}/{eval_name}"] = correct
             rows.append(
                 dict(
-                    study="tmp", arm=arm, seed=seed, eval=eval_name, accuracy=correct.mean(),
-                    num_examples=num, best_accuracy=correct.mean(), steps=10,
-                    train_ex_per_s=1.0, resolution="", tree="", cpu="",
+                    study="tmp",
+                    arm=arm,
+                    seed=seed,
+                    eval=eval_name,
+                    accuracy=correct.mean(),
+                    num_examples=num,
+                    best_accuracy=correct.mean(),
+                    steps=10,
+                    train_ex_per_s=1.0,
+                    resolution="",
+                    tree="",
+                    cpu="",
                 )
-            )  # fmt: skip
+            )
     lib.append_results(directory, rows, examples)
 
 
@@ -823,9 +863,12 @@ def test_compare_versus_tests_whether_a_gap_changes(tmp_path, capsys):
     from experiments.studies import compare
 
     accuracies = {
-        "a10": [0.56, 0.57, 0.55], "b10": [0.59, 0.60, 0.58],
-        "a": [0.81, 0.82, 0.80], "b": [0.82, 0.81, 0.83], "one": [0.7],
-    }  # fmt: skip
+        "a10": [0.56, 0.57, 0.55],
+        "b10": [0.59, 0.60, 0.58],
+        "a": [0.81, 0.82, 0.80],
+        "b": [0.82, 0.81, 0.83],
+        "one": [0.7],
+    }
     _tmp_study(str(tmp_path / "tmp"), accuracies, num=1000)
     args = ["tmp", "a10", "b10", "--versus", "a", "b", "--eval", "test", f"--results={tmp_path}"]
     for pairing, test in (("independent", stats.gap_change), ("auto", stats.paired_gap_change)):
@@ -874,9 +917,13 @@ def test_fashion_liere_b2_below_ape_is_not_resolved_as_pairs(capsys):
     assert "p = 0.0374" in text and "sign-flip over the 5 pairs p = 0.0625" in text
     rows = lib.read_results(os.path.join(lib.STUDIES_DIR, "fashion"))
     main = [
-        ("liere_b2", "ape"), ("liere_b2", "rope_mixed_heo"), ("liere_b8", "ape"),
-        ("liere_b8", "rope_mixed_heo"), ("liere_b8", "liere_b2"), ("rope_mixed_heo", "ape"),
-    ]  # fmt: skip
+        ("liere_b2", "ape"),
+        ("liere_b2", "rope_mixed_heo"),
+        ("liere_b8", "ape"),
+        ("liere_b8", "rope_mixed_heo"),
+        ("liere_b8", "liere_b2"),
+        ("rope_mixed_heo", "ape"),
+    ]
     ps = [
         stats.paired_t(_seed_accuracies(rows, a, "test"), _seed_accuracies(rows, b, "test"))["p"]
         for a, b in main
@@ -939,12 +986,20 @@ def _synthetic_results(directory: str, view: lib.Study, *, seeds: int, num: int,
                 examples[f"{arm.name}/{seed}/{eval_name}"] = correct
                 rows.append(
                     dict(
-                        study=view.name, arm=arm.name, seed=seed, eval=eval_name,
-                        accuracy=float(correct.mean()), num_examples=num,
-                        best_accuracy=float(correct.mean()), steps=1, train_ex_per_s=1.0,
-                        resolution="", tree="abc", cpu="cpu",
+                        study=view.name,
+                        arm=arm.name,
+                        seed=seed,
+                        eval=eval_name,
+                        accuracy=float(correct.mean()),
+                        num_examples=num,
+                        best_accuracy=float(correct.mean()),
+                        steps=1,
+                        train_ex_per_s=1.0,
+                        resolution="",
+                        tree="abc",
+                        cpu="cpu",
                     )
-                )  # fmt: skip
+                )
     lib.append_results(directory, rows, examples)
 
 
@@ -996,8 +1051,12 @@ def _finished_run(workdir, evals: dict[str, float], num: int = 50, seed: int = 0
     rng = np.random.default_rng(seed)
     os.makedirs(workdir, exist_ok=True)
     examples = {name: rng.random(num) < acc for name, acc in evals.items()}
-    final = {"step": 10, "evals": {n: {"accuracy": float(e.mean()), "num_examples": num}
-                                   for n, e in examples.items()}}  # fmt: skip
+    final = {
+        "step": 10,
+        "evals": {
+            n: {"accuracy": float(e.mean()), "num_examples": num} for n, e in examples.items()
+        },
+    }
     with open(os.path.join(workdir, "final.json"), "w") as f:
         json.dump(final, f)
     np.savez(os.path.join(workdir, lib.EXAMPLES), **examples)
@@ -1006,19 +1065,28 @@ def _finished_run(workdir, evals: dict[str, float], num: int = 50, seed: int = 0
 def test_an_eval_suffix_arm_reads_the_suffixed_evaluations_of_its_arms_run(tmp_path, monkeypatch):
     base = lib.Arm("rope", "RoPE", "digits", "pe=rope_axial")
     tool = dataclasses.replace(base, name="rope_pi", label="RoPE + PI", eval_suffix="@pi")
-    study = lib.Study(name="s", title="S", arms=(base, tool), evals=("test", "big"),
-                      comparisons=(("rope_pi", "rope"),))  # fmt: skip
+    study = lib.Study(
+        name="s",
+        title="S",
+        arms=(base, tool),
+        evals=("test", "big"),
+        comparisons=(("rope_pi", "rope"),),
+    )
     assert lib.same_runs(base, tool) and lib.run_dir("/r", base, 0, "cpu") == lib.run_dir(
         "/r", tool, 0, "cpu"
     )
     root, results = str(tmp_path / "runs"), str(tmp_path / "results")
     for seed in range(3):
-        _finished_run(lib.run_dir(root, base, seed, "cpu"),
-                      {"test": 0.9, "big": 0.3, "big@pi": 0.6}, seed=seed)  # fmt: skip
+        _finished_run(
+            lib.run_dir(root, base, seed, "cpu"),
+            {"test": 0.9, "big": 0.3, "big@pi": 0.6},
+            seed=seed,
+        )
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
-    handled = lib.run_study(study, seeds=3, scale="cpu", root=root, study_dir=results,
-                            log=lambda *_: None)  # fmt: skip
+    handled = lib.run_study(
+        study, seeds=3, scale="cpu", root=root, study_dir=results, log=lambda *_: None
+    )
     assert calls == [] and len(handled) == 6  # nothing trained: every run was finished
     rows = lib.read_results(results)
     assert {(r["arm"], r["eval"]) for r in rows} == {
@@ -1033,9 +1101,14 @@ def test_an_eval_suffix_arm_reads_the_suffixed_evaluations_of_its_arms_run(tmp_p
     # the two arms read the same runs, so the report compares them as seed pairs
     (test,) = report.comparisons(study, rows, examples)
     assert test["test"] == stats.PAIRED and (test["seeds_a"], test["seeds_b"]) == (3, 3)
-    assert test["diff"] == pytest.approx(np.mean([examples[f"rope_pi/{s}/big"].mean()
-                                                  - examples[f"rope/{s}/big"].mean()
-                                                  for s in range(3)]))  # fmt: skip
+    assert test["diff"] == pytest.approx(
+        np.mean(
+            [
+                examples[f"rope_pi/{s}/big"].mean() - examples[f"rope/{s}/big"].mean()
+                for s in range(3)
+            ]
+        )
+    )
     with pytest.raises(ValueError, match="must be '@' followed by a name"):
         dataclasses.replace(base, eval_suffix="pi")
 

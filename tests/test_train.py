@@ -157,9 +157,12 @@ def test_resume_after_kill_9_is_bit_identical(reference, tfds_dir, tmp_path, cap
     ref_dir, ref_final = reference
     workdir = str(tmp_path / "killed")
     with subprocess.Popen(
-        [sys.executable, "-c", _CHILD, tfds_dir, workdir], env=helpers.subprocess_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    ) as proc:  # fmt: skip
+        [sys.executable, "-c", _CHILD, tfds_dir, workdir],
+        env=helpers.subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
         helpers.wait_for_checkpoint(proc, workdir, 4)
         proc.send_signal(signal.SIGKILL)
     killed_at = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))[-1]["step"]
@@ -246,9 +249,13 @@ def test_nan_stops_naming_the_step_and_keeps_last_good_checkpoint(
     # must still be named as step 2's, and step 3's state (NaN too) never saved.
     config = digits_config(
         tfds_dir,
-        **{"optim.lr": 1e38, "optim.warmup_steps": 0, "checkpoint.every_steps": every_steps,
-           "log_every_steps": 5},
-    )  # fmt: skip
+        **{
+            "optim.lr": 1e38,
+            "optim.warmup_steps": 0,
+            "checkpoint.every_steps": every_steps,
+            "log_every_steps": 5,
+        },
+    )
     config.checkpoint.async_save = False
     resume = (
         f"the latest checkpoint is step {saved}"

@@ -86,12 +86,15 @@ def test_held_out_plot_gets_the_studys_reference_lines(tmp_path, monkeypatch):
     --report` does on accuracy.png."""
     directory = tmp_path / "volumes_long"
     directory.mkdir()
-    rows = [dict(arm="ape", seed=0, step=s, epoch=s / 10, loss=1.0, train_accuracy=0.3)
-            for s in (10, 20)]  # fmt: skip
+    rows = [
+        dict(arm="ape", seed=0, step=s, epoch=s / 10, loss=1.0, train_accuracy=0.3)
+        for s in (10, 20)
+    ]
     training_curves.write_csv(rows, str(directory / "training.csv"))
     held_out = [dict(arm="ape", seed=0, step=s, eval="g6", accuracy=0.3) for s in (10, 20)]
-    training_curves.write_csv(held_out, str(directory / "held_out.csv"),
-                              training_curves.HELD_OUT_COLUMNS)  # fmt: skip
+    training_curves.write_csv(
+        held_out, str(directory / "held_out.csv"), training_curves.HELD_OUT_COLUMNS
+    )
     drawn = []
     monkeypatch.setattr(training_curves, "plot", lambda *args: None)
     monkeypatch.setattr(training_curves, "plot_held_out", lambda *args: drawn.append(args[-1]))

@@ -28,8 +28,15 @@ from rope_lie.models.vit import ViT
 
 # The arrows studies' model and evaluation batch: ViT mu/8 with LieRE 8x8 trained on 64 px,
 # evaluated on 250 images at the training grid (65 tokens) and at 2x and 2.5x (257, 401).
-MODEL = dict(variant="mu/8", image_shape=(64, 64), channels=1, num_classes=4, pe="liere",
-             pe_hparams={"block_size": 8}, position_convention="sequential")  # fmt: skip
+MODEL = dict(
+    variant="mu/8",
+    image_shape=(64, 64),
+    channels=1,
+    num_classes=4,
+    pe="liere",
+    pe_hparams={"block_size": 8},
+    position_convention="sequential",
+)
 SIDES = (64, 128, 160)
 QUICK_SIDES = (64, 96)
 BATCH = 250
@@ -59,9 +66,17 @@ def run(quick: bool = False, repeats: int = 4) -> list[dict]:
     for side in QUICK_SIDES if quick else SIDES:
         calls, tokens, chunks, equal = forward_calls(side, BATCH)
         times = common.timeit_interleaved(calls, repeats=repeats)
-        rows.append({"side": side, "tokens": tokens, "batch": BATCH, "chunks": chunks,
-                     "bitwise_equal": equal,
-                     "none": times["none"], "with_chunks": times["chunks"]})  # fmt: skip
+        rows.append(
+            {
+                "side": side,
+                "tokens": tokens,
+                "batch": BATCH,
+                "chunks": chunks,
+                "bitwise_equal": equal,
+                "none": times["none"],
+                "with_chunks": times["chunks"],
+            }
+        )
         print(
             f"  {side} px: none {common.fmt_time(times['none'])} ms, chunks {chunks} "
             f"{common.fmt_time(times['chunks'])} ms, bitwise equal {equal}",
@@ -73,15 +88,28 @@ def run(quick: bool = False, repeats: int = 4) -> list[dict]:
 def table(rows: list[dict]) -> None:
     common.print_table(
         f"7. Inference forward, mu/8 LieRE 8x8, batch {BATCH}: attention chunks vs none",
-        ["image", "tokens", "(loop, parallel)", "none ms min / med", "chunks ms min / med",
-         "none / chunks", "bitwise equal"],
         [
-            [f"{r['side']} px", r["tokens"], str(tuple(r["chunks"])),
-             common.fmt_time(r["none"]), common.fmt_time(r["with_chunks"]),
-             common.fmt_ratio(common.ratio(r["none"], r["with_chunks"])), r["bitwise_equal"]]
+            "image",
+            "tokens",
+            "(loop, parallel)",
+            "none ms min / med",
+            "chunks ms min / med",
+            "none / chunks",
+            "bitwise equal",
+        ],
+        [
+            [
+                f"{r['side']} px",
+                r["tokens"],
+                str(tuple(r["chunks"])),
+                common.fmt_time(r["none"]),
+                common.fmt_time(r["with_chunks"]),
+                common.fmt_ratio(common.ratio(r["none"], r["with_chunks"])),
+                r["bitwise_equal"],
+            ]
             for r in rows
         ],
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

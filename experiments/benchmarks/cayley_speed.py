@@ -129,25 +129,36 @@ def rows(results: dict) -> list[list[str]]:
         r_infer = infer_t[name]["min_s"] / infer_t["rope_mixed"]["min_s"]
         tok_train = train_t[name]["min_s"] / train_t[folded]["min_s"]
         tok_infer = infer_t[name]["min_s"] / infer_t[folded]["min_s"]
-        out.append([
-            name, f"{results['params'][name]:,}",
-            f"{train_t[name]['min_s'] * steps:.1f}",
-            f"{infer_t[name]['min_s'] / shapes['eval_batch'] * 1e3:.3f}",
-            f"{r_train:.2f} / {r_infer:.2f}",
-            "-" if "/" not in name or name == folded else f"{tok_train:.2f} / {tok_infer:.2f}",
-        ])  # fmt: skip
+        out.append(
+            [
+                name,
+                f"{results['params'][name]:,}",
+                f"{train_t[name]['min_s'] * steps:.1f}",
+                f"{infer_t[name]['min_s'] / shapes['eval_batch'] * 1e3:.3f}",
+                f"{r_train:.2f} / {r_infer:.2f}",
+                "-" if "/" not in name or name == folded else f"{tok_train:.2f} / {tok_infer:.2f}",
+            ]
+        )
     return out
 
 
-HEADER = ["case", "params", "train s/epoch", "infer ms/image", "vs RoPE-Mixed (train / infer)",
-          "per-token / folded (train / infer)"]  # fmt: skip
+HEADER = [
+    "case",
+    "params",
+    "train s/epoch",
+    "infer ms/image",
+    "vs RoPE-Mixed (train / infer)",
+    "per-token / folded (train / infer)",
+]
 
 
 def table(results: dict) -> None:
     common.print_table(
         f"Cayley-STRING on the cayley_fashion model, min over {results['shapes']['repeats']} "
-        "repeats", HEADER, rows(results),
-    )  # fmt: skip
+        "repeats",
+        HEADER,
+        rows(results),
+    )
     agree = results["logits_rel_diff_per_token_vs_folded"]
     print("logits, per-token vs folded (max rel diff):", agree)
 

@@ -41,9 +41,8 @@ def make_inputs(variant: str, batch: int, seed: int = 0) -> dict:
     """Parameters, positions, x, W_q, W_k (zero biases) and the cotangents of q' and k'."""
     keys = jax.random.split(jax.random.key(seed), 6)
     params = comrope.init(
-        keys[0], num_heads=HEADS, head_dim=HEAD_DIM, num_axes=2, variant=variant,
-        block_size=BLOCK,
-    )  # fmt: skip
+        keys[0], num_heads=HEADS, head_dim=HEAD_DIM, num_axes=2, variant=variant, block_size=BLOCK
+    )
     pos = positions.grid_positions(GRID, "unit_centred", num_prefix=1)
     shape_q = (batch, pos.shape[0], HEADS, HEAD_DIM)
     return dict(
@@ -95,8 +94,9 @@ def forward_fn(impl: str, variant: str):
     """(params, w_q, w_k, x, pos) -> (q', k') of one implementation."""
     if impl == "fast":
         return _fast(variant)
-    return _per_token(variant, {"expm_combination": _expm_combination,
-                                "jax_scipy": _jax_scipy}[impl])  # fmt: skip
+    return _per_token(
+        variant, {"expm_combination": _expm_combination, "jax_scipy": _jax_scipy}[impl]
+    )
 
 
 def jitted(impl: str, variant: str, mode: str):
@@ -123,9 +123,13 @@ def logits_agree(variant: str, inputs: dict) -> float:
 
 
 def run(repeats: int = 5) -> dict:
-    results = {"machine": common.machine(), "shapes": dict(
-        heads=HEADS, head_dim=HEAD_DIM, width=WIDTH, batches=BATCHES, grid=GRID, block=BLOCK),
-        "cases": []}  # fmt: skip
+    results = {
+        "machine": common.machine(),
+        "shapes": dict(
+            heads=HEADS, head_dim=HEAD_DIM, width=WIDTH, batches=BATCHES, grid=GRID, block=BLOCK
+        ),
+        "cases": [],
+    }
     for variant, batch in [(v, b) for v in ("ld", "ap") for b in BATCHES]:
         inputs = make_inputs(variant, batch)
         for mode in ("fwd", "fwd+bwd"):
@@ -137,10 +141,17 @@ def run(repeats: int = 5) -> dict:
                 {impl: (lambda f=fn, a=tuple(args): f(*a)) for impl, fn in fns.items()},
                 repeats=repeats,
             )
-            results["cases"].append({
-                "variant": variant, "batch": batch, "mode": mode, "times": times,
-                "ratio_vs_fast": {impl: common.ratio(times[impl], times["fast"]) for impl in IMPLS},
-            })  # fmt: skip
+            results["cases"].append(
+                {
+                    "variant": variant,
+                    "batch": batch,
+                    "mode": mode,
+                    "times": times,
+                    "ratio_vs_fast": {
+                        impl: common.ratio(times[impl], times["fast"]) for impl in IMPLS
+                    },
+                }
+            )
         results["cases"][-1]["logits_rel_diff_fast_vs_expm"] = logits_agree(variant, inputs)
     return results
 
@@ -165,8 +176,10 @@ def main() -> None:
     )
     for c in results["cases"]:
         if "logits_rel_diff_fast_vs_expm" in c:
-            print(f"{c['variant']}, batch {c['batch']}: max |logit diff| / max |logit| fast vs "
-                  f"expm_combination = {c['logits_rel_diff_fast_vs_expm']:.1e}")  # fmt: skip
+            print(
+                f"{c['variant']}, batch {c['batch']}: max |logit diff| / max |logit| fast vs "
+                f"expm_combination = {c['logits_rel_diff_fast_vs_expm']:.1e}"
+            )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

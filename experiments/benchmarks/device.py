@@ -180,8 +180,14 @@ def run(args) -> list[dict]:
             if args.attention and backend not in args.attention.split(","):
                 continue
             config = make_config(encoder, backend, args.dtype, args.variant, args.pool)
-            row = dict(device=kind, encoder=encoder, attention=backend, batch=args.batch,
-                       dtype=args.dtype, pool=args.pool)  # fmt: skip
+            row = dict(
+                device=kind,
+                encoder=encoder,
+                attention=backend,
+                batch=args.batch,
+                dtype=args.dtype,
+                pool=args.pool,
+            )
             try:
                 options.check_model_attention(config.model, platform)
             except ValueError as e:

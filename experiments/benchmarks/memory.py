@@ -104,9 +104,16 @@ def run(quick: bool = False, only: str = "", out: str = "") -> list[dict]:
             largest = int((DEVICE_GIB * 2**30 - fixed) // per_example) if per_example > 0 else None
             model = nnx.eval_shape(lambda c=config: train.build_model(c.model, jax.random.key(0)))
             tokens = len(model.positions(model.train_grid))  # class token included
-            row = dict(case=name, attention=backend, tokens=tokens, fixed_bytes=fixed,
-                       bytes_per_example=per_example, largest_batch_per_device=largest,
-                       at=at, compile_s=round(time.perf_counter() - start, 1))  # fmt: skip
+            row = dict(
+                case=name,
+                attention=backend,
+                tokens=tokens,
+                fixed_bytes=fixed,
+                bytes_per_example=per_example,
+                largest_batch_per_device=largest,
+                at=at,
+                compile_s=round(time.perf_counter() - start, 1),
+            )
             rows.append(row)
             if out:  # after every row: a long run leaves what it measured
                 with open(out, "w") as f:

@@ -74,9 +74,14 @@ def ours_step(model_kw: dict, batch: int, encoder: str):
 
     pe, hparams, additive = ENCODERS[encoder]
     model = ViT(
-        **model_kw, pe=pe, pe_hparams=hparams, additive=additive,
-        position_convention="sequential", head_zero_init=False, rngs=nnx.Rngs(0),
-    )  # fmt: skip
+        **model_kw,
+        pe=pe,
+        pe_hparams=hparams,
+        additive=additive,
+        position_convention="sequential",
+        head_zero_init=False,
+        rngs=nnx.Rngs(0),
+    )
     step, state, other = model_steps.train_step(model)
     images, labels = _batch(model_kw, batch)
     data, key = {"image": images, "label": labels}, jax.random.key(0)
@@ -128,11 +133,18 @@ def torch_model(model_kw: dict, encoder: str):
     d = _dims(model_kw)
     timm = maybe_timm()
     common_kw = dict(
-        img_size=model_kw["image_shape"], patch_size=d["patch"], in_chans=model_kw["channels"],
-        num_classes=model_kw["num_classes"], embed_dim=d["width"], depth=d["depth"],
-        num_heads=d["num_heads"], mlp_ratio=d["mlp_dim"] / d["width"], qkv_bias=True,
-        class_token=True, global_pool="token",
-    )  # fmt: skip
+        img_size=model_kw["image_shape"],
+        patch_size=d["patch"],
+        in_chans=model_kw["channels"],
+        num_classes=model_kw["num_classes"],
+        embed_dim=d["width"],
+        depth=d["depth"],
+        num_heads=d["num_heads"],
+        mlp_ratio=d["mlp_dim"] / d["width"],
+        qkv_bias=True,
+        class_token=True,
+        global_pool="token",
+    )
     if timm is None:
         if encoder not in ("none", "ape"):
             return None
@@ -144,9 +156,14 @@ def torch_model(model_kw: dict, encoder: str):
         return VisionTransformer(**common_kw, pos_embed="none" if encoder == "none" else "learn")
     if encoder == "rope_mixed":
         return Eva(
-            **common_kw, attn_type="rope", use_abs_pos_emb=False, use_rot_pos_emb=True,
-            rope_grid_indexing="xy", rope_temperature=10.0, rope_type="mixed",
-        )  # fmt: skip
+            **common_kw,
+            attn_type="rope",
+            use_abs_pos_emb=False,
+            use_rot_pos_emb=True,
+            rope_grid_indexing="xy",
+            rope_temperature=10.0,
+            rope_type="mixed",
+        )
     block = 8 if encoder == "liere_b8" else d["width"] // d["num_heads"]
     grid = [s // d["patch"] for s in model_kw["image_shape"]]
     attn = _liere_attention(torch, grid, block)
@@ -209,9 +226,14 @@ def _PlainViT(model_kw: dict, d: dict, *, ape: bool):  # noqa: N802 - a class fa
             self.cls = nn.Parameter(torch.zeros(1, 1, w))
             self.pos = nn.Parameter(torch.randn(1, tokens, w) * 0.02) if ape else None
             layer = nn.TransformerEncoderLayer(
-                w, d["num_heads"], d["mlp_dim"], dropout=0.0, activation="gelu",
-                batch_first=True, norm_first=True,
-            )  # fmt: skip
+                w,
+                d["num_heads"],
+                d["mlp_dim"],
+                dropout=0.0,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
+            )
             self.blocks = nn.TransformerEncoder(layer, d["depth"], enable_nested_tensor=False)
             self.norm = nn.LayerNorm(w)
             self.head = nn.Linear(w, model_kw["num_classes"])
@@ -323,10 +345,15 @@ def run(quick: bool = False, encoders=tuple(ENCODERS)) -> dict:
             their_call, their_params = theirs
             times = timeit_alternating({"torch": their_call, "ours": ours}, repeats)
             row = {
-                "model": name, "batch": batch, "encoder": encoder, "flops": flops,
-                "params_ours": ours_params, "params_torch": their_params,
-                "torch": times["torch"], "ours": times["ours"],
-            }  # fmt: skip
+                "model": name,
+                "batch": batch,
+                "encoder": encoder,
+                "flops": flops,
+                "params_ours": ours_params,
+                "params_torch": their_params,
+                "torch": times["torch"],
+                "ours": times["ours"],
+            }
             out["rows"].append(row)
             del their_call, ours
             print(
@@ -350,25 +377,35 @@ def table(results: dict) -> None:
         gf_torch = r["flops"] / r["torch"]["min_s"] / 1e9
         rows.append(
             [
-                r["model"], r["encoder"], f"{r['params_torch']:,} / {r['params_ours']:,}",
-                common.fmt_time(r["torch"]), common.fmt_time(r["ours"]),
+                r["model"],
+                r["encoder"],
+                f"{r['params_torch']:,} / {r['params_ours']:,}",
+                common.fmt_time(r["torch"]),
+                common.fmt_time(r["ours"]),
                 common.fmt_ratio(ratio),
                 "-" if goal is None else ("yes" if ratio["min_s"] >= goal else "no"),
                 f"{r['flops'] / 1e9:.1f}",
                 f"{gf_torch:.1f} ({gf_torch / ceiling:.0%})",
                 f"{gf_ours:.1f} ({gf_ours / ceiling:.0%})",
             ]
-        )  # fmt: skip
+        )
     common.print_table(
         f"6. Train step vs PyTorch eager ({'timm' if results['timm'] else 'nn.Transformer'}), "
         f"batch 128; matmul ceiling {ceiling:.1f} GFLOP/s",
         [
-            "model", "encoder", "params torch / ours", "torch ms min / med",
-            "ours ms min / med", "torch / ours", ">= 1", "GFLOP/step",
-            "torch GFLOP/s (of ceiling)", "ours GFLOP/s (of ceiling)",
+            "model",
+            "encoder",
+            "params torch / ours",
+            "torch ms min / med",
+            "ours ms min / med",
+            "torch / ours",
+            ">= 1",
+            "GFLOP/step",
+            "torch GFLOP/s (of ceiling)",
+            "ours GFLOP/s (of ceiling)",
         ],
         rows,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def fit_rows(study: lib.Study, root: str, seeds: int, scale: str = "cpu") -> lis
                 continue
             window = last_train_window(workdir)
             held_out = held_out_accuracy(workdir, study.evals[0])
-            rows.append({"arm": arm.name, "label": arm.label, "seed": seed, **window,
-                         "held_out": held_out})  # fmt: skip
+            rows.append(
+                {"arm": arm.name, "label": arm.label, "seed": seed, **window, "held_out": held_out}
+            )
     return rows
 
 

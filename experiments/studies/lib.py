@@ -49,9 +49,19 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDIES_DIR = os.path.dirname(os.path.abspath(__file__))
 RESULT_COLUMNS = (
-    "study", "arm", "seed", "eval", "accuracy", "num_examples",
-    "best_accuracy", "steps", "train_ex_per_s", "resolution", "tree", "cpu",
-)  # fmt: skip
+    "study",
+    "arm",
+    "seed",
+    "eval",
+    "accuracy",
+    "num_examples",
+    "best_accuracy",
+    "steps",
+    "train_ex_per_s",
+    "resolution",
+    "tree",
+    "cpu",
+)
 PROVENANCE = "provenance.json"  # in a run's workdir: the code tree and CPU that trained it
 EVAL_SUFFIX = "@"  # <eval>@<name>: an evaluation that an arm with eval_suffix reads
 DATA_STREAM_STRIDE = 1000  # Arm.data_stream k: data_seed = 1000 k + seed (seeds below 1000)
@@ -241,12 +251,16 @@ def code_tree() -> str:
     try:
         head = subprocess.run(
             ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", REPO, "status", "--porcelain", "--", "rope_lie", "configs"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
@@ -320,13 +334,20 @@ def collect(study: Study, arm: Arm, seed: int, workdir: str) -> tuple[list[dict]
         res = final["evals"][run_name]
         rows.append(
             dict(
-                study=study.name, arm=arm.name, seed=seed, eval=name,
-                accuracy=res["accuracy"], num_examples=res["num_examples"],
-                best_accuracy=res.get("best_accuracy", res["accuracy"]), steps=final["step"],
-                train_ex_per_s=throughput, resolution=res.get("resolution", ""),
-                tree=tree, cpu=cpu,
+                study=study.name,
+                arm=arm.name,
+                seed=seed,
+                eval=name,
+                accuracy=res["accuracy"],
+                num_examples=res["num_examples"],
+                best_accuracy=res.get("best_accuracy", res["accuracy"]),
+                steps=final["step"],
+                train_ex_per_s=throughput,
+                resolution=res.get("resolution", ""),
+                tree=tree,
+                cpu=cpu,
             )
-        )  # fmt: skip
+        )
     with np.load(os.path.join(workdir, EXAMPLES)) as npz:
         examples = {
             f"{arm.name}/{seed}/{name}": np.asarray(npz[run_name], bool)

@@ -36,12 +36,18 @@ def arm_stats(study: lib.Study, rows: list[dict], examples: dict) -> list[dict]:
                 ci = stats.bootstrap_ci(np.stack(per_example))
             out.append(
                 dict(
-                    arm=arm.name, label=arm.label, eval=name, mean=float(acc.mean()),
-                    min=float(acc.min()), max=float(acc.max()), ci=ci, seeds=len(group),
+                    arm=arm.name,
+                    label=arm.label,
+                    eval=name,
+                    mean=float(acc.mean()),
+                    min=float(acc.min()),
+                    max=float(acc.max()),
+                    ci=ci,
+                    seeds=len(group),
                     paper=study.paper.get(arm.name, {}).get(name),
                     ex_per_s=float(np.nanmedian([r["train_ex_per_s"] for r in group])),
                 )
-            )  # fmt: skip
+            )
     return out
 
 
@@ -261,8 +267,9 @@ def plot_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
     accuracies = _accuracies(rows)
     evals = [n for n in study.evals if any(k[1] == n for k in accuracies)]
     xticks = sorted({x for _, points in curves for x, _ in points})
-    fig, axes = plt.subplots(1, len(evals), figsize=(2.6 * len(evals), 3.4), sharey=True,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(evals), figsize=(2.6 * len(evals), 3.4), sharey=True, squeeze=False
+    )
     for ax, name in zip(axes[0], evals, strict=True):
         for i, (label, points) in enumerate(curves):
             _curve(ax, accuracies, [(x, (arm, name)) for x, arm in points], f"C{i}", label)
@@ -286,8 +293,9 @@ def plot_eval_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
     plt = _pyplot()
     x_label, panels = study.eval_curves
     accuracies = _accuracies(rows)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.0), sharey=True,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.2 * len(panels), 4.0), sharey=True, squeeze=False
+    )
     names = {name for _, points in panels for _, name in points}
     # Colours go to the arms with results, in the study's order, so no two drawn arms share
     # one unless more than 10 are drawn (then the style changes).
@@ -299,8 +307,15 @@ def plot_eval_curves(study: lib.Study, rows: list[dict], path: str, lines=()):
             _curve(ax, accuracies, points_of_arm, f"C{i % 10}", arm.label, style)
         _finish_panel(ax, title, x_label, sorted({x for x, _ in points}), lines)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=2, frameon=False)  # fmt: skip
+    fig.legend(
+        handles,
+        labels,
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=2,
+        frameon=False,
+    )
     axes[0][0].set_ylabel("accuracy")
     fig.suptitle(study.title, fontsize=9)
     fig.tight_layout()
@@ -318,12 +333,16 @@ def _finish_panel(ax, title: str, x_label: str, xticks: list[float], lines) -> N
 
 _ARROWS_LINES = ((0.25, "chance"), (stats.blind_ceiling(), "position-blind ceiling"))
 REFERENCE_LINES = {  # (accuracy, label) drawn on each study's CPU-scale plots
-    **{name: _ARROWS_LINES for name in
-       ("arrows", "block_size", "sharing", "init", "data_fraction", "resolution")},
-    **{name: ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling"))
-       for name in ("volumes", "volumes_long")},
+    **{
+        name: _ARROWS_LINES
+        for name in ("arrows", "block_size", "sharing", "init", "data_fraction", "resolution")
+    },
+    **{
+        name: ((1 / 6, "chance"), (stats.blind_ceiling(8, 6), "position-blind ceiling"))
+        for name in ("volumes", "volumes_long")
+    },
     "cayley": ((0.1, "chance"),),
-}  # fmt: skip
+}
 
 
 def draw_reference_lines(ax, lines, x, *, xycoords="data", scale: float = 1.0) -> None:
@@ -331,5 +350,12 @@ def draw_reference_lines(ax, lines, x, *, xycoords="data", scale: float = 1.0) -
     (in `xycoords`), right-aligned; `scale` multiplies the accuracies (100 for percent)."""
     for value, label in lines:
         ax.axhline(scale * value, color="gray", ls=":", lw=1)
-        ax.annotate(label, (x, scale * value), xycoords=xycoords, fontsize=6, color="gray",
-                    ha="right", va="bottom")  # fmt: skip
+        ax.annotate(
+            label,
+            (x, scale * value),
+            xycoords=xycoords,
+            fontsize=6,
+            color="gray",
+            ha="right",
+            va="bottom",
+        )

@@ -199,8 +199,12 @@ def paired_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
     se = float(d.std(ddof=1) / math.sqrt(len(d)))
     if se == 0.0:
         nan = float("nan")
-        return dict(diff=diff, t=0.0 if diff == 0.0 else nan, df=float(len(d) - 1),
-                    p=1.0 if diff == 0.0 else nan)  # fmt: skip
+        return dict(
+            diff=diff,
+            t=0.0 if diff == 0.0 else nan,
+            df=float(len(d) - 1),
+            p=1.0 if diff == 0.0 else nan,
+        )
     t = diff / se
     df = len(d) - 1
     return dict(diff=diff, t=float(t), df=float(df), p=float(2 * scipy_stats.t.sf(abs(t), df)))
@@ -270,9 +274,15 @@ def paired_gap_change(
     test = paired_t(gaps, np.zeros_like(gaps))
     flip = sign_flip_test(gaps, np.zeros_like(gaps))
     return dict(
-        diff=test["diff"], gap_ab=float((a - b).mean()), gap_cd=float((c - d).mean()),
-        t=test["t"], df=test["df"], p=test["p"], p_flip=flip["p"], p_flip_min=flip["min_p"],
-    )  # fmt: skip
+        diff=test["diff"],
+        gap_ab=float((a - b).mean()),
+        gap_cd=float((c - d).mean()),
+        t=test["t"],
+        df=test["df"],
+        p=test["p"],
+        p_flip=flip["p"],
+        p_flip_min=flip["min_p"],
+    )
 
 
 def _satterthwaite_t(diff: float, arms: list[np.ndarray]) -> dict[str, float]:
@@ -469,13 +479,26 @@ def compare_arms(
     need = seeds_for_power(sd, boot["diff"], paired=paired) if not math.isnan(sd) else nan
     examples = paired_z(correct_a_SN, correct_b_SN)  # seed means per example: any seed counts
     return dict(
-        test=PAIRED if paired else WELCH, seeds_a=len(acc_a), seeds_b=len(acc_b),
-        acc_a=acc_a, acc_b=acc_b, diff=boot["diff"], ci_low=boot["ci_low"],
-        ci_high=boot["ci_high"], p=test["p"], t=test["t"], df=test["df"],
-        p_perm=perm["p"], p_perm_min=perm["min_p"], p_welch=welch["p"], sd=sd,
-        seeds_needed=need, z_examples=examples["z"], p_examples=examples["p"],
+        test=PAIRED if paired else WELCH,
+        seeds_a=len(acc_a),
+        seeds_b=len(acc_b),
+        acc_a=acc_a,
+        acc_b=acc_b,
+        diff=boot["diff"],
+        ci_low=boot["ci_low"],
+        ci_high=boot["ci_high"],
+        p=test["p"],
+        t=test["t"],
+        df=test["df"],
+        p_perm=perm["p"],
+        p_perm_min=perm["min_p"],
+        p_welch=welch["p"],
+        sd=sd,
+        seeds_needed=need,
+        z_examples=examples["z"],
+        p_examples=examples["p"],
         ci_examples=(examples["ci_low"], examples["ci_high"]),
-    )  # fmt: skip
+    )
 
 
 # E[max_d count_d] / 8 for the 8 arrows of a layout (7 distractors with random directions plus

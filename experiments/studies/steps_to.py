@@ -45,8 +45,9 @@ def steps_to_accuracy(steps_T: np.ndarray, accuracy_T: np.ndarray, threshold: fl
     """
     steps_T, accuracy_T = np.asarray(steps_T, np.float64), np.asarray(accuracy_T, np.float64)
     if steps_T.shape != accuracy_T.shape or steps_T.ndim != 1 or len(steps_T) == 0:
-        raise ValueError(f"a curve needs steps and accuracies of one length: {steps_T.shape}, "
-                         f"{accuracy_T.shape}")  # fmt: skip
+        raise ValueError(
+            f"a curve needs steps and accuracies of one length: {steps_T.shape}, {accuracy_T.shape}"
+        )
     if np.any(np.diff(steps_T) <= 0):
         raise ValueError(f"steps must increase: {steps_T.tolist()}")
     reached = np.flatnonzero(accuracy_T >= threshold)
@@ -85,8 +86,11 @@ def compare_steps(
     unreached_a = sum(math.isinf(v) for v in steps_a.values())
     unreached_b = sum(math.isinf(v) for v in steps_b.values())
     if paired:
-        seeds = sorted(s for s in set(steps_a) & set(steps_b)
-                       if math.isfinite(steps_a[s]) and math.isfinite(steps_b[s]))  # fmt: skip
+        seeds = sorted(
+            s
+            for s in set(steps_a) & set(steps_b)
+            if math.isfinite(steps_a[s]) and math.isfinite(steps_b[s])
+        )
         log_a = np.log([steps_a[s] for s in seeds])
         log_b = np.log([steps_b[s] for s in seeds])
         used = len(seeds)
@@ -102,8 +106,9 @@ def compare_steps(
         else:
             p = stats.welch_t(log_b, log_a)["p"]
             p_perm = stats.permutation_test(log_b, log_a)["p"]
-    return dict(ratio=ratio, p=p, p_perm=p_perm, used=used, unreached_a=unreached_a,
-                unreached_b=unreached_b)  # fmt: skip
+    return dict(
+        ratio=ratio, p=p, p_perm=p_perm, used=used, unreached_a=unreached_a, unreached_b=unreached_b
+    )
 
 
 def _steps(steps: float) -> str:
@@ -115,8 +120,9 @@ def report(rows, arm_a: str, arm_b: str, eval_name: str, thresholds, paired: boo
     `p=` last."""
     curves_a, curves_b = curves(rows, arm_a, eval_name), curves(rows, arm_b, eval_name)
     if not curves_a or not curves_b:
-        raise SystemExit(f"held_out.csv has no {eval_name!r} curve for "
-                         f"{arm_a if not curves_a else arm_b!r}")  # fmt: skip
+        raise SystemExit(
+            f"held_out.csv has no {eval_name!r} curve for {arm_a if not curves_a else arm_b!r}"
+        )
     final_b = float(np.mean([acc[-1] for _, acc in curves_b.values()]))
     test = "paired t on log(b / a), sign-flip" if paired else "Welch on log steps, permutation"
     lines = [
@@ -150,16 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("study")
     parser.add_argument("arm_a")
     parser.add_argument("arm_b")
-    parser.add_argument("--threshold", default="final",
-                        help="comma-separated accuracies in [0, 1], or 'final'")  # fmt: skip
+    parser.add_argument(
+        "--threshold", default="final", help="comma-separated accuracies in [0, 1], or 'final'"
+    )
     parser.add_argument("--eval", default="test", dest="eval_name")
     parser.add_argument("--results", default=lib.STUDIES_DIR, help="results root")
     parser.add_argument("--pairing", choices=("auto", "paired", "independent"), default="auto")
     args = parser.parse_args(argv)
     path = os.path.join(args.results, args.study, "held_out.csv")
     if not os.path.exists(path):
-        raise SystemExit(f"{path} not found: run python -m experiments.studies.training_curves "
-                         f"{args.study} first (runs with curve_every)")  # fmt: skip
+        raise SystemExit(
+            f"{path} not found: run python -m experiments.studies.training_curves "
+            f"{args.study} first (runs with curve_every)"
+        )
     rows = training_curves.read_csv(path)
     thresholds = [t for t in args.threshold.split(",") if t]
     for t in thresholds:

@@ -49,8 +49,11 @@ def read_held_out(workdir: str, evals: tuple[str, ...]) -> list[dict]:
             if not line.strip():
                 continue
             record = json.loads(line)
-            rows += [{"step": record["step"], "eval": name, "accuracy": record[f"{name}/accuracy"]}
-                     for name in evals if f"{name}/accuracy" in record]  # fmt: skip
+            rows += [
+                {"step": record["step"], "eval": name, "accuracy": record[f"{name}/accuracy"]}
+                for name in evals
+                if f"{name}/accuracy" in record
+            ]
     return rows
 
 
@@ -63,15 +66,19 @@ def _finished_runs(study: lib.Study, root: str, seeds: int):
 
 
 def collect(study: lib.Study, root: str, seeds: int) -> list[dict]:
-    return [{"arm": arm.name, "seed": seed, **r}
-            for arm, seed, workdir in _finished_runs(study, root, seeds)
-            for r in read_run(workdir)]  # fmt: skip
+    return [
+        {"arm": arm.name, "seed": seed, **r}
+        for arm, seed, workdir in _finished_runs(study, root, seeds)
+        for r in read_run(workdir)
+    ]
 
 
 def collect_held_out(study: lib.Study, root: str, seeds: int) -> list[dict]:
-    return [{"arm": arm.name, "seed": seed, **r}
-            for arm, seed, workdir in _finished_runs(study, root, seeds)
-            for r in read_held_out(workdir, study.evals)]  # fmt: skip
+    return [
+        {"arm": arm.name, "seed": seed, **r}
+        for arm, seed, workdir in _finished_runs(study, root, seeds)
+        for r in read_held_out(workdir, study.evals)
+    ]
 
 
 def write_csv(rows: list[dict], path: str, columns: tuple[str, ...] = COLUMNS) -> None:
@@ -79,8 +86,9 @@ def write_csv(rows: list[dict], path: str, columns: tuple[str, ...] = COLUMNS) -
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: f"{row[k]:.6g}" if isinstance(row[k], float) else row[k]
-                             for k in columns})  # fmt: skip
+            writer.writerow(
+                {k: f"{row[k]:.6g}" if isinstance(row[k], float) else row[k] for k in columns}
+            )
     os.replace(path + ".tmp", path)
 
 
@@ -145,8 +153,14 @@ def plot_held_out(study: lib.Study, rows: list[dict], path: str, lines=()) -> No
                 if run:  # colour: the arm; line and marker: the seed
                     steps, accuracy = zip(*run, strict=True)
                     style = SEED_STYLES[int(seed) % len(SEED_STYLES)]
-                    ax.plot(steps, 100 * np.array(accuracy), style, ms=3, color=colors(i),
-                            label=f"{arm.label}, seed {seed}")  # fmt: skip
+                    ax.plot(
+                        steps,
+                        100 * np.array(accuracy),
+                        style,
+                        ms=3,
+                        color=colors(i),
+                        label=f"{arm.label}, seed {seed}",
+                    )
         report.draw_reference_lines(ax, lines, 1, xycoords=("axes fraction", "data"), scale=100)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("training step")
@@ -155,8 +169,9 @@ def plot_held_out(study: lib.Study, rows: list[dict], path: str, lines=()) -> No
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(f"{study.title}: held-out accuracy along the way", fontsize=9)
     fig.tight_layout(rect=(0, 0.12, 1, 1))  # the legend below the panels, not over a curve
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(4, len(labels)),
-               frameon=False)  # fmt: skip
+    fig.legend(
+        handles, labels, fontsize=7, loc="lower center", ncol=min(4, len(labels)), frameon=False
+    )
     fig.savefig(path, dpi=130)
 
 
@@ -179,8 +194,13 @@ def plot(study: lib.Study, rows: list[dict], path: str) -> None:
         epoch = np.array([r["epoch"] for r in runs[0][:length]])
         for ax, key in zip(axes, ("train_accuracy", "loss"), strict=True):
             values = np.array([[r[key] for r in run[:length]] for run in runs])
-            ax.plot(epoch, values.mean(0), color=colors(i), lw=1.2,
-                    label=f"{arm.label} ({len(runs)} seeds)")  # fmt: skip
+            ax.plot(
+                epoch,
+                values.mean(0),
+                color=colors(i),
+                lw=1.2,
+                label=f"{arm.label} ({len(runs)} seeds)",
+            )
             ax.fill_between(epoch, values.min(0), values.max(0), color=colors(i), alpha=0.15)
     axes[0].set_ylabel("training accuracy (logged window, augmented batches)")
     axes[1].set_ylabel("training loss")

@@ -196,9 +196,15 @@ def _mixed_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[st
         if not chosen.size:
             continue
         layout = arrows.sample_chunk(
-            config, split, chunk, chunk_size=len(chosen), grid_shape=(g, g),
-            deltas=glyphs.DELTAS_2D, letter_ids=glyphs.LETTER_IDS_2D, stream=(g,),
-        )  # fmt: skip
+            config,
+            split,
+            chunk,
+            chunk_size=len(chosen),
+            grid_shape=(g, g),
+            deltas=glyphs.DELTAS_2D,
+            letter_ids=glyphs.LETTER_IDS_2D,
+            stream=(g,),
+        )
         glyphs_CGG = layout.pop("glyphs")
         out["glyphs"][chosen, :g, :g] = glyphs_CGG
         out["image"][chosen, : g * cell, : g * cell, 0] = glyphs.render_grid(glyphs_CGG, bank)

@@ -179,9 +179,14 @@ def _axis_weights(n_in: int, n_out: jax.Array, coord: jax.Array, method: str) ->
     eye = jnp.eye(n_in, dtype=jnp.float32)
     scale = jnp.asarray(n_out, jnp.float32) / n_in
     row = jax.image.scale_and_translate(
-        eye, (1, n_in), (0,), scale[None], -jnp.asarray(coord, jnp.float32)[None], method,
+        eye,
+        (1, n_in),
+        (0,),
+        scale[None],
+        -jnp.asarray(coord, jnp.float32)[None],
+        method,
         antialias=True,
-    )[0]  # fmt: skip
+    )[0]
     # The identity's row as a one-hot (the same 0/1 values as indexing ``eye``): a gather at a
     # batch-split coordinate has no output split JAX can name under Explicit mesh axes.
     identity_row = jax.nn.one_hot(jnp.clip(coord, 0, n_in - 1), n_in, dtype=jnp.float32)

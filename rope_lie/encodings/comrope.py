@@ -200,8 +200,9 @@ def _checked(params: dict[str, jax.Array], variant: str) -> tuple[jax.Array, jax
         )
     if variant == "ap":  # (A, N, M, b, b) -> (N, M A, b, b): block k = m A + a
         num_axes, num_heads, per_axis, block = gen.shape[:4]
-        gen = jnp.transpose(gen, (1, 2, 0, 3, 4)).reshape(num_heads, per_axis * num_axes, block,
-                                                          block)  # fmt: skip
+        gen = jnp.transpose(gen, (1, 2, 0, 3, 4)).reshape(
+            num_heads, per_axis * num_axes, block, block
+        )
         return gen.astype(jnp.float32), None
     scale = params["scale_AK"]
     if scale.ndim != 2 or scale.shape[1] != gen.shape[1]:
@@ -299,8 +300,9 @@ def _precompute(gen_NKbb, scale_AK, pos, variant: str) -> state.PairAngles:
     if block > 2:
         q_t = jnp.swapaxes(q_NKbb, -1, -2)
         eye_KK = jnp.eye(num_blocks, dtype=jnp.float32)
-        fold = jnp.einsum("NKij,KL->NKiLj", q_t, eye_KK).reshape(gen_NKbb.shape[0], *(2 * (
-            num_blocks * block,)))  # fmt: skip
+        fold = jnp.einsum("NKij,KL->NKiLj", q_t, eye_KK).reshape(
+            gen_NKbb.shape[0], *(2 * (num_blocks * block,))
+        )
     t_XK = _coefficients(scale_AK, pos, num_blocks, variant)
     lam_XNKJ = lam_NKJ.reshape((1,) * (t_XK.ndim - 1) + lam_NKJ.shape)
     angle = t_XK[..., None, :, None] * lam_XNKJ  # (..., N, K, J)

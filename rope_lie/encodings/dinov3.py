@@ -133,9 +133,14 @@ def init(
     del key
     _check_periods(base, min_period, max_period)
     fixed_frequency.init(
-        _FAMILY, _check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-        base=_base_arg(base), rotary_fraction=rotary_fraction,
-    )  # fmt: skip
+        _FAMILY,
+        _check_dims,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=_base_arg(base),
+        rotary_fraction=rotary_fraction,
+    )
     return family.params(
         _FAMILY,
         {},
@@ -173,9 +178,15 @@ def apply(
     """
     s = _bound(params, base, min_period, max_period, rotary_fraction)
     return fixed_frequency.apply(
-        _FAMILY, _check_dims, _table(s["min_period"], s["max_period"]), params, x_BTNH, pos,
-        base=_base_arg(s["base"]), rotary_fraction=s["rotary_fraction"],
-    )  # fmt: skip
+        _FAMILY,
+        _check_dims,
+        _table(s["min_period"], s["max_period"]),
+        params,
+        x_BTNH,
+        pos,
+        base=_base_arg(s["base"]),
+        rotary_fraction=s["rotary_fraction"],
+    )
 
 
 def precompute(
@@ -222,8 +233,12 @@ def precompute(
 def _bound(params, base, min_period, max_period, rotary_fraction) -> dict:
     """The settings of the call (``family.bound``), the periods checked."""
     s = family.bound(
-        params, _FAMILY, base=base, min_period=min_period, max_period=max_period,
+        params,
+        _FAMILY,
+        base=base,
+        min_period=min_period,
+        max_period=max_period,
         rotary_fraction=rotary_fraction,
-    )  # fmt: skip
+    )
     _check_periods(s["base"], s["min_period"], s["max_period"])
     return s

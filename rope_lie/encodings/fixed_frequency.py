@@ -141,9 +141,17 @@ def apply(
     _checks.check_x(x_BTNH, family)
     _checks.check_pos(pos, x_BTNH, family)
     pe = precompute(
-        family, check_dims, pair_table, params, pos, num_heads=x_BTNH.shape[2],
-        head_dim=x_BTNH.shape[3], num_prefix=0, base=base, rotary_fraction=rotary_fraction,
-    )  # fmt: skip
+        family,
+        check_dims,
+        pair_table,
+        params,
+        pos,
+        num_heads=x_BTNH.shape[2],
+        head_dim=x_BTNH.shape[3],
+        num_prefix=0,
+        base=base,
+        rotary_fraction=rotary_fraction,
+    )
     return pe.rotate(x_BTNH)
 
 

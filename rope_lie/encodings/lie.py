@@ -98,8 +98,9 @@ def _cayley_fwd(s_ZHH):
 def _cayley_bwd(m_ZHH, p_bar_ZHH):
     # dP = 2 dM = -2 M dS M, so S_bar = -2 M^T P_bar M^T.
     m_t = jnp.matrix_transpose(m_ZHH)
-    return (-2.0 * jnp.matmul(jnp.matmul(m_t, p_bar_ZHH, precision=_HIGHEST), m_t,
-                              precision=_HIGHEST),)  # fmt: skip
+    return (
+        -2.0 * jnp.matmul(jnp.matmul(m_t, p_bar_ZHH, precision=_HIGHEST), m_t, precision=_HIGHEST),
+    )
 
 
 _cayley.defvjp(_cayley_fwd, _cayley_bwd)

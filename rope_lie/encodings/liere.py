@@ -275,9 +275,13 @@ def _shared_rotations(gen_ANKbb: jax.Array, pos_BTA: jax.Array) -> jax.Array:
     pos_BTA = _sharding.replicated(pos_BTA)
     pos_XA = _no_position_gradient(pos_BTA.reshape(-1, num_axes).astype(jnp.float32))
     unique_UA, inverse_X, counts_U = jnp.unique(
-        pos_XA, axis=0, size=pos_XA.shape[0], fill_value=0.0, return_inverse=True,
+        pos_XA,
+        axis=0,
+        size=pos_XA.shape[0],
+        fill_value=0.0,
+        return_inverse=True,
         return_counts=True,
-    )  # fmt: skip
+    )
     tier = jnp.searchsorted(jnp.asarray(tiers), jnp.count_nonzero(counts_U))  # smallest >= count
 
     def on_first(rows: int):

@@ -64,9 +64,16 @@ import numpy as np
 from rope_lie.encodings import _checks
 
 CONVENTIONS = (
-    "integer", "sequential", "normalized", "autoscale", "centred", "centred_max", "centred_min",
-    "unit_centred", "diagonal",
-)  # fmt: skip
+    "integer",
+    "sequential",
+    "normalized",
+    "autoscale",
+    "centred",
+    "centred_max",
+    "centred_min",
+    "unit_centred",
+    "diagonal",
+)
 # The keyword arguments each convention takes beyond the grids (``grid_positions``).
 CONVENTION_HPARAMS = {"normalized": ("value_range",), "diagonal": ("temporal_spacing",)}
 
@@ -302,9 +309,14 @@ def randomize(
     mesh = jnp.meshgrid(*axes, indexing="ij")
     index_TA = jnp.stack([m.reshape(-1) for m in mesh], axis=-1)
     pos_TA = index_positions(
-        index_TA, jnp.asarray(wide), convention, train_grid=train_grid, anchor_grid=anchor_grid,
-        value_range=value_range, temporal_spacing=temporal_spacing,
-    )  # fmt: skip
+        index_TA,
+        jnp.asarray(wide),
+        convention,
+        train_grid=train_grid,
+        anchor_grid=anchor_grid,
+        value_range=value_range,
+        temporal_spacing=temporal_spacing,
+    )
     return jnp.concatenate([jnp.zeros((num_prefix, len(grid)), jnp.float32), pos_TA], axis=0)
 
 
@@ -353,12 +365,14 @@ def augment(
         out = out + u
     if jitter is not None:
         bound = float(np.log(jitter))
-        out = out * jnp.exp(jax.random.uniform(key_jitter, (*lead, 1, num_axes), minval=-bound,
-                                               maxval=bound))  # fmt: skip
+        out = out * jnp.exp(
+            jax.random.uniform(key_jitter, (*lead, 1, num_axes), minval=-bound, maxval=bound)
+        )
     if rescale is not None:
         bound = float(np.log(rescale))
-        out = out * jnp.exp(jax.random.uniform(key_rescale, (*lead, 1, 1), minval=-bound,
-                                               maxval=bound))  # fmt: skip
+        out = out * jnp.exp(
+            jax.random.uniform(key_rescale, (*lead, 1, 1), minval=-bound, maxval=bound)
+        )
     is_prefix = (jnp.arange(pos.shape[0]) < num_prefix)[:, None]
     return jnp.where(is_prefix, pos, out)
 

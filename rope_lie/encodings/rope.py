@@ -84,9 +84,14 @@ def init(
     """
     del key
     fixed_frequency.init(
-        _FAMILY, _check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-        base=base, rotary_fraction=rotary_fraction,
-    )  # fmt: skip
+        _FAMILY,
+        _check_dims,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        rotary_fraction=rotary_fraction,
+    )
     return family.params(
         _FAMILY,
         {},
@@ -150,6 +155,13 @@ def precompute(
     """
     settings = family.bound(params, _FAMILY, base=base, rotary_fraction=rotary_fraction)
     return fixed_frequency.precompute(
-        _FAMILY, _check_dims, pair_frequencies, params, pos, num_heads=num_heads, head_dim=head_dim,
-        num_prefix=num_prefix, **settings,
-    )  # fmt: skip
+        _FAMILY,
+        _check_dims,
+        pair_frequencies,
+        params,
+        pos,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_prefix=num_prefix,
+        **settings,
+    )

@@ -102,9 +102,10 @@ def _checked_layout(layout, sections, temporal_scale, head_dim: int, num_axes: i
     if layout not in LAYOUTS:
         raise ValueError(f"{_FAMILY}: layout={layout!r}; expected one of {LAYOUTS}")
     if isinstance(temporal_scale, bool) or not (
-        isinstance(temporal_scale, (int, float)) and np.isfinite(temporal_scale)
+        isinstance(temporal_scale, (int, float))
+        and np.isfinite(temporal_scale)
         and temporal_scale > 0
-    ):  # fmt: skip
+    ):
         raise ValueError(f"{_FAMILY}: temporal_scale={temporal_scale!r} must be a positive number")
     if layout == "axial":
         if sections is not None:
@@ -122,10 +123,11 @@ def _checked_layout(layout, sections, temporal_scale, head_dim: int, num_axes: i
     sections = tuple(sections)
     if (
         len(sections) != num_axes
-        or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0
-               for s in sections)
+        or any(
+            isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in sections
+        )
         or sum(sections) != num_pairs
-    ):  # fmt: skip
+    ):
         raise ValueError(
             f"{_FAMILY}: sections={sections} must be {num_axes} non-negative ints summing to "
             f"head_dim/2={num_pairs}"
@@ -226,9 +228,14 @@ def init(
     del key
     _, check = _table(layout, sections, temporal_scale)
     fixed_frequency.init(
-        _FAMILY, check, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-        base=base, rotary_fraction=rotary_fraction,
-    )  # fmt: skip
+        _FAMILY,
+        check,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        rotary_fraction=rotary_fraction,
+    )
     return family.params(
         _FAMILY,
         {},
@@ -325,6 +332,11 @@ def precompute(
 
 def _bound(params, base, rotary_fraction, layout, sections, temporal_scale) -> dict:
     return family.bound(
-        params, _FAMILY, base=base, rotary_fraction=rotary_fraction, layout=layout,
-        sections=sections, temporal_scale=temporal_scale,
-    )  # fmt: skip
+        params,
+        _FAMILY,
+        base=base,
+        rotary_fraction=rotary_fraction,
+        layout=layout,
+        sections=sections,
+        temporal_scale=temporal_scale,
+    )

@@ -155,9 +155,14 @@ def init(
     del key
     check_dims = _dims_check(_check_variant(variant))
     fixed_frequency.init(
-        _FAMILY, check_dims, num_heads=num_heads, head_dim=head_dim, num_axes=num_axes,
-        base=base, rotary_fraction=rotary_fraction,
-    )  # fmt: skip
+        _FAMILY,
+        check_dims,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        base=base,
+        rotary_fraction=rotary_fraction,
+    )
     return family.params(
         _FAMILY,
         {},
@@ -196,9 +201,15 @@ def apply(
     variant = _check_variant(s["variant"])
     table = liere_pair_frequencies if variant == "liere" else pair_frequencies
     return fixed_frequency.apply(
-        _FAMILY, _dims_check(variant), table, params, x_BTNH, pos, base=s["base"],
+        _FAMILY,
+        _dims_check(variant),
+        table,
+        params,
+        x_BTNH,
+        pos,
+        base=s["base"],
         rotary_fraction=s["rotary_fraction"],
-    )  # fmt: skip
+    )
 
 
 def precompute(
@@ -231,7 +242,14 @@ def precompute(
     variant = _check_variant(s["variant"])
     table = liere_pair_frequencies if variant == "liere" else pair_frequencies
     return fixed_frequency.precompute(
-        _FAMILY, _dims_check(variant), table, params, pos, num_heads=num_heads,
-        head_dim=head_dim, num_prefix=num_prefix, base=s["base"],
+        _FAMILY,
+        _dims_check(variant),
+        table,
+        params,
+        pos,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_prefix=num_prefix,
+        base=s["base"],
         rotary_fraction=s["rotary_fraction"],
-    )  # fmt: skip
+    )

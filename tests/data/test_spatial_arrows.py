@@ -219,9 +219,14 @@ def test_fixed_configs_draw_the_same_scenes_as_before_mixed_grids():
     layout = sa.generate_chunk(_tiny(), "train", 3)
     rng = np.random.default_rng([0, 0, 3])
     expected = glyphs.sample_layouts(
-        rng, sa.CHUNK, grid_shape=(6, 6), deltas=glyphs.DELTAS_2D, num_distractor_arrows=7,
-        letter_ids=glyphs.LETTER_IDS_2D, num_letters=5,
-    )  # fmt: skip
+        rng,
+        sa.CHUNK,
+        grid_shape=(6, 6),
+        deltas=glyphs.DELTAS_2D,
+        num_distractor_arrows=7,
+        letter_ids=glyphs.LETTER_IDS_2D,
+        num_letters=5,
+    )
     np.testing.assert_array_equal(layout["glyphs"], expected["glyphs"])
 
 

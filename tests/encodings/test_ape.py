@@ -169,9 +169,12 @@ def test_init_errors():
 
 @pytest.mark.parametrize(
     "stored, grids",
-    [((4, 4), [(3, 4), (5, 2), (4, 4), (8, 6)]), ((5,), [(2,), (5,), (9,)]),
-     ((2, 3, 2), [(1, 3, 4), (2, 3, 2), (3, 1, 1)])],
-)  # fmt: skip
+    [
+        ((4, 4), [(3, 4), (5, 2), (4, 4), (8, 6)]),
+        ((5,), [(2,), (5,), (9,)]),
+        ((2, 3, 2), [(1, 3, 4), (2, 3, 2), (3, 1, 1)]),
+    ],
+)
 def test_gather_is_each_examples_resized_table_at_its_tokens(stored, grids):
     """Per-example grids, traced: row index[b, t] of table(grid[b]), prefix rows first."""
     params = ape.init(_KEY, grid_shape=stored, width=6, num_prefix=1, init_std=1.0)

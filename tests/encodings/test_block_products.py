@@ -93,8 +93,16 @@ def test_liere_rotations_through_both_products(product):
 
 
 def test_vit_train_gradient_through_both_products(product):
-    model = ViT(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5, pe="liere",
-                pe_hparams={"block_size": 4}, head_zero_init=False, rngs=nnx.Rngs(0))  # fmt: skip
+    model = ViT(
+        variant="pico/4",
+        image_shape=(8, 12),
+        channels=3,
+        num_classes=5,
+        pe="liere",
+        pe_hparams={"block_size": 4},
+        head_zero_init=False,
+        rngs=nnx.Rngs(0),
+    )
     graphdef, state = nnx.split(model)
     images = jax.random.normal(jax.random.key(2), (2, 8, 12, 3))
     loss = lambda s: jnp.mean(nnx.merge(graphdef, s)(images) ** 2)

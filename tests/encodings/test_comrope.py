@@ -19,9 +19,14 @@ SHAPES = [("ld", 2, 2, 8), ("ld", 4, 2, 8), ("ld", 6, 3, 12), ("ap", 2, 3, 12), 
 
 def _params(seed, variant, block, num_axes, head_dim, init_std=1.0):
     return comrope.init(
-        jax.random.key(seed), num_heads=N, head_dim=head_dim, num_axes=num_axes,
-        variant=variant, block_size=block, init_std=init_std,
-    )  # fmt: skip
+        jax.random.key(seed),
+        num_heads=N,
+        head_dim=head_dim,
+        num_axes=num_axes,
+        variant=variant,
+        block_size=block,
+        init_std=init_std,
+    )
 
 
 def _np_generators(params, variant, num_axes):
@@ -100,11 +105,15 @@ def test_the_expm_path_is_the_reference_rotation(variant):
     pos_TA, _ = _inputs(6, 2, 8)
     r = np.asarray(comrope.rotations_expm(params, pos_TA, variant=variant), np.float64)
     gen = _np_generators(params, variant, 2)
-    want = np.stack([
-        [[scipy.linalg.expm(np.einsum("a,aij->ij", p, gen[:, n, k])) for k in range(2)]
-         for n in range(N)]
-        for p in pos_TA.astype(np.float64)
-    ])  # fmt: skip
+    want = np.stack(
+        [
+            [
+                [scipy.linalg.expm(np.einsum("a,aij->ij", p, gen[:, n, k])) for k in range(2)]
+                for n in range(N)
+            ]
+            for p in pos_TA.astype(np.float64)
+        ]
+    )
     np.testing.assert_allclose(r, want, rtol=0, atol=1e-5)
 
 
@@ -161,21 +170,28 @@ def test_reference_positions_give_the_unit_centred_logits():
     q, k = (rng.standard_normal((B, 13, N, 8)).astype(np.float32) for _ in range(2))
 
     def logits(pos):
-        return jnp.einsum("BTNH,BSNH->BNTS", comrope.apply(params, q, pos),
-                          comrope.apply(params, k, pos))  # fmt: skip
+        return jnp.einsum(
+            "BTNH,BSNH->BNTS", comrope.apply(params, q, pos), comrope.apply(params, k, pos)
+        )
 
     np.testing.assert_allclose(logits(ours), logits(ref), atol=2e-5)
 
 
 def test_init_follows_the_reference():
     params = comrope.init(
-        jax.random.key(0), num_heads=64, head_dim=32, num_axes=2, variant="ld", block_size=8,
+        jax.random.key(0),
+        num_heads=64,
+        head_dim=32,
+        num_axes=2,
+        variant="ld",
+        block_size=8,
         init_std=0.5,
-    )  # fmt: skip
+    )
     assert params["gen_NKbb"].shape == (64, 4, 8, 8) and params["scale_AK"].shape == (2, 4)
     assert abs(float(jnp.std(params["gen_NKbb"])) - 0.5) < 0.02
-    ap = comrope.init(jax.random.key(0), num_heads=3, head_dim=24, num_axes=3, variant="ap",
-                      block_size=4)  # fmt: skip
+    ap = comrope.init(
+        jax.random.key(0), num_heads=3, head_dim=24, num_axes=3, variant="ap", block_size=4
+    )
     assert set(ap) == {"gen_ANMbb"} and ap["gen_ANMbb"].shape == (3, 3, 2, 4, 4)
 
 
@@ -201,8 +217,9 @@ def test_fast_and_expm_paths_have_the_same_gradients():
     fast, slow = jax.grad(loss_fast)(params), jax.grad(loss_expm)(params)
     for key in params:
         assert np.all(np.isfinite(fast[key]))
-        np.testing.assert_allclose(fast[key], slow[key], rtol=2e-3, atol=2e-3 * float(
-            jnp.max(jnp.abs(slow[key]))))  # fmt: skip
+        np.testing.assert_allclose(
+            fast[key], slow[key], rtol=2e-3, atol=2e-3 * float(jnp.max(jnp.abs(slow[key])))
+        )
 
 
 @pytest.mark.parametrize(

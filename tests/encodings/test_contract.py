@@ -126,8 +126,11 @@ def test_zero_position_is_identity_or_p(name, hparams, rank):
         assert not np.allclose(expected, x_BTNH, atol=1e-3)  # P != I with init_std > 0
     elif name == "comrope" and hparams["block_size"] > 2:  # R'(0) = P, the eigenbases
         _, q_NKbb = comrope.spectra(params, **kw)
-        expected = jnp.einsum("NKji,BTNKj->BTNKi", q_NKbb, x_BTNH.reshape(*x_BTNH.shape[:3], -1,
-                              hparams["block_size"])).reshape(x_BTNH.shape)  # fmt: skip
+        expected = jnp.einsum(
+            "NKji,BTNKj->BTNKi",
+            q_NKbb,
+            x_BTNH.reshape(*x_BTNH.shape[:3], -1, hparams["block_size"]),
+        ).reshape(x_BTNH.shape)
         assert not np.allclose(expected, x_BTNH, atol=1e-3)
     else:
         expected = x_BTNH

@@ -112,8 +112,9 @@ def test_augment_is_a_function_of_the_key():
 
 
 def test_shift_is_uniform_per_axis_and_shared_by_the_tokens():
-    out = np.asarray(positions.augment(jax.random.key(3), POS, num_prefix=PREFIX, shift=0.5,
-                                       batch_size=4000))  # fmt: skip
+    out = np.asarray(
+        positions.augment(jax.random.key(3), POS, num_prefix=PREFIX, shift=0.5, batch_size=4000)
+    )
     u = out[:, PREFIX:] - np.asarray(POS)[PREFIX:]
     np.testing.assert_allclose(u, np.broadcast_to(u[:, :1], u.shape), atol=1e-6)
     u = u[:, 0]  # (B, A)
@@ -125,8 +126,9 @@ def test_shift_is_uniform_per_axis_and_shared_by_the_tokens():
 
 @pytest.mark.parametrize("name", ["jitter", "rescale"])
 def test_jitter_and_rescale_are_log_uniform(name):
-    out = np.asarray(positions.augment(jax.random.key(4), POS, num_prefix=PREFIX, batch_size=4000,
-                                       **{name: 2.0}))  # fmt: skip
+    out = np.asarray(
+        positions.augment(jax.random.key(4), POS, num_prefix=PREFIX, batch_size=4000, **{name: 2.0})
+    )
     factor = out[:, PREFIX:] / np.asarray(POS)[PREFIX:]  # (B, T, A), the same for every token
     np.testing.assert_allclose(factor, np.broadcast_to(factor[:, :1], factor.shape), rtol=1e-5)
     log_f = np.log(factor[:, 0])

@@ -104,8 +104,10 @@ def test_num_squarings_is_tighter_than_frobenius():
 def test_the_host_is_decided_outside_jit_and_shapes_the_program():
     # 256 matrices of 40 x 40 are dots (above 32 x 32): one chunk per core on CPU, so a 2-core
     # host traces two independent copies of the squarings and a 1-core host one.
-    a = jnp.asarray(np.stack([random_skew(np.random.default_rng(i), 1, 40, 1.0)[0]
-                              for i in range(256)]), jnp.float32)  # fmt: skip
+    a = jnp.asarray(
+        np.stack([random_skew(np.random.default_rng(i), 1, 40, 1.0)[0] for i in range(256)]),
+        jnp.float32,
+    )
 
     def dots(host):
         return str(jax.make_jaxpr(lambda x: expm.expm_skew(x, host=host))(a)).count("dot_general")

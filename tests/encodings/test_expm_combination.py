@@ -64,8 +64,9 @@ def test_expm_skew_combination_vjp_matches_finite_differences(h):
     def loss(c, g):
         return jnp.sum(jnp.asarray(w, jnp.float32) * expm_combination.expm_skew_combination(c, g))
 
-    grad_c, grad_g = jax.grad(loss, (0, 1))(jnp.asarray(coef, jnp.float32),
-                                             jnp.asarray(gen, jnp.float32))  # fmt: skip
+    grad_c, grad_g = jax.grad(loss, (0, 1))(
+        jnp.asarray(coef, jnp.float32), jnp.asarray(gen, jnp.float32)
+    )
     d_c, d_g = rng.normal(size=coef.shape), np.stack([random_skew(rng, 3, h, 1.0)] * 2)
     eps = 1e-6
 
@@ -83,8 +84,9 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
     # of at most 8 (uneven, padded) must give the ungrouped values and gradients, for broadcast
     # products (H = 5: grouped in the backward only) and dot products (H = 16: both passes).
     rng = np.random.default_rng(13)
-    gen = jnp.asarray(np.stack([random_skew(rng, 2, h, 3.0), random_skew(rng, 2, h, 1.0)]),
-                      jnp.float32)  # fmt: skip
+    gen = jnp.asarray(
+        np.stack([random_skew(rng, 2, h, 3.0), random_skew(rng, 2, h, 1.0)]), jnp.float32
+    )
     coef = jnp.asarray(rng.uniform(-1.0, 1.0, size=(37, 2)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(37, 2, h, h)), jnp.float32)
 

@@ -27,42 +27,133 @@ from tests.encodings.reference import normal
 # Rows: (dim, base, L, s, attention_factor, inv_freq).
 HF_NTK = [
     (8, 100.0, 7, 2.0, 1.0, [1.0, 0.2509901523590088, 0.06299605220556259, 0.015811389312148094]),
-    (16, 10000.0, 14, 4.0, 1.0, [
-        1.0, 0.25941282510757446, 0.06729500740766525, 0.01745718903839588,
-        0.0045286184176802635, 0.0011747815879061818, 0.0003047533973585814,
-        7.905694656074047e-05,
-    ]),
-    (64, 10000.0, 2048, 8.0, 1.0, [
-        1.0, 0.701242208480835, 0.4917406737804413, 0.3448293209075928, 0.2418089061975479,
-        0.16956660151481628, 0.11890726536512375, 0.08338279277086258, 0.05847154185175896,
-        0.04100271314382553, 0.028752831742167473, 0.02016269974410534, 0.014138937927782536,
-        0.009914820082485676, 0.00695269089192152, 0.004875520244240761, 0.0034189207945019007,
-        0.0023974915966391563, 0.0016812224639579654, 0.0011789441341534257,
-        0.0008267254452221096, 0.0005797347985208035, 0.0004065345274284482,
-        0.000285079178865999, 0.00019990955479443073, 0.0001401850167894736,
-        9.830365888774395e-05, 6.893467798363417e-05, 4.8339905333705246e-05,
-        3.389798803254962e-05, 2.3770699044689536e-05, 1.666901880525984e-05,
-    ]),
-]  # fmt: skip
+    (
+        16,
+        10000.0,
+        14,
+        4.0,
+        1.0,
+        [
+            1.0,
+            0.25941282510757446,
+            0.06729500740766525,
+            0.01745718903839588,
+            0.0045286184176802635,
+            0.0011747815879061818,
+            0.0003047533973585814,
+            7.905694656074047e-05,
+        ],
+    ),
+    (
+        64,
+        10000.0,
+        2048,
+        8.0,
+        1.0,
+        [
+            1.0,
+            0.701242208480835,
+            0.4917406737804413,
+            0.3448293209075928,
+            0.2418089061975479,
+            0.16956660151481628,
+            0.11890726536512375,
+            0.08338279277086258,
+            0.05847154185175896,
+            0.04100271314382553,
+            0.028752831742167473,
+            0.02016269974410534,
+            0.014138937927782536,
+            0.009914820082485676,
+            0.00695269089192152,
+            0.004875520244240761,
+            0.0034189207945019007,
+            0.0023974915966391563,
+            0.0016812224639579654,
+            0.0011789441341534257,
+            0.0008267254452221096,
+            0.0005797347985208035,
+            0.0004065345274284482,
+            0.000285079178865999,
+            0.00019990955479443073,
+            0.0001401850167894736,
+            9.830365888774395e-05,
+            6.893467798363417e-05,
+            4.8339905333705246e-05,
+            3.389798803254962e-05,
+            2.3770699044689536e-05,
+            1.666901880525984e-05,
+        ],
+    ),
+]
 HF_YARN = [
-    (8, 100.0, 7, 2.0, 1.0693147180559945,
-     [1.0, 0.15811388194561005, 0.05000000074505806, 0.015811389312148094]),
-    (16, 100.0, 14, 1.5714285714285714, 1.0451985123743057, [
-        1.0, 0.46009743213653564, 0.2012358456850052, 0.11316324025392532, 0.06363637000322342,
-        0.03578535467386246, 0.020123586058616638, 0.011316323652863503,
-    ]),
-    (64, 10000.0, 2048, 8.0, 1.2079441541679836, [
-        1.0, 0.7498942017555237, 0.5623413324356079, 0.4216965138912201, 0.3162277638912201,
-        0.23713736236095428, 0.17782793939113617, 0.1333521455526352, 0.10000000149011612,
-        0.06994204968214035, 0.0486641488969326, 0.03365462273359299, 0.0231089536100626,
-        0.015733150765299797, 0.010601281188428402, 0.007052276749163866, 0.00461538415402174,
-        0.002956313779577613, 0.0018384235445410013, 0.0010947888949885964,
-        0.0006081303581595421, 0.00029642172739841044, 0.00022228492889553308,
-        0.00016669018077664077, 0.0001250000059371814, 9.373677312396467e-05,
-        7.029266271274537e-05, 5.271206100587733e-05, 3.9528473280370235e-05,
-        2.9642173103638925e-05, 2.2228492525755428e-05, 1.666901880525984e-05,
-    ]),
-]  # fmt: skip
+    (
+        8,
+        100.0,
+        7,
+        2.0,
+        1.0693147180559945,
+        [1.0, 0.15811388194561005, 0.05000000074505806, 0.015811389312148094],
+    ),
+    (
+        16,
+        100.0,
+        14,
+        1.5714285714285714,
+        1.0451985123743057,
+        [
+            1.0,
+            0.46009743213653564,
+            0.2012358456850052,
+            0.11316324025392532,
+            0.06363637000322342,
+            0.03578535467386246,
+            0.020123586058616638,
+            0.011316323652863503,
+        ],
+    ),
+    (
+        64,
+        10000.0,
+        2048,
+        8.0,
+        1.2079441541679836,
+        [
+            1.0,
+            0.7498942017555237,
+            0.5623413324356079,
+            0.4216965138912201,
+            0.3162277638912201,
+            0.23713736236095428,
+            0.17782793939113617,
+            0.1333521455526352,
+            0.10000000149011612,
+            0.06994204968214035,
+            0.0486641488969326,
+            0.03365462273359299,
+            0.0231089536100626,
+            0.015733150765299797,
+            0.010601281188428402,
+            0.007052276749163866,
+            0.00461538415402174,
+            0.002956313779577613,
+            0.0018384235445410013,
+            0.0010947888949885964,
+            0.0006081303581595421,
+            0.00029642172739841044,
+            0.00022228492889553308,
+            0.00016669018077664077,
+            0.0001250000059371814,
+            9.373677312396467e-05,
+            7.029266271274537e-05,
+            5.271206100587733e-05,
+            3.9528473280370235e-05,
+            2.9642173103638925e-05,
+            2.2228492525755428e-05,
+            1.666901880525984e-05,
+        ],
+    ),
+]
 
 
 # ---------------------------------------------------------------- the formulas, written here
@@ -105,8 +196,9 @@ CONFIGS = [
 
 @pytest.mark.parametrize("dim, base, length, s", CONFIGS)
 def test_ntk_and_yarn_are_the_published_formulas(dim, base, length, s):
-    np.testing.assert_allclose(ex.ntk_inv_freq(dim, base, s), ntk_reference(dim, base, s),
-                               rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        ex.ntk_inv_freq(dim, base, s), ntk_reference(dim, base, s), rtol=1e-12
+    )
     inv_freq, factor = yarn_reference(dim, base, s, length)
     np.testing.assert_allclose(ex.yarn_inv_freq(dim, base, s, length), inv_freq, rtol=1e-12)
     assert ex.yarn_attention_factor(s) == pytest.approx(factor, rel=1e-14)
@@ -205,9 +297,8 @@ def test_p_rope_pairs_stay_unrotated_and_the_others_follow_the_full_spectrum():
 
 def test_a_spectrum_that_is_not_geometric_per_axis_is_refused():
     enc = encodings.encoder(
-        "rope_axial", num_heads=1, head_dim=24, num_axes=3, layout="mrope_interleaved",
-        base=10000.0,
-    )  # fmt: skip
+        "rope_axial", num_heads=1, head_dim=24, num_axes=3, layout="mrope_interleaved", base=10000.0
+    )
     pos = positions.grid_positions((2, 2, 2), "integer")
     with pytest.raises(ValueError, match="axis 0 are not a geometric spectrum"):
         ex.precompute(enc, {}, pos, num_prefix=0, scaling=_scaling("ntk", (2, 2, 2), (1, 1, 1)))
@@ -230,8 +321,9 @@ def test_pi_at_twice_the_grid_rotates_token_2i_as_training_token_i(name, setting
     enc = encodings.encoder(name, num_heads=2, head_dim=12, num_axes=2, **settings)
     params = enc.init(jax.random.key(3))
     train, evaluated = (3, 4), (6, 8)
-    scaling = ex.resolve("pi", family=name, grid=evaluated, train_grid=train,
-                         convention="integer", num_prefix=1)  # fmt: skip
+    scaling = ex.resolve(
+        "pi", family=name, grid=evaluated, train_grid=train, convention="integer", num_prefix=1
+    )
     pos_eval = positions.grid_positions(evaluated, "integer", num_prefix=1)
     pos_train = positions.grid_positions(train, "integer", num_prefix=1)
     x = normal((1, 1 + 12, 2, 12))
@@ -273,8 +365,14 @@ def test_yarn_on_learned_frequencies_keeps_fast_pairs_and_interpolates_slow_ones
 def test_rope_mixed_yarn_state_is_rope_mixed_with_the_scaled_frequencies():
     enc = encodings.encoder("rope_mixed", num_heads=2, head_dim=8, num_axes=2, rotary_fraction=0.5)
     params = enc.init(jax.random.key(0))
-    scaling = ex.resolve("yarn", family="rope_mixed", grid=(14, 14), train_grid=(7, 7),
-                         convention="integer", num_prefix=1)  # fmt: skip
+    scaling = ex.resolve(
+        "yarn",
+        family="rope_mixed",
+        grid=(14, 14),
+        train_grid=(7, 7),
+        convention="integer",
+        num_prefix=1,
+    )
     pos = positions.grid_positions((14, 14), "integer", num_prefix=1)
     got = ex.precompute(enc, params, pos, num_prefix=1, scaling=scaling)
     assert isinstance(got, state.ScaledQK)
@@ -298,16 +396,18 @@ def _logits(pe_state, q, k):
 def test_logit_scaling_multiplies_every_logit_by_the_log_ratio(name, settings):
     enc = encodings.encoder(name, num_heads=2, head_dim=12, num_axes=2, **settings)
     params = enc.init(jax.random.key(1))
-    scaling = ex.resolve("logit", family=name, grid=(6, 8), train_grid=(3, 4),
-                         convention="integer", num_prefix=1)  # fmt: skip
+    scaling = ex.resolve(
+        "logit", family=name, grid=(6, 8), train_grid=(3, 4), convention="integer", num_prefix=1
+    )
     ratio = math.log(49) / math.log(13)
     assert scaling.tool is None and scaling.qk_scale**2 == pytest.approx(ratio)
     pos = positions.grid_positions((6, 8), "integer", num_prefix=1)
     q, k = normal((1, 49, 2, 12), 1), normal((1, 49, 2, 12), 2)
     plain = enc.precompute(params, pos, num_prefix=1)
     scaled = ex.precompute(enc, params, pos, num_prefix=1, scaling=scaling)
-    np.testing.assert_allclose(_logits(scaled, q, k), ratio * _logits(plain, q, k),
-                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        _logits(scaled, q, k), ratio * _logits(plain, q, k), rtol=1e-4, atol=1e-4
+    )
     folded = scaled.to_fold()  # a P to fold (Cayley-STRING, ComRoPE) stays the family's
     assert isinstance(folded, state.ScaledQK)
     assert (folded.fold_NHH is None) == (plain.to_fold().fold_NHH is None)
@@ -345,8 +445,14 @@ def test_resolve_factors_extents_and_identity():
         assert ex.resolve(tool, grid=(7, 7), **kw) is None
         if tool != "logit" and tool != "pi+logit":
             assert ex.resolve(tool, grid=(5, 7), **kw) is None
-    seq = ex.resolve("pi", family="liere", grid=(14, 14), train_grid=(7, 7),
-                     convention="sequential", num_prefix=1)  # fmt: skip
+    seq = ex.resolve(
+        "pi",
+        family="liere",
+        grid=(14, 14),
+        train_grid=(7, 7),
+        convention="sequential",
+        num_prefix=1,
+    )
     assert seq.extents == pytest.approx((7 / 6, 7 / 6))
 
 
@@ -365,8 +471,9 @@ def test_resolve_factors_extents_and_identity():
 )
 def test_unsupported_tools_name_what_is_supported(spec, family, convention, match):
     with pytest.raises(ValueError, match=match):
-        ex.resolve(spec, family=family, grid=(8, 8), train_grid=(4, 4),
-                   convention=convention, num_prefix=1)  # fmt: skip
+        ex.resolve(
+            spec, family=family, grid=(8, 8), train_grid=(4, 4), convention=convention, num_prefix=1
+        )
 
 
 def test_tools_for_reads_the_family_declarations():

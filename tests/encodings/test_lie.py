@@ -75,8 +75,9 @@ def test_cayley_of_many_layers_in_one_program_does_not_deadlock():
         "print('done')\n"
     )
     env = {**os.environ, "XLA_FLAGS": ""}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=240, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env
+    )
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
 
 

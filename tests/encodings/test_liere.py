@@ -515,5 +515,6 @@ def test_dense_64_rotations_accurate_over_norms(norm):
     r = np.asarray(_rotations(params, pos_TA), np.float64)[:, 0, 0]
     ref = _reference_r(params["gen_ANKbb"], 64, pos_TA)[:, 0]
     np.testing.assert_allclose(r, ref, rtol=0, atol=1e-4)
-    np.testing.assert_allclose(np.swapaxes(r, -1, -2) @ r, np.broadcast_to(np.eye(64), r.shape),
-                               atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        np.swapaxes(r, -1, -2) @ r, np.broadcast_to(np.eye(64), r.shape), atol=1e-4
+    )

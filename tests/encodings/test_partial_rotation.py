@@ -108,8 +108,10 @@ def test_rope_mixed_leaves_the_low_magnitude_pairs_unrotated():
 @pytest.mark.parametrize("fraction", [-0.1, 1.5, True, "half"])
 def test_bad_fractions_name_the_value(fraction):
     with pytest.raises(ValueError, match="rotary_fraction="):
-        rope_axial.init(jax.random.key(0), num_heads=1, head_dim=8, num_axes=2,
-                        rotary_fraction=fraction)  # fmt: skip
+        rope_axial.init(
+            jax.random.key(0), num_heads=1, head_dim=8, num_axes=2, rotary_fraction=fraction
+        )
     with pytest.raises(ValueError, match="rotary_fraction="):
-        rope_mixed.init(jax.random.key(0), num_heads=1, head_dim=8, num_axes=2,
-                        rotary_fraction=fraction)  # fmt: skip
+        rope_mixed.init(
+            jax.random.key(0), num_heads=1, head_dim=8, num_axes=2, rotary_fraction=fraction
+        )

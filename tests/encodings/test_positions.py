@@ -187,7 +187,7 @@ def test_randomize_draws_a_sorted_subset_of_a_larger_grids_positions(convention)
         pos = np.asarray(
             positions.randomize(
                 jax.random.key(seed), grid, convention, scale=scale, num_prefix=2, train_grid=grid
-            )  # fmt: skip
+            )
         )
         assert pos.shape == (2 + 15, 2) and np.all(pos[:2] == 0)
         rows, cols = pos[2:, 0].reshape(grid), pos[2:, 1].reshape(grid)

@@ -131,5 +131,9 @@ def test_apply_rejects_parameters_of_another_family():
 
 def test_apply_hparams():
     assert rope_axial.APPLY_HPARAMS == (
-        "base", "rotary_fraction", "layout", "sections", "temporal_scale",
-    )  # fmt: skip
+        "base",
+        "rotary_fraction",
+        "layout",
+        "sections",
+        "temporal_scale",
+    )

@@ -115,8 +115,9 @@ def test_temporal_scale_multiplies_the_time_positions(layout):
 
 def test_the_axial_default_is_unchanged_by_the_layout_option():
     pos_TA, head_dim = _pos(3), 24
-    np.testing.assert_array_equal(_angles(pos_TA, head_dim, layout="axial"),
-                                  _angles(pos_TA, head_dim))  # fmt: skip
+    np.testing.assert_array_equal(
+        _angles(pos_TA, head_dim, layout="axial"), _angles(pos_TA, head_dim)
+    )
     per_axis = head_dim // 6  # the rope-vit formula, written out
     freq = 100.0 ** (-6.0 * np.arange(per_axis) / head_dim)
     want = np.concatenate([pos_TA[:, a : a + 1].astype(np.float64) * freq for a in range(3)], -1)
@@ -190,12 +191,18 @@ def test_videorope_whole_through_the_3d_vit():
     reference's table (``_videorope_lta``) at the reference's position ids; the class token's
     are 0."""
     model = ViT(
-        variant=None, dims=dict(width=32, depth=2, num_heads=2, mlp_dim=64), patch_size=(1, 2, 2),
-        image_shape=(3, 10, 8), channels=2, num_classes=3, pe="rope_axial",
+        variant=None,
+        dims=dict(width=32, depth=2, num_heads=2, mlp_dim=64),
+        patch_size=(1, 2, 2),
+        image_shape=(3, 10, 8),
+        channels=2,
+        num_classes=3,
+        pe="rope_axial",
         pe_hparams=dict(layout="videorope", base=1e4, sections=(2, 3, 3)),
-        position_convention="diagonal", position_hparams=dict(temporal_spacing=2.0),
+        position_convention="diagonal",
+        position_hparams=dict(temporal_spacing=2.0),
         rngs=nnx.Rngs(0),
-    )  # fmt: skip
+    )
     grid = (3, 5, 4)
     want = _videorope_lta(_videorope_position_ids(grid, 2.0), 16, 1e4, (2, 3, 3))
     for state in model.precompute_pe(grid):

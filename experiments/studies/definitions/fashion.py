@@ -45,9 +45,7 @@ F_DINOV3_P075 = _fashion(
 )
 FASHION_MAIN = (F_APE, F_MIXED_HEO, F_LIERE_B2, F_LIERE_B8)  # 5 seeds; the other arms 3
 FASHION_EVALS = ("test", "test_shuffled")
-FASHION_RESOLUTION_EVALS = (
-    "test", "px36", "px44", "px56", "canvas36", "canvas44", "canvas56",
-)  # fmt: skip
+FASHION_RESOLUTION_EVALS = ("test", "px36", "px44", "px56", "canvas36", "canvas44", "canvas56")
 
 FASHION_STUDY = Study(
     name="fashion",
@@ -390,7 +388,7 @@ FASHION_PLATEAU_STUDY = Study(
     title="Fashion-MNIST trained to the plateau: accuracy, shuffled patches, 2x the pixels",
     arms=tuple(
         at_plateau(a) for a in (F_APE, F_LIERE_B8, F_MIXED_HEO, F_LIERE_B2, F_DINOV3, F_COMROPE)
-    ),  # fmt: skip
+    ),
     evals=PLATEAU_EVALS,
     # Table 1 (CIFAR-100, not Fashion-MNIST): the ordering is compared, not the numbers.
     paper={
