@@ -317,9 +317,9 @@ def cell_block(image: np.ndarray, cell: np.ndarray, cell_size: int) -> np.ndarra
 def png_bytes(image_HW1: np.ndarray) -> bytes:
     """Lossless PNG file of a uint8 (H, W, 1) image: 8-bit grayscale, no filter, zlib level 6.
 
-    Written directly (signature, IHDR, one IDAT, IEND; PNG spec, ISO/IEC 15948): 2.3x faster
-    than PIL's encoder on 64 x 64 glyph images (92 vs 210 us, the bulk of generating a
-    dataset) and 13 % smaller, since PIL's per-image setup costs more than compressing 4 KiB.
+    Written directly (signature, IHDR, one IDAT, IEND; PNG spec, ISO/IEC 15948): faster and
+    smaller than PIL's encoder on 64 x 64 glyph images, since PIL's per-image setup costs more
+    than compressing 4 KiB (benchmarks README, section 14).
 
     Args:
       image_HW1: uint8 (H, W, 1).

@@ -10,9 +10,9 @@ resolution does), trilinear in 3D and linear in 1D (method ``"linear"``). Resizi
 half-pixel centres (new index j samples old coordinate (j + 1/2) n_old / n_new - 1/2, i.e.
 ``align_corners=False``) and is antialiased when shrinking (a no-op when enlarging), as timm's
 ``resample_abs_pos_embed`` (``F.interpolate(mode="bicubic", antialias=True)``, its default:
-torch's antialiased kernel has a = -0.5 like this one, and the two agree to 1e-6 when growing
-4x4 to 6x6 or 8x8 and shrinking to 3x3, measured with torch 2.14; torch's bicubic without
-antialias has a = -0.75 and differs by up to 0.5 there). At the training grid the stored table
+torch's antialiased kernel has a = -0.5 like this one, and the two agreed to float32 rounding
+growing and shrinking when compared (benchmarks README, section 14); torch's bicubic without
+antialias has a = -0.75 and differs). At the training grid the stored table
 is returned unchanged.
 
 Additive-family contract (followed by ``ape`` and ``sincos``):

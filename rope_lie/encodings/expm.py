@@ -19,9 +19,9 @@ How the exponentials are computed (scaling and squaring: Higham, SIAM J. Matrix 
   the pieces here: the host, the products, the squarings and the bound.
 
 Batched products up to 32 x 32 on CPU (16 elsewhere) are broadcast multiply-adds, which XLA
-fuses into one multithreaded loop (3-100x faster than XLA:CPU's batched dot below 8 x 8, 1.5-2x
-up to 32 x 32, measured); larger ones are dots, run in one independent chunk per CPU core on CPU
-(XLA:CPU runs one batched dot on one core, independent ones concurrently: 1.7x on 2 cores).
+fuses into one multithreaded loop, faster than XLA:CPU's batched dot at those sizes; larger ones
+are dots, run in one independent chunk per CPU core on CPU (XLA:CPU runs one batched dot on one
+core, independent ones concurrently). The figures behind both: benchmarks README, section 14.
 These choices depend on the machine, so they are made from a ``Host`` (platform and cores)
 decided outside the jitted code and passed in as a static argument: ``this_host()`` once per
 process by default, or any ``Host`` given to ``expm_skew`` or ``expm_skew_combination`` (e.g.
@@ -60,8 +60,8 @@ class Host(NamedTuple):
     """The facts about the machine that shape the exponentials' program (static under jit).
 
     Thresholds: on CPU, broadcast products up to 32 x 32 and one chunk per core were measured
-    (module docstring); on GPU and TPU the 16 x 16 threshold and a single chunk are *assumed*
-    (no accelerator has measured them yet).
+    (benchmarks README, section 14); on GPU and TPU the 16 x 16 threshold and a single chunk are
+    *assumed*: no accelerator has measured them yet.
     """
 
     platform: str  # jax.default_backend(): "cpu", "gpu" or "tpu"
@@ -120,7 +120,7 @@ def _broadcast_product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
 
 def _dot(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
     """Batched product as a dot (materialised, never fused); below 8 x 8, zero-padded to 8 x 8,
-    where XLA:CPU's batched dot is 20-100x slower."""
+    where XLA:CPU's batched dot is far slower (benchmarks README, section 14)."""
     h = a_ZHH.shape[-1]
     if h >= 8:
         return jnp.matmul(a_ZHH, b_ZHH, precision=HIGHEST)

@@ -62,7 +62,7 @@ def _monomials(num_axes: int, degree: int):
             ]
         )
     # Highest degree first, I last: the float32 product then adds the small terms before the
-    # large ones (measured: max error 7e-8 instead of 2e-7 at theta = 2).
+    # large ones, which lowers the rounding error (benchmarks README, section 14).
     exponents = np.array([m for level in levels[::-1] for m in level], dtype=np.int32)
     return parents, exponents
 
@@ -129,7 +129,7 @@ def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Arr
         powers.append(powers[-1] * b_XA)
     powers_XAQ = jnp.stack(powers, axis=-1)
     # coef[x, alpha] = prod_a b_a^alpha_a, gathered by one-hot products: a plain gather makes
-    # XLA:CPU lay the coefficients out transposed and run the large product 2x slower.
+    # XLA:CPU lay the coefficients out transposed and run the large product slower.
     coef_XM = 1.0
     for a in range(b_XA.shape[-1]):
         one_hot_MQ = jax.nn.one_hot(exponents_MA[:, a], degree + 1, dtype=b_XA.dtype)
@@ -141,10 +141,8 @@ def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Arr
 
 
 # Rows per group (their Taylor rows and squarings): about 4 MiB of rotations, so a group stays
-# in cache through its squarings. Dense 64 x 64, 12 heads: 1.9x faster at 1024 tokens, linear in
-# tokens (measured 2-16 MiB: 4 best). Broadcast products (b <= 8) are grouped only in the
-# backward pass: there it is 1.4-2x faster (b = 8, 12 heads: 196 tokens 66 -> 49 ms, 1024
-# tokens 391 -> 196 ms), in the forward pass 1.4-2x slower.
+# in cache through its squarings. Broadcast products (b <= 8) are grouped only in the backward
+# pass, where grouping helps; in the forward pass it does not (benchmarks README, section 14).
 _GROUP_BYTES = 4 * 2**20
 
 
@@ -188,8 +186,8 @@ def _combination_fwd(coef_XA, gen_AYHH, host):
 
 
 def _combination_bwd(host, res, r_bar_XYHH):
-    # The Frechet adjoint at A^T per row, as in expm_skew's VJP (measured: as fast as a
-    # reverse-mode adjoint through the squarings, without its extra code).
+    # The Frechet adjoint at A^T per row, as in expm_skew's VJP: as fast as a reverse-mode
+    # adjoint through the squarings, without its extra code.
     coef_XA, gen_AYHH = res
     impl = functools.partial(lie.on_matrix_batch, functools.partial(expm.expm_skew_chunked, host))
 

@@ -73,7 +73,7 @@ def _inverse_gauss_jordan(a_ZHH: jax.Array) -> jax.Array:
         aug = aug - aug[:, :, k][:, :, None] * pivot_row[:, None, :]
         return aug.at[:, k].set(pivot_row)
 
-    # unroll=4: 30 % faster at 12 heads of 64 x 64 on CPU than a rolled loop (measured).
+    # unroll=4: faster on CPU than a rolled loop (benchmarks README, section 14).
     return jax.lax.fori_loop(0, h, step, aug, unroll=4)[:, :, h:]
 
 
@@ -88,8 +88,7 @@ def _cayley_fwd(s_ZHH):
     a_ZHH = eye + s_ZHH
     m_ZHH = _inverse_gauss_jordan(a_ZHH)
     # One Newton step M + M (I - A M), two products per head, halves the error left by the
-    # elimination (measured at H = 64, norms 0.1-1e3: max |P - P_f64| 1.7e-6 -> 9e-7, against
-    # 3e-7 to 7e-6 for LAPACK's solve); the float32 residual limits it beyond that.
+    # elimination (benchmarks README, section 14); the float32 residual limits it beyond that.
     residual = eye - jnp.matmul(a_ZHH, m_ZHH, precision=_HIGHEST)
     m_ZHH = m_ZHH + jnp.matmul(m_ZHH, residual, precision=_HIGHEST)
     return 2.0 * m_ZHH - eye, m_ZHH
@@ -133,9 +132,8 @@ def rotate_pairs(x_XH: jax.Array, angle_XF: jax.Array) -> jax.Array:
 
     (a, b) -> (a cos t - b sin t, a sin t + b cos t); channels past 2F are left unchanged.
     Computed as ``x * cos + swap(x) * sin`` with swap (a, b) -> (b, a) and sin's pair signs
-    (-, +): one elementwise pass that XLA fuses (2.4x faster forward and 1.7x faster forward
-    plus backward than slicing the pairs apart and stacking them again, measured on CPU at
-    ViT-Ti shapes).
+    (-, +): one elementwise pass that XLA fuses, faster than slicing the pairs apart and
+    stacking them again (benchmarks README, section 14).
 
     Args:
       x_XH: (..., H) array, any float dtype.
