@@ -63,13 +63,13 @@ APPLY_HPARAMS: tuple[str, ...] = tuple(FAMILY.apply_defaults)
 
 
 def _reference_basis_2d(phi_N: jax.Array) -> jax.Array:
-    """The rope-vit directions per head as a basis, (N, A=2, G=2): [n, axis, group].
+    """The rope-vit directions per head as a basis, (N, 2, 2): [n, axis, group].
 
     Group 0 points along (x, y) = (cos phi, sin phi), group 1 along phi + pi/2; axis 0 is y.
     """
     phi_N = jnp.asarray(phi_N, jnp.float32)
-    phi_NR = jnp.stack([phi_N, jnp.pi / 2 + phi_N], axis=-1)
-    return jnp.stack([jnp.sin(phi_NR), jnp.cos(phi_NR)], axis=-2)
+    phi_NA = jnp.stack([phi_N, jnp.pi / 2 + phi_N], axis=-1)
+    return jnp.stack([jnp.sin(phi_NA), jnp.cos(phi_NA)], axis=-2)
 
 
 # The helpers are jitted (shapes static) so that eager calls compile one small program each
@@ -84,24 +84,25 @@ def _random_basis(key: jax.Array, num_heads: int, num_axes: int) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def _freqs_from_basis(basis_NAR: jax.Array, head_dim: int, base: float) -> jax.Array:
+def _freqs_from_basis(basis_NAA: jax.Array, head_dim: int, base: float) -> jax.Array:
     """Frequencies (A, N, F): pair j of group g = (direction column g) * base^(-2A*i/H).
 
     Args:
-      basis_NAR: (N, A, R) directions per head, R = A groups of pairs.
-      head_dim: H (even); F = H/2 pairs are split into G contiguous groups.
+      basis_NAA: (N, A, A) directions per head, [n, axis, group]: as many groups of pairs as
+        axes.
+      head_dim: H (even); F = H/2 pairs are split into A contiguous groups.
       base: magnitude base.
 
     Returns:
       float32 (A, N, F).
     """
-    num_axes, num_groups = basis_NAR.shape[-2], basis_NAR.shape[-1]
+    num_axes, num_groups = basis_NAA.shape[-2], basis_NAA.shape[-1]
     groups = np.array_split(np.arange(head_dim // 2), num_groups)
     group_F = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)]).astype(int)
     within_F = np.concatenate([np.arange(len(g)) for g in groups])
     mag_F = base ** (-2.0 * num_axes * within_F / head_dim)
     mag_11F = jnp.asarray(mag_F, jnp.float32)[None, None]
-    freqs_NAF = jnp.asarray(basis_NAR, jnp.float32)[..., group_F] * mag_11F
+    freqs_NAF = jnp.asarray(basis_NAA, jnp.float32)[..., group_F] * mag_11F
     return jnp.transpose(freqs_NAF, (1, 0, 2))
 
 
