@@ -136,9 +136,11 @@ FULL = dict(
 DRY = dict(
     batch=2, steps=1, warmup=1, max_batch=8, largest_encoders=2,
     overrides=dict(variant="pico", patch_size=16, image_shape=(32, 32)),
-    rotation_shape=(2, 2),
+    rotation_shape=(2, 2), other_backend_encoders=2,
 )  # fmt: skip
-DRY_TESTS = ("tests/encodings/test_block_products.py",)
+# The dry run checks the stage's path on a CPU, not the tests themselves (the suite runs them):
+# the quick ones of the GPU tests' file.
+DRY_TESTS = ("tests/encodings/test_block_products.py", "-k", "lowers or bfloat16")
 DRY_ENCODER_TESTS = ("tests/encodings/test_block_products.py", "-k", "lowers")
 
 
@@ -637,8 +639,11 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         and (not q.args.attention or a in q.args.attention.split(","))
     ]
     cases = []
-    for attention in attentions:
-        cases += [(e, attention, None) for e in encoders]
+    for i, attention in enumerate(attentions):
+        # every encoder on the first backend; a dry run compiles a few on the others (each is
+        # the same path with another attention function)
+        limit = q.shapes.get("other_backend_encoders") if i else None
+        cases += [(e, attention, None) for e in encoders[:limit]]
         if "liere" in encoders and attention in ("cudnn", "xla"):
             cases.append(("liere", attention, other_product(platform)))
     return cases
