@@ -142,6 +142,19 @@ def test_a_spent_budget_skips_every_stage_and_still_writes(tmp_path):
     assert out["rows"] == []
 
 
+def test_a_pytest_run_that_collects_nothing_is_an_error_with_its_log(tmp_path):
+    # On the H100 image the GPU tests once ended in pytest's exit code 5 (no tests collected),
+    # which the stage recorded as "ok" with no log to say why.
+    run = device.start_pytest(
+        ("tests/test_device_queue.py", "-k", "no_test_has_this_name"), {}, workers=1,
+        log_path=str(tmp_path / "log"),
+    )  # fmt: skip
+    out = device.finish_pytest(run, deadline=float("inf"))
+    assert out["returncode"] == 5
+    assert out["error"] == "no tests collected"
+    assert "deselected" in out["log_tail"]
+
+
 def test_pytest_counts_read_plain_and_xdist_lines_of_a_cut_run():
     log = "\n".join(
         [
