@@ -45,8 +45,9 @@ decay, as DeiT/timm do for ``pos_embed``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +75,19 @@ from rope_lie.models.variables import NoDecay
 from rope_lie.models.variants import model_dims
 
 REGISTER_INIT_STD = 0.02  # timm's reg_token and DINOv3's storage tokens
+
+
+class Features(NamedTuple):
+    """``ViT.features``: per layer asked for, its patch tokens and its prefix tokens.
+
+    Attributes:
+      patch: a tuple of (B, T, D) arrays (or (B, *grid, D) with ``reshape``), grid row-major.
+      prefix: a tuple of (B, num_prefix, D) arrays: the class token, then the registers
+        ((B, 0, D) for a model with neither).
+    """
+
+    patch: tuple[jax.Array, ...]
+    prefix: tuple[jax.Array, ...]
 
 
 def init_additive_params(
@@ -372,6 +386,15 @@ class ViT(nnx.Module):
                 )
             keep = tokens.keep_count(batch.mask_BT.shape[1], self.patch_dropout)
             batch = tokens.patch_dropout(patch_key, batch, keep)
+        x_BTD, states, masks = self._token_inputs(batch, train=train)
+        x_BTD = self._blocks_forward(x_BTD, states, train=train, **masks)
+        return self.classify_features(x_BTD, masks["key_mask_BS"][:, self.num_prefix :])
+
+    def _token_inputs(
+        self, batch: tokens.Tokens, *, train: bool
+    ) -> tuple[jax.Array, list[State], dict[str, jax.Array]]:
+        """A padded token batch's embedded tokens (prefix tokens first), block states and key
+        mask (``{"key_mask_BS": ...}``, the prefix tokens real)."""
         mask_BT = batch.mask_BT > 0
         # Padded slots and all-padding examples (an evaluation's zero-filled batch tail, grid 0)
         # get coordinate 0 of a grid of at least 1: finite positions and tables everywhere.
@@ -384,9 +407,37 @@ class ViT(nnx.Module):
         prefix_BP = _sharding.split_batch(prefix_BP, _sharding.batch_axes(mask_BT))
         mask_BS = jnp.concatenate([prefix_BP, mask_BT], 1)
         x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
-        for block, state in zip(self.blocks, states, strict=True):
-            x_BTD = block(x_BTD, state, train=train, key_mask_BS=mask_BS)
-        return self.classify_features(x_BTD, mask_BT)
+        return x_BTD, states, {"key_mask_BS": mask_BS}
+
+    def _blocks_forward(
+        self,
+        x_BTD: jax.Array,
+        states: Sequence[State],
+        *,
+        train: bool,
+        take: Sequence[int] | None = None,
+        **masks: jax.Array,
+    ) -> jax.Array | list[jax.Array]:
+        """The blocks on embedded tokens: the one block loop of every forward pass.
+
+        Args:
+          x_BTD: embedded tokens, prefix tokens first.
+          states: one encoder state per block.
+          train: apply dropout.
+          take: None, or sorted layer indices whose outputs to return; the loop then stops
+            after the last of them.
+          **masks: ``key_mask_BS`` for padded token batches (``Block.__call__``).
+
+        Returns:
+          the last block's output, or (``take``) the listed blocks' outputs.
+        """
+        stop = len(self.blocks) if take is None else max(take) + 1
+        outputs = []
+        for index in range(stop):
+            x_BTD = self.blocks[index](x_BTD, states[index], train=train, **masks)
+            if take is not None and index in take:
+                outputs.append(x_BTD)
+        return x_BTD if take is None else outputs
 
     def classify_features(self, x_BTD: jax.Array, mask_BT: jax.Array | None = None) -> jax.Array:
         """The head on the blocks' output: the final norm, pooling, ``fc_norm``, the classifier.
@@ -517,6 +568,14 @@ class ViT(nnx.Module):
         Returns:
           float32 logits (B, V).
         """
+        x_BTD, states = self._image_inputs(images, train=train, pe_cache=pe_cache)
+        return self.classify_features(self._blocks_forward(x_BTD, states, train=train))
+
+    def _image_inputs(
+        self, images: jax.Array, *, train: bool, pe_cache: Sequence[State] | None
+    ) -> tuple[jax.Array, list[State]]:
+        """A batch of images' embedded tokens (prefix tokens first) and block states: from
+        ``pe_cache``, augmented positions in training (``position_augment``), or the grid's."""
         grid = self.input_grid(images)
         if pe_cache is not None:
             states = list(pe_cache)
@@ -530,6 +589,91 @@ class ViT(nnx.Module):
                 "blocks (use model.precompute_pe(grid))"
             )
         x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
-        for block, state in zip(self.blocks, states, strict=True):
-            x_BTD = block(x_BTD, state, train=train)
-        return self.classify_features(x_BTD)
+        return x_BTD, states
+
+    def features(
+        self,
+        inputs: jax.Array | tokens.Tokens,
+        *,
+        layers: int | Sequence[int] = 1,
+        norm: bool = False,
+        reshape: bool = False,
+        train: bool = False,
+        pe_cache: Sequence[State] | None = None,
+    ) -> Features:
+        """Dense and intermediate features: the patch tokens and prefix tokens of chosen layers.
+
+        What DINOv3's ``get_intermediate_layers(x, n, reshape, return_class_token, norm)`` and
+        timm's ``forward_intermediates(x, indices, norm, output_fmt, return_prefix_tokens)``
+        return, from the same forward pass as ``__call__`` (the same embedding, states and
+        block loop; the loop stops after the last layer asked for).
+
+        Args:
+          inputs: images as ``__call__`` takes them, or a padded token batch
+            (``tokens.Tokens``, as ``classify_tokens``; every slot kept: no patch dropout).
+          layers: an int n: the last n layers (DINOv3's ``n``; 1, the default: the last); or
+            a sequence of layer indices, negative ones from the end (timm's ``indices``).
+          norm: apply the model's final LayerNorm (``final_norm``) to every output, prefix
+            tokens included, as both do; an error for a model without one.
+          reshape: patch tokens as (B, *grid, D), channels last (DINOv3's ``reshape`` and
+            timm's ``NCHW`` put D first: ``jnp.moveaxis(x, -1, 1)``); images only.
+          train: apply dropout (and ``position_augment``'s positions), as ``__call__``.
+          pe_cache: as ``__call__`` (images only).
+
+        Returns:
+          ``Features``: per layer, in the order asked for, ``patch`` (B, T, D) (or (B, *grid,
+          D)) and ``prefix`` (B, num_prefix, D): the class token, then the registers.
+        """
+        take = self._layer_indices(layers)
+        if norm and self.norm is None:
+            raise ValueError(
+                "features(norm=True) needs the final norm; this model has "
+                "final_norm=False (apply its fc_norm to a pooled feature instead)"
+            )
+        if isinstance(inputs, tokens.Tokens):
+            if reshape or pe_cache is not None:
+                raise ValueError(
+                    "features of a token batch take neither reshape=True (its examples have "
+                    f"their own grids) nor a pe_cache; got reshape={reshape}, "
+                    f"pe_cache={'given' if pe_cache is not None else None}"
+                )
+            x_BTD, states, masks = self._token_inputs(inputs, train=train)
+            grid = None
+        else:
+            x_BTD, states = self._image_inputs(inputs, train=train, pe_cache=pe_cache)
+            masks, grid = {}, self.input_grid(inputs)
+        outputs = self._blocks_forward(x_BTD, states, train=train, take=sorted(set(take)), **masks)
+        by_layer = dict(zip(sorted(set(take)), outputs, strict=True))
+        patch, prefix = [], []
+        for index in take:
+            y_BTD = self.norm(by_layer[index]) if norm else by_layer[index]
+            patch_BTD = y_BTD[:, self.num_prefix :]
+            if reshape:
+                patch_BTD = patch_BTD.reshape(patch_BTD.shape[0], *grid, patch_BTD.shape[-1])
+            patch.append(patch_BTD)
+            prefix.append(y_BTD[:, : self.num_prefix])
+        return Features(patch=tuple(patch), prefix=tuple(prefix))
+
+    def _layer_indices(self, layers: int | Sequence[int]) -> list[int]:
+        """``features``' ``layers`` as absolute block indices, in the order asked for."""
+        depth = len(self.blocks)
+        if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+            if not 1 <= layers <= depth:
+                raise ValueError(f"layers={layers} (the last n) must be in [1, {depth}]")
+            return list(range(depth - int(layers), depth))
+        if isinstance(layers, (str, bool)) or not isinstance(layers, Sequence) or not layers:
+            raise ValueError(
+                f"layers={layers!r} must be an int n (the last n layers) or a non-empty "
+                "sequence of layer indices"
+            )
+        indices = []
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+                raise ValueError(f"layers={list(layers)}: {layer!r} is not a layer index")
+            if not -depth <= layer < depth:
+                raise ValueError(
+                    f"layers={list(layers)}: index {layer} is outside [-{depth}, {depth - 1}] "
+                    f"(the model has {depth} blocks)"
+                )
+            indices.append(int(layer) % depth)
+        return indices
