@@ -64,6 +64,9 @@ _check("a number in [0, 1)", lambda v: _is_number(v) and 0 <= v < 1,
 _check("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1, "optim.end_lr_ratio")
 _check("-1 (the remaining devices) or an integer >= 1",
        lambda v: _is_int(v) and (v == -1 or v >= 1), "mesh.data")  # fmt: skip
+_check("True or False", lambda v: isinstance(v, bool), "naflex.pack")
+_check("an integer >= 0", lambda v: _is_int(v) and v >= 0, "naflex.pack_images")
+_check("an integer >= 1", lambda v: _is_int(v) and v >= 1, "naflex.pack_row_multiple")
 _check("'adam' or 'adamw'", lambda v: v in ("adam", "adamw"), "optim.name")
 _check("'keep' or 'new'", lambda v: v in ("keep", "new"), "init_head")
 
@@ -88,6 +91,12 @@ def validate(config: mc.ConfigDict) -> None:
         raise ValueError(
             f"total_steps=0 and num_epochs={epochs!r}: no steps to train; set total_steps >= 1 "
             "or num_epochs > 0"
+        )
+    patch_dropout = _get(config, "model.patch_dropout")
+    if _get(config, "naflex.pack") is True and patch_dropout not in (0, 0.0, _MISSING):
+        raise ValueError(
+            f"naflex.pack=True and model.patch_dropout={config.model.patch_dropout}: patch "
+            "dropout is not available on packed batches; set one of them off"
         )
     if _get(config, "eval_every_steps") not in (0, _MISSING) and _get(
         config, "eval_every_epochs"

@@ -291,15 +291,16 @@ def set_inference_backends(model: nnx.Module, platform: str, device_count: int) 
             module.attention = backends.inference_backend(module.attention, platform, device_count)
 
 
-def check_backends(model: nnx.Module, platform: str) -> None:
+def check_backends(model: nnx.Module, platform: str, *, packed: bool = False) -> None:
     """``backends.check_attention`` for every ``Attention`` of ``model`` on ``platform``.
 
     Call it before the first step, on the model as built (``nnx.eval_shape`` of it will do):
     its layers hold the backend, the activation dtype and head_dim, so nothing is worked out
-    from the config again.
+    from the config again. ``packed``: the run trains on packed batches (``naflex.pack``).
     """
     for _, module in nnx.iter_modules(model):
         if isinstance(module, Attention):
             backends.check_attention(
-                module.attention, platform=platform, dtype=module.dtype, head_dim=module.head_dim
-            )
+                module.attention, platform=platform, dtype=module.dtype,
+                head_dim=module.head_dim, packed=packed,
+            )  # fmt: skip
