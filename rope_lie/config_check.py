@@ -65,8 +65,8 @@ _check("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1, "optim.end
 _check("-1 (the remaining devices) or an integer >= 1",
        lambda v: _is_int(v) and (v == -1 or v >= 1), "mesh.data")  # fmt: skip
 _check("True or False", lambda v: isinstance(v, bool), "naflex.pack")
-_check("an integer >= 0", lambda v: _is_int(v) and v >= 0, "naflex.pack_images")
-_check("an integer >= 1", lambda v: _is_int(v) and v >= 1, "naflex.pack_row_multiple")
+_check("an integer >= 0", lambda v: _is_int(v) and v >= 0,
+       "naflex.pack_images", "naflex.pack_row_multiple")  # fmt: skip
 _check("'adam' or 'adamw'", lambda v: v in ("adam", "adamw"), "optim.name")
 _check("'keep' or 'new'", lambda v: v in ("keep", "new"), "init_head")
 

@@ -371,7 +371,9 @@ def naflex_config(
     # slots, several images a row (run_inputs.pack_batch); off: one padded image per row.
     n.pack = False
     n.pack_images = 0  # most images a row; 0: max(1, max_tokens // min_side**2)
-    n.pack_row_multiple = 8  # rows rounded up to a multiple of this (few compiled shapes)
+    # rows rounded up to a multiple of this (a compiled step per distinct row count: few of
+    # them); 0: batch_size // 32, at least 1
+    n.pack_row_multiple = 0
     return n
 
 

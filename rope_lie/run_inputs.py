@@ -62,12 +62,13 @@ def naflex_finish(config: mc.ConfigDict, patch: Sequence[int], side: int | None 
 
 def pack_settings(config: mc.ConfigDict) -> dict[str, int]:
     """``pack_batch``'s settings from ``config.naflex``: the row length (``max_tokens``), the
-    most images a row (``pack_images``, 0: ``max_tokens // min_side**2``, at least 1) and the
-    row multiple (``pack_row_multiple``, times the devices' count so that rows divide over
-    them)."""
+    most images a row (``pack_images``; 0: ``max_tokens // min_side**2``, at least 1) and the
+    row multiple (``pack_row_multiple``; 0: ``batch_size // 32``, at least 1; made a multiple
+    of the devices' count so that rows divide over them)."""
     cfg = config.naflex
     images = cfg.get("pack_images", 0) or max(1, cfg.max_tokens // cfg.min_side**2)
-    multiple = math.lcm(cfg.get("pack_row_multiple", 1), jax.local_device_count())
+    multiple = cfg.get("pack_row_multiple", 0) or max(1, config.batch_size // 32)
+    multiple = math.lcm(multiple, jax.local_device_count())
     return {"max_tokens": cfg.max_tokens, "max_images": images, "row_multiple": multiple}
 
 
@@ -85,12 +86,13 @@ def pack_batch(
       batch: {"patches", "index", "grid", "token_mask", "label", ...} (``naflex.tokens_of``'s
         examples, batched).
       max_tokens: the row length T.
-      max_images: G, the most images a row.
+      max_images: U, the most images a row.
       row_multiple: rows rounded up to a multiple of this.
 
     Returns:
       the batch with ``evaluate.PACKED_KEYS``: patches (R, T, P), index (R, T, 2), segment
-      (R, T) int32 (1 to G, 0 padding), slot_grid (R, G, 2); and ``image_row``/``image_slot``
+      (R, T) int32 (1 to U, 0 padding), slot_grid (R, U, 2) for R rows; and
+      ``image_row``/``image_slot``
       (B,) int32 in place of grid and token_mask.
     """
     counts = np.asarray(batch["token_mask"]).sum(axis=1).astype(int)
@@ -105,7 +107,7 @@ def pack_batch(
         "patches": packed.patches_BTP,
         "index": packed.index_BTA,
         "segment": packed.segment_BT,
-        "slot_grid": packed.grid_BGA,
+        "slot_grid": packed.grid_BUA,
         "image_row": place_N2[:, 0],
         "image_slot": place_N2[:, 1],
     }

@@ -210,8 +210,8 @@ def make_train_step(setup: Setup):
         if "image" in batch and model.patch_dropout == 0:
             logits_BV = model(batch["image"], train=True)
         elif "segment" in batch:  # a packed NaFlex batch: each image's logits from its slot
-            logits_RGV = model.classify_tokens(evaluate.batch_packed(batch), train=True)
-            logits_BV = logits_RGV[batch["image_row"], batch["image_slot"]]
+            logits_BUV = model.classify_tokens(evaluate.batch_packed(batch), train=True)
+            logits_BV = logits_BUV[batch["image_row"], batch["image_slot"]]
         else:  # NaFlex tokens, or patch dropout on the image's tokens
             batch_tokens = (
                 evaluate.batch_tokens(batch) if "image" not in batch

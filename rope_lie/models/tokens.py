@@ -17,15 +17,15 @@ Prefix (class) tokens are not in the batch; the model prepends them.
 A ``Packed`` batch (NaViT, Dehghani et al., arXiv:2307.06304) holds several images per row,
 each in its own segment, instead of one padded image per row:
 
-  patches_BTP  float (R, T, P): the patches of the row's images one after the other, then
-               padding
-  index_BTA    int32 (R, T, A): each token's coordinates in its own image's grid
-  segment_BT   int32 (R, T): the token's image slot in its row, 1 to G; 0 for padding
-  grid_BGA     int32 (R, G, A): the grid of each slot's image; 0 for an empty slot
+  patches_BTP  float (B, T, P): the patches of the row's images one after the other, then
+               padding (B rows)
+  index_BTA    int32 (B, T, A): each token's coordinates in its own image's grid
+  segment_BT   int32 (B, T): the token's image slot in its row, 1 to U; 0 for padding
+  grid_BUA     int32 (B, U, A): the grid of each slot's image; 0 for an empty slot
 
 The model gives every image its own prefix tokens and positions as if it were alone, keeps
 attention within each segment and pools each image on its own (``ViT.classify_tokens``):
-logits (R, G, V), one per slot. ``pack_rows`` packs images greedily (first-fit decreasing)
+logits (B, U, V), one per slot. ``pack_rows`` packs images greedily (first-fit decreasing)
 under a token budget per row and says where each image went.
 """
 
@@ -57,7 +57,7 @@ class Packed(NamedTuple):
     patches_BTP: jax.Array
     index_BTA: jax.Array
     segment_BT: jax.Array
-    grid_BGA: jax.Array
+    grid_BUA: jax.Array
 
 
 def token_grid(spatial: Sequence[int], patch: Sequence[int], what: str) -> tuple[int, ...]:
@@ -212,7 +212,7 @@ def assign_rows(counts: Sequence[int], max_tokens: int, max_images: int) -> tupl
     Args:
       counts: tokens of each image, each in [1, max_tokens].
       max_tokens: the token budget of a row (its length T).
-      max_images: G, the most images a row holds.
+      max_images: U, the most images a row holds.
 
     Returns:
       (place_N2, rows): each image's (row, slot), slots in the order images were placed, and
@@ -256,13 +256,13 @@ def pack_rows(
       examples: per image (patches_TP, index_TA, grid): its tokens in ``patchify``'s order (any
         subset and order will do: each token carries its coordinates).
       max_tokens: T, the token budget of a row.
-      max_images: G, the most images per row (the model gives each slot its prefix tokens).
+      max_images: U, the most images per row (the model gives each slot its prefix tokens).
       row_multiple: the row count is rounded up to a multiple of this (empty rows: padding),
         so that batches of similar size share a compiled step, and rows divide over devices.
 
     Returns:
       (``Packed`` of numpy arrays, place_N2): image n is slot ``place_N2[n, 1]`` of row
-      ``place_N2[n, 0]``, so ``logits_RGV[place[:, 0], place[:, 1]]`` are the images' logits
+      ``place_N2[n, 0]``, so ``logits_BUV[place[:, 0], place[:, 1]]`` are the images' logits
       in the order given.
     """
     if row_multiple < 1:
@@ -307,8 +307,8 @@ def pack_images(
 
 
 def slot_grids(batch: Packed) -> jax.Array:
-    """Each token's image grid (R, T, A): its slot's, and 1 on every axis for padding (a
+    """Each token's image grid (B, T, A): its slot's, and 1 on every axis for padding (a
     finite grid for its unused position)."""
     slot_BT = jnp.maximum(batch.segment_BT - 1, 0)
-    grid_BTA = jnp.take_along_axis(batch.grid_BGA, slot_BT[..., None], axis=1)
+    grid_BTA = jnp.take_along_axis(batch.grid_BUA, slot_BT[..., None], axis=1)
     return jnp.where(batch.segment_BT[..., None] > 0, jnp.maximum(grid_BTA, 1), 1)

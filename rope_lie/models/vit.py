@@ -34,7 +34,14 @@ resolution divisible by the patch size: positions are recomputed with ``position
 ``classify_tokens`` takes a padded batch of already patchified images of mixed sizes
 (``tokens.Tokens``, NaFlex-style): positions per example from each token's grid coordinates,
 a key-padding mask in every attention, mean pooling over real tokens, and patch dropout in
-training; each example gets the logits it gets alone at its own size.
+training; each example gets the logits it gets alone at its own size. It also takes a packed
+batch (``tokens.Packed``, NaViT): several images per row, each with its own prefix tokens and
+positions, attending within its own segment and pooled alone: logits per image slot.
+
+``features`` returns the patch tokens (and, apart, the prefix tokens) of chosen layers, as
+DINOv3's ``get_intermediate_layers`` and timm's ``forward_intermediates`` do, from the same
+forward pass: ``__call__``, ``classify_tokens`` and ``features`` share one block loop
+(``_blocks_forward``).
 
 Encoder parameters are per layer and per head by default (as in the LieRE paper);
 ``share_pe_heads`` and ``share_pe_layers`` share them. All position-encoding parameters
@@ -381,7 +388,7 @@ class ViT(nnx.Module):
             (a random ``keep_count`` of the slots of each example, ``tokens.patch_dropout``).
 
         Returns:
-          float32 logits (B, V); for a ``Packed`` batch (R, G, V), one per image slot of each
+          float32 logits (B, V); for a ``Packed`` batch (B, U, V), one per image slot of each
           row (an empty slot's are finite and meaningless).
         """
         if isinstance(batch, tokens.Packed):
@@ -392,7 +399,7 @@ class ViT(nnx.Module):
                 )
             x_BSD, states, masks = self._packed_inputs(batch, train=train)
             x_BSD = self._blocks_forward(x_BSD, states, train=train, **masks)
-            return self.classify_packed(x_BSD, batch.segment_BT, batch.grid_BGA.shape[1])
+            return self.classify_packed(x_BSD, batch.segment_BT, batch.grid_BUA.shape[1])
         if train and self.patch_dropout > 0:
             if patch_key is None:
                 raise ValueError(
@@ -429,17 +436,17 @@ class ViT(nnx.Module):
         """A packed batch's embedded tokens (every slot's prefix tokens first), block states
         and segments (``{"segment_BS": ...}``: an empty slot's prefix tokens in segment 0 with
         the padding)."""
-        slots = batch.grid_BGA.shape[1]
+        slots = batch.grid_BUA.shape[1]
         states = self.pe_states(self.packed_positions(batch), num_prefix=slots * self.num_prefix)
-        full_BG = batch.grid_BGA[..., 0] > 0
-        slot_BG = jnp.where(full_BG, jnp.arange(1, slots + 1, dtype=jnp.int32)[None], 0)
-        prefix_BQ = jnp.repeat(slot_BG, self.num_prefix, axis=1)
-        segment_BS = jnp.concatenate([prefix_BQ, batch.segment_BT.astype(jnp.int32)], axis=1)
+        full_BU = batch.grid_BUA[..., 0] > 0
+        slot_BU = jnp.where(full_BU, jnp.arange(1, slots + 1, dtype=jnp.int32)[None], 0)
+        prefix_BX = jnp.repeat(slot_BU, self.num_prefix, axis=1)
+        segment_BS = jnp.concatenate([prefix_BX, batch.segment_BT.astype(jnp.int32)], axis=1)
         x_BSD = self.embed_dropout(self.embed_packed(batch), deterministic=not train)
         return x_BSD, states, {"segment_BS": segment_BS}
 
     def packed_positions(self, batch: tokens.Packed) -> jax.Array:
-        """pos_BSA of a packed batch: every slot's prefix tokens at 0 first (G num_prefix of
+        """pos_BSA of a packed batch: every slot's prefix tokens at 0 first (U num_prefix of
         them), then each token's position in its own image's grid (``tokens.slot_grids``)."""
         index_BTA = jnp.where(batch.segment_BT[..., None] > 0, batch.index_BTA, 0)
         pos_BT1A = positions.index_positions(
@@ -448,19 +455,19 @@ class ViT(nnx.Module):
             **dict(self.position_hparams),
         )  # fmt: skip
         pos_BTA = pos_BT1A[..., 0, :]
-        prefix = batch.grid_BGA.shape[1] * self.num_prefix
-        prefix_BQA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
-        prefix_BQA = _sharding.split_batch(prefix_BQA, _sharding.batch_axes(pos_BTA))
-        return jnp.concatenate([prefix_BQA, pos_BTA], axis=1)
+        prefix = batch.grid_BUA.shape[1] * self.num_prefix
+        prefix_BXA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
+        prefix_BXA = _sharding.split_batch(prefix_BXA, _sharding.batch_axes(pos_BTA))
+        return jnp.concatenate([prefix_BXA, pos_BTA], axis=1)
 
     def embed_packed(self, batch: tokens.Packed) -> jax.Array:
-        """``embed_token_batch`` for a packed batch: (R, G num_prefix + T, D), the prefix
+        """``embed_token_batch`` for a packed batch: (B, U num_prefix + T, D), the prefix
         tokens of slot 0 (class token, registers), of slot 1, ..., then the tokens; each token's
         additive table is its own image's grid's (``ADDITIVE[...].gather`` per token)."""
         real_BT = batch.segment_BT > 0
         patches_BTP = jnp.where(real_BT[..., None], batch.patches_BTP, 0).astype(self.dtype)
         x_BTD = self.embed(patches_BTP)
-        slots, width = batch.grid_BGA.shape[1], x_BTD.shape[-1]
+        slots, width = batch.grid_BUA.shape[1], x_BTD.shape[-1]
         index_BTA = jnp.where(real_BT[..., None], batch.index_BTA, 0)
         params = {k: v[...] for k, v in self.additive_params.items()}
         gather = lambda num_prefix: encodings.ADDITIVE[self.additive].gather(
@@ -468,7 +475,7 @@ class ViT(nnx.Module):
         )
         if self.additive != "none" and not self.additive_prefix:
             x_BTD = x_BTD + gather(0).astype(x_BTD.dtype)
-        prefix_BPD = self._with_prefix(x_BTD[:, :0])  # the prefix tokens alone (R, P, D)
+        prefix_BPD = self._with_prefix(x_BTD[:, :0])  # the prefix tokens alone (B, P, D)
         if self.additive != "none" and self.additive_prefix:
             emb_BSD = gather(self.num_prefix).astype(x_BTD.dtype)
             prefix_BPD = prefix_BPD + emb_BSD[:, : self.num_prefix]
@@ -536,29 +543,29 @@ class ViT(nnx.Module):
         return self.head(pooled_XD).astype(jnp.float32)
 
     def classify_packed(self, x_BSD: jax.Array, segment_BT: jax.Array, slots: int) -> jax.Array:
-        """``classify_features`` per image of a packed batch: float32 logits (R, G, V).
+        """``classify_features`` per image of a packed batch: float32 logits (B, U, V).
 
         Args:
           x_BSD: the last block's output, every slot's prefix tokens first
             (``embed_packed``).
-          segment_BT: the tokens' slots, 1 to G, 0 for padding (``tokens.Packed``).
-          slots: G.
+          segment_BT: the tokens' slots, 1 to U, 0 for padding (``tokens.Packed``).
+          slots: U.
 
         Returns:
-          float32 logits (R, G, V): slot g's class token, or the mean of its own patch tokens.
+          float32 logits (B, U, V): slot u's class token, or the mean of its own patch tokens.
         """
         if self.norm is not None:
             x_BSD = self.norm(x_BSD)
         prefix = slots * self.num_prefix
-        if self.pool == "cls":  # slot g's class token is token g num_prefix
-            pooled_BGD = x_BSD[:, 0 : prefix : self.num_prefix]
+        if self.pool == "cls":  # slot u's class token is token u num_prefix
+            pooled_BUD = x_BSD[:, 0 : prefix : self.num_prefix]
         else:
-            own_BTG = segment_BT[..., None] == jnp.arange(1, slots + 1)[None, None]
-            weight_BTG = own_BTG.astype(x_BSD.dtype)
-            sum_BGD = jnp.einsum("BTG,BTD->BGD", weight_BTG, x_BSD[:, prefix:])
-            count_BG1 = jnp.maximum(jnp.sum(weight_BTG, axis=1), 1)[..., None]
-            pooled_BGD = sum_BGD / count_BG1
-        return self._classify_pooled(pooled_BGD)
+            own_BTU = segment_BT[..., None] == jnp.arange(1, slots + 1)[None, None]
+            weight_BTU = own_BTU.astype(x_BSD.dtype)
+            sum_BUD = jnp.einsum("BTU,BTD->BUD", weight_BTU, x_BSD[:, prefix:])
+            count_BU1 = jnp.maximum(jnp.sum(weight_BTU, axis=1), 1)[..., None]
+            pooled_BUD = sum_BUD / count_BU1
+        return self._classify_pooled(pooled_BUD)
 
     def _add_table(self, x_BTD: jax.Array, grid: tuple[int, ...], num_prefix: int) -> jax.Array:
         params = {k: v[...] for k, v in self.additive_params.items()}
@@ -606,7 +613,7 @@ class ViT(nnx.Module):
         """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
         Layers that share parameters share one state, so shared generators cost one exponential
         per step, not one per layer. ``scaling``: an extrapolation tool (``precompute_pe``);
-        ``num_prefix``: the prefix tokens when not the model's (a packed row's, G of them per
+        ``num_prefix``: the prefix tokens when not the model's (a packed row's, U of them per
         image slot)."""
         kwargs = dict(scaling=scaling, num_prefix=num_prefix)
         if self.pe_params is not None:  # shared across layers
@@ -727,8 +734,8 @@ class ViT(nnx.Module):
         Returns:
           ``Features``: per layer, in the order asked for, ``patch`` (B, T, D) (or (B, *grid,
           D)) and ``prefix`` (B, num_prefix, D): the class token, then the registers. For a
-          ``Packed`` batch ``patch`` is (R, T, D) (the batch's ``segment_BT`` says whose) and
-          ``prefix`` (R, G, num_prefix, D), per image slot.
+          ``Packed`` batch ``patch`` is (B, T, D) (the batch's ``segment_BT`` says whose) and
+          ``prefix`` (B, U, num_prefix, D), per image slot.
         """
         take = self._layer_indices(layers)
         if norm and self.norm is None:
@@ -746,7 +753,7 @@ class ViT(nnx.Module):
                 )
             if isinstance(inputs, tokens.Packed):
                 x_BTD, states, masks = self._packed_inputs(inputs, train=train)
-                slots = inputs.grid_BGA.shape[1]
+                slots = inputs.grid_BUA.shape[1]
             else:
                 x_BTD, states, masks = self._token_inputs(inputs, train=train)
             grid = None
@@ -762,7 +769,7 @@ class ViT(nnx.Module):
             patch_BTD, prefix_BPD = y_BTD[:, num_prefix:], y_BTD[:, :num_prefix]
             if reshape:
                 patch_BTD = patch_BTD.reshape(patch_BTD.shape[0], *grid, patch_BTD.shape[-1])
-            if slots is not None:  # (R, G, P, D)
+            if slots is not None:  # (B, U, P, D)
                 prefix_BPD = prefix_BPD.reshape(y_BTD.shape[0], slots, self.num_prefix, -1)
             patch.append(patch_BTD)
             prefix.append(prefix_BPD)

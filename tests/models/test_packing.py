@@ -33,9 +33,9 @@ def _packed(model, batch, method="classify_tokens", **kwargs):
 def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
     images = _images(grids, patch)
     batch, place = tokens.pack_images(images, patch, max_tokens, max_images)
-    logits_RGV = np.asarray(_packed(model, batch))
-    assert logits_RGV.shape == (batch.segment_BT.shape[0], max_images, 5)
-    packed = logits_RGV[place[:, 0], place[:, 1]]
+    logits_BUV = np.asarray(_packed(model, batch))
+    assert logits_BUV.shape == (batch.segment_BT.shape[0], max_images, 5)
+    packed = logits_BUV[place[:, 0], place[:, 1]]
     np.testing.assert_allclose(packed, _logits_alone(model, images), rtol=1e-5, atol=2e-5)
     # Other values (large, different per slot) in the padded slots change nothing.
     noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTP.shape)
@@ -62,11 +62,11 @@ def test_pack_images_layout():
     images = _images(GRIDS_2D, PATCH_2D)
     batch, place = tokens.pack_images(images, PATCH_2D, MAX_TOKENS, MAX_IMAGES, row_multiple=2)
     assert batch.patches_BTP.shape == (4, MAX_TOKENS, 12)  # 3 rows rounded up to 4
-    assert (batch.segment_BT[3] == 0).all() and (batch.grid_BGA[3] == 0).all()
+    assert (batch.segment_BT[3] == 0).all() and (batch.grid_BUA[3] == 0).all()
     for n, (row, slot) in enumerate(place):
         own = batch.segment_BT[row] == slot + 1
         assert own.sum() == np.prod(GRIDS_2D[n])
-        np.testing.assert_array_equal(batch.grid_BGA[row, slot], GRIDS_2D[n])
+        np.testing.assert_array_equal(batch.grid_BUA[row, slot], GRIDS_2D[n])
         expected = tokens.patchify(images[n][None], PATCH_2D)[0]
         np.testing.assert_array_equal(batch.patches_BTP[row][own], expected)
     grid_BTA = np.asarray(tokens.slot_grids(tokens.Packed(*map(jnp.asarray, batch))))
