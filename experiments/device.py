@@ -33,7 +33,12 @@ goes on:
    fastest backend, traced by ``jax.profiler``: the top operations by device time per step
    (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),
    beside the compiled program's instruction counts and XLA's cost analysis.
-7. ``largest_batch``: for the encoders in ``ENCODERS`` order, on their fastest backend, the
+7. ``packing``: NaFlex train steps (issue 45) of ``PACKED_ENCODERS`` on "xla", on one batch of
+   images whose sides are uniform from half the recipe's grid to all of it (7 to 14 patches at
+   224 px): padded one image a row to the full grid (``tokens.pack``), and packed greedily
+   into rows of that many tokens (``tokens.pack_images``, ``naflex.pack``'s packing), the
+   same images; rows ``{encoder, case, rows, padding_fraction, step_ms, time_over_padded}``.
+8. ``largest_batch``: for the encoders in ``ENCODERS`` order, on their fastest backend, the
    largest power-of-two batch whose compiled step fits the device's memory (predicted from
    batch 64's buffer sizes, checked by compiling the candidate and its half), timed as in 4.
 
@@ -110,12 +115,15 @@ DEADLINES = {
     "steps": 0.68,
     "rotations": 0.72,
     "profile": 0.77,
+    "packing": 0.87,
     "largest_batch": 0.97,
 }
-STAGES = ("environment", "tests", "compile", "steps", "rotations", "profile", "largest_batch")
+STAGES = ("environment", "tests", "compile", "steps", "rotations", "profile", "packing",
+          "largest_batch")  # fmt: skip
 GPU_TESTS = ("tests/models/test_attention_gpu.py", "tests/encodings/test_block_products.py")
 ENCODER_TESTS = ("tests/encodings",)
 PROFILED = ("liere", "rope_mixed")
+PACKED_ENCODERS = ("rope_mixed", "liere")  # stage 7, in this order
 # APIs whose place in jax has moved or may move between releases, as rope_lie uses them.
 JAX_APIS = (
     "jax.set_mesh", "jax.typeof", "jax.sharding.reshard", "jax.sharding.AxisType",
@@ -129,16 +137,18 @@ JAX_APIS = (
 MEMORY_SHARE = 0.92
 
 # The shapes of a run: the real ones on an accelerator, tiny ones for a dry run.
-# largest_encoders: how many encoders (in ENCODERS order) stage 7 may search (None: until its
-# deadline); rotation_shape: (B, N) of stage 5.
+# largest_encoders: how many encoders (in ENCODERS order) stage 8 may search (None: until its
+# deadline); rotation_shape: (B, N) of stage 5; packing_batch: images of stage 7's batches.
 FULL = dict(
     batch=64, steps=10, warmup=2, max_batch=4096, largest_encoders=None, overrides={},
     rotation_shape=(64, 12), other_backend_encoders=4,
+    packing_batch=64,
 )  # fmt: skip
 DRY = dict(
     batch=2, steps=1, warmup=1, max_batch=8, largest_encoders=2,
     overrides=dict(variant="pico", patch_size=16, image_shape=(32, 32)),
     rotation_shape=(2, 2), other_backend_encoders=2,
+    packing_batch=8,
 )  # fmt: skip
 # The dry run checks the stage's path on a CPU, not the tests themselves (the suite runs them):
 # the quick ones of the GPU tests' file.
@@ -316,6 +326,23 @@ def markdown(data: dict) -> str:
             top = sorted(prof["hlo_ops"].items(), key=lambda kv: -kv[1])[:12]
             lines.append("")
             lines.append("compiled HLO instructions: " + ", ".join(f"{k} {v}" for k, v in top))
+    if data.get("packing"):
+        lines += [
+            "",
+            "## NaFlex batches: padded against packed (the same images)",
+            "",
+            "| encoder | case | images | rows x tokens | padding | step ms (min / median) | time / padded |",  # noqa: E501
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in data["packing"]:
+            ms = r.get("error") or r.get("skipped") or ""
+            if r.get("step_ms") is not None:
+                ms = f"{r['step_ms']:.2f} / {r['step_ms_median']:.2f}"
+            lines.append(
+                f"| {r['encoder']} | {r['case']} | {r['images']} | {r['rows']} x {r['tokens']} | "
+                f"{100 * r['padding_fraction']:.1f} % | {ms[:160]} | "
+                f"{_fmt(r.get('time_over_padded'), '.2f')} |"
+            )
     tests = data.get("tests") or {}
     if tests:
         lines += ["", "## Tests", ""]
@@ -1064,7 +1091,115 @@ def stage_profile(q: Queue) -> str:
     return f"profiled {sorted(q.data['profiles'])}"
 
 
-# --- stage 7: the largest batch -----------------------------------------------------------------
+# --- stage 7: padded against packed NaFlex batches ----------------------------------------------
+
+
+def naflex_batches(grid: tuple[int, ...], patch: tuple[int, ...], channels: int, batch: int,
+                   num_classes: int) -> dict[str, tuple[dict, float, int]]:  # fmt: skip
+    """One batch of random square images of sides uniform in [grid / 2, grid] patches, as a
+    padded NaFlex batch and packed: case -> (host arrays, padding fraction, rows)."""
+    import numpy as np
+
+    from rope_lie.evaluate import PACKED_KEYS, TOKEN_KEYS
+    from rope_lie.models import tokens
+
+    rng = np.random.default_rng(0)
+    high = grid[0]
+    low = max(1, high // 2)
+    sides = rng.integers(low, high + 1, batch)
+    images = [
+        rng.normal(size=(s * patch[0], s * patch[1], channels)).astype(np.float32) for s in sides
+    ]
+    labels = rng.integers(0, num_classes, batch).astype(np.int32)
+    length = high * high
+    padded = tokens.pack(images, patch, length)
+    real = float(padded.mask_BT.sum())
+    packed, place = tokens.pack_images(images, patch, length, max(1, length // low**2))
+    return {
+        "padded": ({**dict(zip(TOKEN_KEYS, padded, strict=True)), "label": labels},
+                   1 - real / padded.mask_BT.size, batch),
+        "packed": ({**dict(zip(PACKED_KEYS, packed, strict=True)), "image_row": place[:, 0],
+                    "image_slot": place[:, 1], "label": labels},
+                   1 - real / packed.segment_BT.size, packed.segment_BT.shape[0]),
+    }  # fmt: skip
+
+
+def packing_case(q: Queue, encoder: str, batches: dict) -> dict:
+    """Lower and compile the train step of each case of ``batches`` (in the pool, at once)."""
+    import jax
+
+    from rope_lie import sharding, train
+
+    config = run_config(q.recipes, encoder, "xla", q.shapes["overrides"])
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    setup, _, init, _ = train.create_setup_and_state(config, mesh, 1000)
+    state, other = init(jax.random.key(0))
+    step = train.make_train_step(setup)
+    key = jax.random.key(1)
+    futures = {}
+    for case, (host, _, _) in batches.items():
+        data = sharding.shard_batch(host, mesh)
+        lowered = step.lower(state, data, other, key)
+        futures[case] = (q.pool.submit(_compile, {"lowered": lowered}), data)
+    return {"state": state, "other": other, "key": key, "futures": futures}
+
+
+def stage_packing(q: Queue) -> str:
+    import jax
+    from flax import nnx
+
+    from experiments.benchmarks import device as bench
+    from rope_lie import train
+
+    q.data["packing"] = rows = []
+    timed = 0
+    for encoder in PACKED_ENCODERS:
+        config = run_config(q.recipes, encoder, "xla", q.shapes["overrides"])
+        model = nnx.eval_shape(
+            lambda config=config: train.build_model(config.model, jax.random.key(0))
+        )
+        images = q.shapes["packing_batch"]
+        batches = naflex_batches(model.train_grid, model.patch, config.model.channels,
+                                 images, config.model.num_classes)  # fmt: skip
+        base = dict(encoder=encoder, attention="xla", images=images,
+                    tokens=model.train_grid[0] ** 2)  # fmt: skip
+        own = [base | dict(case=c, rows=r, padding_fraction=f)
+               for c, (_, f, r) in batches.items()]  # fmt: skip
+        rows += own
+        if q.left("packing") <= 0:
+            for r in own:
+                r["skipped"] = "no time left in the packing stage"
+            continue
+        try:
+            prepared = packing_case(q, encoder, batches)
+        except Exception as e:
+            for r in own:
+                r["error"] = f"{type(e).__name__}: {e}"[:1000]
+            continue
+        state = prepared["state"]
+        for r in own:
+            future, data = prepared["futures"][r["case"]]
+            try:
+                case = future.result(timeout=max(1.0, q.left("packing")))
+                timing, state = bench.time_compiled(
+                    case["compiled"], state, data, prepared["other"], prepared["key"],
+                    q.shapes["steps"], warmup=q.shapes["warmup"],
+                )  # fmt: skip
+            except Exception as e:
+                r["error"] = f"{type(e).__name__}: {e}"[:1000]
+                continue
+            r.update(step_ms=timing["step_ms_min"], step_ms_median=timing["step_ms_median"],
+                     compile_s=round(case["compile_s"], 1), loss=timing["loss"])  # fmt: skip
+            timed += 1
+        padded = own[0].get("step_ms")
+        for r in own:
+            if padded and r.get("step_ms"):
+                r["time_over_padded"] = r["step_ms"] / padded
+        q.results.save()
+    return f"{timed} NaFlex steps timed"
+
+
+# --- stage 8: the largest batch -----------------------------------------------------------------
 
 
 def batch_candidates(memory: dict | None, batch: int, limit: int | None, max_batch: int) -> list:
@@ -1146,6 +1281,7 @@ STAGE_FNS = {
     "steps": stage_steps,
     "rotations": stage_rotations,
     "profile": stage_profile,
+    "packing": stage_packing,
     "largest_batch": stage_largest_batch,
 }
 

@@ -88,6 +88,13 @@ _check(
     lambda v: _is_int(v) and (v == -1 or v >= 1),
     "mesh.data",
 )
+_check("True or False", lambda v: isinstance(v, bool), "naflex.pack")
+_check(
+    "an integer >= 0",
+    lambda v: _is_int(v) and v >= 0,
+    "naflex.pack_images",
+    "naflex.pack_row_multiple",
+)
 _check("'adam' or 'adamw'", lambda v: v in ("adam", "adamw"), "optim.name")
 _check("'keep' or 'new'", lambda v: v in ("keep", "new"), "init_head")
 
@@ -112,6 +119,12 @@ def validate(config: mc.ConfigDict) -> None:
         raise ValueError(
             f"total_steps=0 and num_epochs={epochs!r}: no steps to train; set total_steps >= 1 "
             "or num_epochs > 0"
+        )
+    patch_dropout = _get(config, "model.patch_dropout")
+    if _get(config, "naflex.pack") is True and patch_dropout not in (0, 0.0, _MISSING):
+        raise ValueError(
+            f"naflex.pack=True and model.patch_dropout={config.model.patch_dropout}: patch "
+            "dropout is not available on packed batches; set one of them off"
         )
     if _get(config, "eval_every_steps") not in (0, _MISSING) and _get(
         config, "eval_every_epochs"

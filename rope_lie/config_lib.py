@@ -367,6 +367,13 @@ def naflex_config(
     n.max_side = max_side  # ... in [min_side, max_side] (a square image: side x side patches)
     n.max_tokens = max_tokens or max_side**2  # padded length of every training batch
     n.native = native  # True: images at their own extent, unresized (no budgets)
+    # Packing (NaViT): each training batch's images packed greedily into rows of max_tokens
+    # slots, several images a row (run_inputs.pack_batch); off: one padded image per row.
+    n.pack = False
+    n.pack_images = 0  # most images a row; 0: max(1, max_tokens // min_side**2)
+    # rows rounded up to a multiple of this (a compiled step per distinct row count: few of
+    # them); 0: batch_size // 32, at least 1
+    n.pack_row_multiple = 0
     return n
 
 

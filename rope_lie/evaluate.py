@@ -30,11 +30,20 @@ from rope_lie import sharding
 from rope_lie.models import tokens
 
 TOKEN_KEYS = ("patches", "index", "grid", "token_mask")  # a NaFlex batch (data/naflex.py)
+# A packed NaFlex batch (run_inputs.pack_batch): rows of several images; image n of the batch is
+# slot image_slot[n] of row image_row[n].
+PACKED_KEYS = ("patches", "index", "segment", "slot_grid")
+PLACE_KEYS = ("image_row", "image_slot")
 
 
 def batch_tokens(batch: Mapping[str, Any]) -> tokens.Tokens:
     """The ``tokens.Tokens`` of a NaFlex batch's arrays."""
     return tokens.Tokens(*(batch[k] for k in TOKEN_KEYS))
+
+
+def batch_packed(batch: Mapping[str, Any]) -> tokens.Packed:
+    """The ``tokens.Packed`` of a packed NaFlex batch's arrays."""
+    return tokens.Packed(*(batch[k] for k in PACKED_KEYS))
 
 
 def cross_entropy(logits_BV: jax.Array, labels: jax.Array) -> jax.Array:

@@ -7,7 +7,8 @@ model's sizes are worked out once, from the model).
 
 - ``prepare_data`` / ``data_summary`` / ``prepare_eval_data``: every dataset generated or checked
   before the first step (process 0 first in a multi-process job, the others at a barrier);
-- ``data_train_batches``: this process's share of every global batch (``config.data_shards``);
+- ``data_train_batches``: this process's share of every global batch (``config.data_shards``),
+  packed several images a row with ``config.naflex.pack`` (``pack_batch``);
 - ``eval_batches``: this process's batches of one evaluation (``config.evals``).
 
 Importing this module imports TensorFlow (through ``rope_lie.data``): the training job imports it
@@ -16,6 +17,7 @@ when it starts reading data, not at import time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +29,7 @@ from jax.sharding import Mesh
 from rope_lie import sharding
 from rope_lie.data import catalog, naflex, pipeline
 from rope_lie.in_memory import data_seed  # one rule for both input paths
+from rope_lie.models import tokens
 
 
 def naflex_finish(config: mc.ConfigDict, patch: Sequence[int], side: int | None = None):
@@ -57,6 +60,59 @@ def naflex_finish(config: mc.ConfigDict, patch: Sequence[int], side: int | None 
     return naflex.example_fn(patch[0], budget, budget=budget)
 
 
+def pack_settings(config: mc.ConfigDict) -> dict[str, int]:
+    """``pack_batch``'s settings from ``config.naflex``: the row length (``max_tokens``), the
+    most images a row (``pack_images``; 0: ``max_tokens // min_side**2``, at least 1) and the
+    row multiple (``pack_row_multiple``; 0: ``batch_size // 32``, at least 1; made a multiple
+    of the devices' count so that rows divide over them)."""
+    cfg = config.naflex
+    images = cfg.get("pack_images", 0) or max(1, cfg.max_tokens // cfg.min_side**2)
+    multiple = cfg.get("pack_row_multiple", 0) or max(1, config.batch_size // 32)
+    multiple = math.lcm(multiple, jax.local_device_count())
+    return {"max_tokens": cfg.max_tokens, "max_images": images, "row_multiple": multiple}
+
+
+def pack_batch(
+    batch: Mapping[str, np.ndarray], *, max_tokens: int, max_images: int, row_multiple: int
+) -> dict[str, np.ndarray]:
+    """A padded NaFlex batch (one image per row) packed greedily, several images a row.
+
+    Every image keeps its tokens (the real ones, ``token_mask``), coordinates and grid; the
+    images go into rows of ``max_tokens`` slots by first-fit decreasing (``tokens.pack_rows``).
+    The batch's images stay what they were, in their order (labels, soft labels, masks
+    untouched), and say where they went, so the step takes image n's logits from its slot.
+
+    Args:
+      batch: {"patches", "index", "grid", "token_mask", "label", ...} (``naflex.tokens_of``'s
+        examples, batched).
+      max_tokens: the row length T.
+      max_images: U, the most images a row.
+      row_multiple: rows rounded up to a multiple of this.
+
+    Returns:
+      the batch with ``evaluate.PACKED_KEYS``: patches (R, T, P), index (R, T, 2), segment
+      (R, T) int32 (1 to U, 0 padding), slot_grid (R, U, 2) for R rows; and
+      ``image_row``/``image_slot``
+      (B,) int32 in place of grid and token_mask.
+    """
+    counts = np.asarray(batch["token_mask"]).sum(axis=1).astype(int)
+    examples = [
+        (batch["patches"][n, :count], batch["index"][n, :count], batch["grid"][n])
+        for n, count in enumerate(counts)
+    ]
+    packed, place_N2 = tokens.pack_rows(examples, max_tokens, max_images, row_multiple=row_multiple)
+    rest = {k: v for k, v in batch.items() if k not in ("patches", "index", "grid", "token_mask")}
+    return {
+        **rest,
+        "patches": packed.patches_BTP,
+        "index": packed.index_BTA,
+        "segment": packed.segment_BT,
+        "slot_grid": packed.grid_BUA,
+        "image_row": place_N2[:, 0],
+        "image_slot": place_N2[:, 1],
+    }
+
+
 def data_train_batches(config: mc.ConfigDict, patch: Sequence[int], start_step: int):
     """This process's slice of the global batches from `start_step` on (exact resume).
 
@@ -65,7 +121,26 @@ def data_train_batches(config: mc.ConfigDict, patch: Sequence[int], start_step: 
     ``data_shards / process_count`` of them and concatenates. With ``data_shards`` fixed, the
     batches do not depend on how many processes run the job, so a checkpoint resumes on another
     topology with the same data, and a 1-process run reproduces a multi-process one.
+
+    With ``config.naflex.pack`` each batch is packed (``pack_batch``): the same images, so
+    resuming and the epochs are unchanged; its row count varies a little from step to step (a
+    compiled step per distinct count, ``pack_row_multiple`` keeps them few). One process only:
+    every process would need the same row count, and an image's row is a global index.
     """
+    batches = _train_batches(config, patch, start_step)
+    if not (config.get("naflex") and config.naflex.get("pack")):
+        return batches
+    if jax.process_count() > 1:
+        raise ValueError(
+            f"naflex.pack=True needs a one-process job; this one has {jax.process_count()} "
+            "processes (turn packing off)"
+        )
+    settings = pack_settings(config)
+    return (pack_batch(batch, **settings) for batch in batches)
+
+
+def _train_batches(config: mc.ConfigDict, patch: Sequence[int], start_step: int):
+    """``data_train_batches`` before packing."""
     processes, index = jax.process_count(), jax.process_index()
     shards = config.get("data_shards", 0) or processes
     if shards < processes or shards % processes:

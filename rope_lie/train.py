@@ -209,6 +209,9 @@ def make_train_step(setup: Setup):
         model = merge_model(setup, params, fresh_rng_state(other, key))
         if "image" in batch and model.patch_dropout == 0:
             logits_BV = model(batch["image"], train=True)
+        elif "segment" in batch:  # a packed NaFlex batch: each image's logits from its slot
+            logits_BUV = model.classify_tokens(evaluate.batch_packed(batch), train=True)
+            logits_BV = logits_BUV[batch["image_row"], batch["image_slot"]]
         else:  # NaFlex tokens, or patch dropout on the image's tokens
             batch_tokens = (
                 evaluate.batch_tokens(batch)
@@ -339,7 +342,8 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
         model = nnx.eval_shape(lambda: build_model(config.model, jax.random.key(0)))
         evaluate.check_extrapolation(model, config.get("evals", {}))  # tools at evaluation
         # An attention this platform (or the dtype, or head_dim) rules out: fail now.
-        attention.check_backends(model, jax.default_backend())
+        packed = bool(config.get("naflex") and config.naflex.get("pack"))
+        attention.check_backends(model, jax.default_backend(), packed=packed)
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
         from rope_lie import in_memory

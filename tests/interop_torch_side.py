@@ -77,6 +77,24 @@ def _logits(model, sides, channels=3, seed=0, head=None) -> dict[str, np.ndarray
     return out
 
 
+def _intermediates(model, images: dict[str, np.ndarray], sides) -> dict[str, np.ndarray]:
+    """timm's ``forward_intermediates`` of every block on the images of ``_logits``, normed
+    and not: ``patch_<norm>_<side>`` (L, B, T, D) and ``prefix_<norm>_<side>`` (L, B, P, D)."""
+    import torch
+
+    out = {}
+    for side in sides:
+        for norm in (0, 1):
+            with torch.no_grad():
+                pairs = model.forward_intermediates(
+                    torch.from_numpy(images[f"images_{side}"]), indices=None, norm=bool(norm),
+                    output_fmt="NLC", return_prefix_tokens=True, intermediates_only=True,
+                )  # fmt: skip
+            out[f"patch_{norm}_{side}"] = np.stack([p.numpy() for p, _ in pairs])
+            out[f"prefix_{norm}_{side}"] = np.stack([q.numpy() for _, q in pairs])
+    return out
+
+
 def _timm(out: str) -> None:
     import torch
 
@@ -118,7 +136,9 @@ def _dinov3(out: str) -> None:
         torch.save(model.state_dict(), path)
         convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
                       f"--workdir={out}/{case}", _overrides(DINOV3_KW)])  # fmt: skip
-        np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48)))
+        computed = _logits(model, (32, 48))
+        computed.update(_intermediates(model, computed, (32, 48)))
+        np.savez(os.path.join(out, f"{case}.npz"), **computed)
     for case, (name, kw) in AVG_CASES.items():
         torch.manual_seed(2)
         model = timm_eva.create(name, **kw)

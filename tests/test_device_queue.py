@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from experiments import device
@@ -127,6 +128,20 @@ def test_dry_run_profiles_read_the_trace(dry_run):
     names = {p: " ".join(op[1] for op in dry_run["profiles"][p]["trace"]["top_ops"])
              for p in device.PROFILED}  # fmt: skip
     assert "_rotations" in names["liere"] and "_rotations" not in names["rope_mixed"]
+
+
+def test_dry_run_times_padded_and_packed_naflex_batches(dry_run):
+    """Stage 7: the same images padded one a row and packed, both steps timed per encoder."""
+    rows = dry_run["packing"]
+    assert [(r["encoder"], r["case"]) for r in rows] == [
+        (e, c) for e in device.PACKED_ENCODERS for c in ("padded", "packed")
+    ]
+    for padded, packed in zip(rows[::2], rows[1::2], strict=True):
+        assert padded["rows"] == padded["images"] == 8 and packed["rows"] < 8
+        assert 0 <= packed["padding_fraction"] < padded["padding_fraction"] < 1
+        for r in (padded, packed):
+            assert r["step_ms"] > 0 and np.isfinite(r["loss"]), r
+        assert packed["time_over_padded"] == pytest.approx(packed["step_ms"] / padded["step_ms"])
 
 
 def test_dry_run_runs_the_tests_in_subprocesses(dry_run):

@@ -128,6 +128,28 @@ def test_timm_dinov3_vits_give_the_same_logits_at_two_resolutions(converted, cas
     assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
 
 
+@pytest.mark.parametrize("case", ["dinov3", "dinov3_qkvb"])
+def test_features_equal_timms_forward_intermediates(converted, case):
+    """``ViT.features`` of a converted timm DINOv3 (4 registers, the class token) against
+    timm's ``forward_intermediates(indices=None, norm=..., output_fmt="NLC",
+    return_prefix_tokens=True)``: every block's patch tokens and its prefix tokens apart, normed
+    and not, at 32 px and 48 px, to float32 precision. Layer 0 is not layer 1: the check sees
+    which layer is returned."""
+    model, _ = interop.load(os.path.join(converted, case))
+    ref = np.load(os.path.join(converted, f"{case}.npz"))
+    for side in TIMM_SIDES:
+        images = jnp.asarray(ref[f"images_{side}"].transpose(0, 2, 3, 1))
+        for norm in (0, 1):
+            feats = model.features(images, layers=2, norm=bool(norm))
+            patch, prefix = ref[f"patch_{norm}_{side}"], ref[f"prefix_{norm}_{side}"]
+            assert patch.shape == (2, 2, (side // 8) ** 2, 64) and prefix.shape == (2, 2, 5, 64)
+            for layer in range(2):
+                scale = np.abs(patch[layer]).max()
+                np.testing.assert_allclose(feats.patch[layer], patch[layer], atol=1e-5 * scale)
+                np.testing.assert_allclose(feats.prefix[layer], prefix[layer], atol=1e-5 * scale)
+            assert np.abs(np.asarray(feats.patch[0]) - patch[1]).max() > 1e-2 * scale
+
+
 @pytest.mark.parametrize(
     "case, final_norm, fc_norm",
     [

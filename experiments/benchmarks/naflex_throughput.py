@@ -1,4 +1,4 @@
-"""Throughput of padded mixed-size token batches against fixed-size batches (NaFlex).
+"""Throughput of padded and packed mixed-size token batches against fixed-size ones (NaFlex).
 
 One ViT train step per case (``train.make_train_step``, the training job's: forward, backward,
 AdamW), on batches of B images:
@@ -8,10 +8,17 @@ AdamW), on batches of B images:
 - ``tokens8``: the 8x8 batch through ``ViT.classify_tokens`` unpadded (the token path's own cost:
   per-example positions and states, the mask bias);
 - ``mixed``: images of sides uniform in [6, 10] patches (NaFlex's training mix) padded to 100
-  tokens through ``ViT.classify_tokens``.
+  tokens through ``ViT.classify_tokens``;
+- ``packed``: the same images packed greedily into rows of 100 tokens (``tokens.pack_images``,
+  first-fit decreasing; at most 100 // 36 = 2 images a row), each image in its own segment
+  (``tokens.Packed``), as ``naflex.pack`` trains;
+- ``packed200``: the same into rows of 200 tokens (at most 5 images a row): less padding,
+  longer attention rows.
 
-Reported: real (unpadded) tokens per second, the padding fraction, and each case's time over
-``fixed8``'s, all timed round-robin in the same run (``common.timeit_interleaved``).
+Reported: real (unpadded) tokens per second, the padding fraction (padded slots over the
+patch-token slots; the per-image prefix tokens left out, as in ``mixed``), each case's time
+over ``fixed8``'s, and the packed cases' time over ``mixed``'s (the same images), all timed
+round-robin in the same run (``common.timeit_interleaved``).
 
     python -m experiments.benchmarks.naflex_throughput [--pe rope_mixed] [--batch 32]
     python -m experiments.benchmarks.naflex_throughput --variant B --batch 128 \
@@ -32,7 +39,7 @@ from flax import nnx
 
 from experiments.benchmarks import common, model_steps
 from rope_lie import config_lib
-from rope_lie.evaluate import TOKEN_KEYS
+from rope_lie.evaluate import PACKED_KEYS, TOKEN_KEYS
 from rope_lie.models import tokens
 from rope_lie.models.vit import ViT
 
@@ -55,7 +62,12 @@ def _step_calls(model):
     def token_step(batch, labels):
         return call({**dict(zip(TOKEN_KEYS, batch, strict=True)), "label": labels})
 
-    return image_step, token_step
+    def packed_step(batch, place, labels):
+        arrays = dict(zip(PACKED_KEYS, batch, strict=True))
+        return call({**arrays, "image_row": place[:, 0], "image_slot": place[:, 1],
+                     "label": labels})  # fmt: skip
+
+    return image_step, token_step, packed_step
 
 
 def run(
@@ -72,16 +84,23 @@ def run(
     fixed8 = jnp.asarray(np.stack([image(8) for _ in range(batch)]))
     fixed10 = jnp.asarray(np.stack([image(10) for _ in range(batch)]))
     sides = rng.integers(min_side, max_side + 1, batch)
-    mixed = tokens.pack([image(s) for s in sides], (PATCH, PATCH), max_side**2)
+    images = [image(s) for s in sides]
+    mixed = tokens.pack(images, (PATCH, PATCH), max_side**2)
     mixed = tokens.Tokens(*map(jnp.asarray, mixed))
+    real = int(mixed.mask_BT.sum())
     tokens8 = model.image_tokens(fixed8)
-    image_step, token_step = _step_calls(model)
+    image_step, token_step, packed_step = _step_calls(model)
     cases = {
         "fixed8": (lambda: image_step(fixed8, labels), batch * 64, batch * 64),
         "fixed10": (lambda: image_step(fixed10, labels), batch * 100, batch * 100),
         "tokens8": (lambda: token_step(tokens8, labels), batch * 64, batch * 64),
-        "mixed": (lambda: token_step(mixed, labels), int(mixed.mask_BT.sum()), batch * max_side**2),
+        "mixed": (lambda: token_step(mixed, labels), real, batch * max_side**2),
     }  # fmt: skip
+    for name, length in (("packed", max_side**2), ("packed200", 2 * max_side**2)):
+        packed, place = tokens.pack_images(images, (PATCH, PATCH), length, length // min_side**2)
+        packed, place = tokens.Packed(*map(jnp.asarray, packed)), jnp.asarray(place)
+        step = lambda p=packed, q=place: packed_step(p, q, labels)
+        cases[name] = (step, real, packed.segment_BT.size)
     times = common.timeit_interleaved({k: v[0] for k, v in cases.items()}, repeats=repeats)
     rows = {}
     for name, (_, real, slots) in cases.items():
@@ -93,6 +112,7 @@ def run(
             "padding_fraction": 1 - real / slots,
             "real_tokens_per_s": real / t["median_s"],
             "time_over_fixed8": common.ratio(t, times["fixed8"]),
+            "time_over_mixed": common.ratio(t, times["mixed"]),
         }
     return rows
 
@@ -124,9 +144,11 @@ def main() -> None:
         common.print_table(
             f"{key}: one train step (forward, backward, AdamW), batch {args.batch}, "
             f"ViT-{args.variant}/8, {args.dtype}, pool {args.pool}",
-            ["case", "min / median ms", "real tokens/s", "padding", "time / fixed8"],
+            ["case", "min / median ms", "real tokens/s", "padding", "time / fixed8",
+             "time / mixed"],
             [[name, common.fmt_time(r["time"]), f"{r['real_tokens_per_s']:,.0f}",
-              f"{100 * r['padding_fraction']:.1f} %", f"{r['time_over_fixed8']['median_s']:.2f}"]
+              f"{100 * r['padding_fraction']:.1f} %", f"{r['time_over_fixed8']['median_s']:.2f}",
+              f"{r['time_over_mixed']['median_s']:.2f}"]
              for name, r in rows.items()],
         )  # fmt: skip
     with open(args.out, "w") as f:

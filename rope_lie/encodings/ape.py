@@ -206,12 +206,15 @@ def gather(
 
     Token t of example b gets row ``index[b, t]`` of ``table(params, grid_shape=grid[b])``
     (to float32 rounding; the grids may differ between examples and are traced: the resize is
-    evaluated at the tokens' coordinates only, one separable weight vector per axis).
+    evaluated at the tokens' coordinates only, one separable weight vector per axis). With a
+    grid per token (``grid_BTA``: a packed row of several images), token t gets row
+    ``index[b, t]`` of its own grid ``grid[b, t]``'s table.
 
     Args:
       params: from ``init``.
       index_BTA: integer grid coordinates of the tokens, each in [0, grid[b]).
-      grid_BA: tokens per axis of each example's grid, of the stored table's rank.
+      grid_BA: tokens per axis of each example's grid, of the stored table's rank; or
+        ``grid_BTA``, each token's own grid.
       width: optional; checked against the stored width D.
       num_prefix: optional; checked against the stored number of prefix rows P.
       method: as ``table``.
@@ -226,10 +229,11 @@ def gather(
             f"{_FAMILY}: index_BTA has shape {tuple(index_BTA.shape)}; expected (B, T, "
             f"{len(stored)}) for the stored grid {stored}"
         )
-    if tuple(grid_BA.shape) != (index_BTA.shape[0], len(stored)):
+    per_token = grid_BA.ndim == 3
+    if tuple(grid_BA.shape) not in ((index_BTA.shape[0], len(stored)), index_BTA.shape):
         raise ValueError(
             f"{_FAMILY}: grid_BA has shape {tuple(grid_BA.shape)}; expected "
-            f"({index_BTA.shape[0]}, {len(stored)})"
+            f"({index_BTA.shape[0]}, {len(stored)}), or {tuple(index_BTA.shape)} per token"
         )
     method = _check_call(prefix_PD, dim, width, num_prefix, method, len(stored))
     emb_BTD = grid_GD.astype(jnp.float32)
@@ -237,7 +241,9 @@ def gather(
         # n_in and method are closed over, not passed through vmap: under Explicit mesh axes
         # vmap's arguments must all be arrays.
         row = lambda n_out, coord, n_in=n_in: _axis_weights(n_in, n_out, coord, method)
-        w_BTI = jax.vmap(jax.vmap(row, (None, 0)), (0, 0))(grid_BA[:, axis], index_BTA[..., axis])
+        w_BTI = jax.vmap(jax.vmap(row, (0 if per_token else None, 0)), (0, 0))(
+            grid_BA[..., axis], index_BTA[..., axis]
+        )
         if axis == 0:
             emb_BTD = jnp.einsum("BTI,I...->BT...", w_BTI, emb_BTD)
         else:

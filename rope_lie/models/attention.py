@@ -160,7 +160,12 @@ class Attention(nnx.Module):
             self.pe_params = init_pe_params(self.encoder, rngs.params())
 
     def pe_state(
-        self, pos: jax.Array, *, pe_params: Mapping[str, Any] | None = None, scaling=None
+        self,
+        pos: jax.Array,
+        *,
+        pe_params: Mapping[str, Any] | None = None,
+        scaling=None,
+        num_prefix: int | None = None,
     ) -> State:
         """This layer's encoder state (``precompute_pe``) at positions ``pos``.
 
@@ -170,6 +175,8 @@ class Attention(nnx.Module):
             or arrays); None uses this layer's own.
           scaling: None, or an extrapolation tool at an evaluation grid
             (``encodings.extrapolation.resolve``, ``ViT.precompute_pe``).
+          num_prefix: prefix tokens at the start of the sequence; None: the layer's own (a
+            packed row holds every image's, ``ViT.classify_tokens``).
 
         Returns:
           the family's state (``encodings/state.py``), a pytree of arrays.
@@ -183,8 +190,8 @@ class Attention(nnx.Module):
         params = self.pe_params if pe_params is None else pe_params
         params = {name: jnp.asarray(value[...]) for name, value in params.items()}
         return precompute_pe(
-            self.encoder, params, pos, num_prefix=self.num_prefix, fold=self.fold_mix,
-            scaling=scaling,
+            self.encoder, params, pos, fold=self.fold_mix, scaling=scaling,
+            num_prefix=self.num_prefix if num_prefix is None else num_prefix,
         )  # fmt: skip
 
     def __call__(
@@ -195,6 +202,7 @@ class Attention(nnx.Module):
         pe_params: Mapping[str, Any] | None = None,
         pe_state: State | None = None,
         key_mask_BS: jax.Array | None = None,
+        segment_BS: jax.Array | None = None,
     ) -> jax.Array:
         """Attend.
 
@@ -209,12 +217,18 @@ class Attention(nnx.Module):
           key_mask_BS: None, or (B, S) with 0 at padded keys: no token attends to them (a
             logit bias for "xla", "xla_cpu" and "chunked", ``with_key_mask``; sequence lengths
             for "cudnn", segment ids for "pallas").
+          segment_BS: None, or int (B, S): the segment (image) of each token of a packed batch
+            (``tokens.Packed``, padding in segment 0); a token attends only to the keys of its
+            own segment (a logit bias for "xla" and "xla_cpu", per key block for "chunked",
+            segment ids for "pallas"; "cudnn" refuses it).
 
         Returns:
           (B, T, D) array in the activation dtype.
         """
         q_BTNH, k_BTNH, v_BTNH, bias = self.qkv(x_BTD, pos, pe_params=pe_params, pe_state=pe_state)
-        o_BTNH = backends.BACKENDS[self.attention].attend(q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS)
+        o_BTNH = backends.BACKENDS[self.attention].attend(
+            q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, segment_BS
+        )
         y_BTD = jnp.einsum("BTNH,NHD->BTD", o_BTNH, self.wo_NHD[...].astype(self.dtype))
         return y_BTD + self.bo_D[...].astype(self.dtype)[None, None]
 
@@ -277,15 +291,16 @@ def set_inference_backends(model: nnx.Module, platform: str, device_count: int) 
             module.attention = backends.inference_backend(module.attention, platform, device_count)
 
 
-def check_backends(model: nnx.Module, platform: str) -> None:
+def check_backends(model: nnx.Module, platform: str, *, packed: bool = False) -> None:
     """``backends.check_attention`` for every ``Attention`` of ``model`` on ``platform``.
 
     Call it before the first step, on the model as built (``nnx.eval_shape`` of it will do):
     its layers hold the backend, the activation dtype and head_dim, so nothing is worked out
-    from the config again.
+    from the config again. ``packed``: the run trains on packed batches (``naflex.pack``).
     """
     for _, module in nnx.iter_modules(model):
         if isinstance(module, Attention):
             backends.check_attention(
-                module.attention, platform=platform, dtype=module.dtype, head_dim=module.head_dim
-            )
+                module.attention, platform=platform, dtype=module.dtype,
+                head_dim=module.head_dim, packed=packed,
+            )  # fmt: skip

@@ -1,8 +1,9 @@
 """The attention backends behind ``Attention``'s one seam, and their table (``BACKENDS``).
 
-Each backend is a function of (q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS) -> o_BTNH that
-computes the formula ``softmax(q k^T / sqrt(H) + bias) v`` per head (``xla_attention.attend``)
-its own way:
+Each backend is a function of (q_BTNH, k_BTNH, v_BTNH, bias, key_mask_BS, segment_BS) -> o_BTNH
+that computes the formula ``softmax(q k^T / sqrt(H) + bias) v`` per head
+(``xla_attention.attend``) its own way, padded keys (``key_mask_BS``) and, in a packed batch,
+the keys of other segments (``segment_BS``: other images of the row) left out:
 
 - ``"xla"`` (default): the formula in XLA operations (``xla_attention.attend``);
 - ``"xla_cpu"``: the same with an inference batch cut into chunks for one CPU device
@@ -10,7 +11,8 @@ its own way:
   (``inference_backend``);
 - ``"chunked"``: exact, an online softmax over key blocks with a custom VJP; O(T x block)
   memory on any platform (``attend_chunked``);
-- ``"cudnn"``: cuDNN's fused attention (NVIDIA GPUs, bfloat16/float16; ``attend_cudnn``);
+- ``"cudnn"``: cuDNN's fused attention (NVIDIA GPUs, bfloat16/float16; ``attend_cudnn``; no
+  packed batches);
 - ``"pallas"``: the Pallas TPU flash-attention kernel (``attend_pallas``).
 
 ``BACKENDS`` names each one's function, the platforms it runs on and its checks of the dtype
@@ -29,7 +31,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rope_lie.models.xla_attention import attend, attend_cpu_batches, bias_4d, with_key_mask
+from rope_lie.models.xla_attention import (
+    MASKED_KEY_LOGIT,
+    attend,
+    attend_cpu_batches,
+    bias_4d,
+    with_key_mask,
+    with_segments,
+)
 
 # Keys per block of the "chunked" attention: its logits are (B, N, T, KEY_BLOCK) at a time.
 KEY_BLOCK = 128
@@ -42,6 +51,7 @@ def attend_chunked(
     bias: jax.Array | None = None,
     *,
     block: int = KEY_BLOCK,
+    segment_BS: jax.Array | None = None,
 ) -> jax.Array:
     """Exact attention in O(T x block) memory: an online softmax over key blocks.
 
@@ -53,7 +63,9 @@ def attend_chunked(
     already holds). Gradients are a custom VJP that saves only the output and the row
     log-sum-exp and recomputes each block's probabilities in a second scan (FlashAttention's
     backward pass). Logits, statistics and accumulators are float32 whatever the inputs'
-    dtype. Keys are padded to a multiple of ``block`` and the padding masked out.
+    dtype. Keys are padded to a multiple of ``block`` and the padding masked out. A packed
+    batch's segments are compared per key block (``MASKED_KEY_LOGIT`` added where query and key
+    differ, as ``with_segments`` does), so they too form no (T, S) array.
 
     Args:
       q_BTNH: queries.
@@ -61,6 +73,8 @@ def attend_chunked(
       v_BTNH: values (B, S, N, H).
       bias: None or a logit bias broadcastable to (B, N, T, S).
       block: keys per block (the whole of S when S is smaller).
+      segment_BS: None, or int (B, S) segments of a packed batch (self-attention: the
+        queries' too, T = S); a query attends to the keys of its own segment only.
 
     Returns:
       (B, T, N, H) in v's dtype; equal to ``attend`` to float32 rounding.
@@ -72,12 +86,22 @@ def attend_chunked(
     num_blocks = -(-keys // block)
     pad = num_blocks * block - keys
     bias = bias_4d(bias)
+    seg_q_BT = seg_k_BS = None
+    if segment_BS is not None:
+        if segment_BS.shape != (q_BTNH.shape[0], keys) or q_BTNH.shape[1] != keys:
+            raise ValueError(
+                f"segment_BS has shape {tuple(segment_BS.shape)}; expected (B, S) = "
+                f"{(q_BTNH.shape[0], keys)} with as many queries as keys (self-attention)"
+            )
+        seg_q_BT = seg_k_BS = segment_BS.astype(jnp.int32)
     if pad:
         widths = ((0, 0), (0, pad), (0, 0), (0, 0))
         k_BTNH, v_BTNH = jnp.pad(k_BTNH, widths), jnp.pad(v_BTNH, widths)
         if bias is not None and bias.shape[-1] != 1:
             bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, pad)))
-    return _chunked(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)
+        if seg_k_BS is not None:
+            seg_k_BS = jnp.pad(seg_k_BS, ((0, 0), (0, pad)))
+    return _chunked(q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, keys)
 
 
 def _key_blocks(x_BSNH: jax.Array, block: int) -> jax.Array:
@@ -96,31 +120,43 @@ def _bias_blocks(bias: jax.Array | None, block: int, num_blocks: int) -> jax.Arr
     return jnp.moveaxis(bias.reshape(b, n, t, s // block, block), 3, 0)
 
 
-def _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K):
-    """One key block's float32 logits (B, N, T, K), padded keys at -inf."""
-    logits_BNTK = jnp.einsum("BTNH,BKNH->BNTK", q_BTNH, k_BKNH, preferred_element_type=jnp.float32)
-    logits_BNTK = logits_BNTK * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
+def _segment_blocks(seg_k_BS: jax.Array | None, block: int) -> jax.Array | None:
+    """(B, S) -> (S / block, B, block)."""
+    if seg_k_BS is None:
+        return None
+    b, s = seg_k_BS.shape
+    return jnp.moveaxis(seg_k_BS.reshape(b, s // block, block), 1, 0)
+
+
+def _block_logits(q_BTNH, k_BSNH, bias_blk, valid_S, seg_q_BT=None, seg_k_BS=None):
+    """One key block's float32 logits (B, N, T, S), padded keys at -inf, keys of another
+    segment (packed batches) at ``MASKED_KEY_LOGIT`` added."""
+    logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
+    logits_BNTS = logits_BNTS * jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
     if bias_blk is not None:
-        logits_BNTK = (logits_BNTK + bias_blk).astype(jnp.float32)
-    return jnp.where(valid_K, logits_BNTK, -jnp.inf)
+        logits_BNTS = (logits_BNTS + bias_blk).astype(jnp.float32)
+    if seg_q_BT is not None:
+        same_B1TS = (seg_q_BT[:, :, None] == seg_k_BS[:, None, :])[:, None]
+        logits_BNTS = logits_BNTS + jnp.where(same_B1TS, 0.0, MASKED_KEY_LOGIT).astype(jnp.float32)
+    return jnp.where(valid_S, logits_BNTS, -jnp.inf)
 
 
-def _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
+def _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, keys):
     """(o_BTNH in v's dtype, lse_BNT float32) by the online softmax."""
     batch, tokens, heads, head_dim = q_BTNH.shape
     num_blocks = k_BTNH.shape[1] // block
-    valid_LK = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
+    valid_blocks_S = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
 
     def step(carry, xs):
         max_BNT, sum_BNT, acc_BTNH = carry
-        k_BKNH, v_BKNH, bias_blk, valid_K = xs
-        logits_BNTK = _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K)
-        new_max_BNT = jnp.maximum(max_BNT, jnp.max(logits_BNTK, axis=-1))
+        k_BSNH, v_BSNH, bias_blk, valid_S, seg_k_BS = xs
+        logits_BNTS = _block_logits(q_BTNH, k_BSNH, bias_blk, valid_S, seg_q_BT, seg_k_BS)
+        new_max_BNT = jnp.maximum(max_BNT, jnp.max(logits_BNTS, axis=-1))
         correction_BNT = jnp.exp(max_BNT - new_max_BNT)
-        p_BNTK = jnp.exp(logits_BNTK - new_max_BNT[..., None])
-        sum_BNT = sum_BNT * correction_BNT + jnp.sum(p_BNTK, axis=-1)
+        p_BNTS = jnp.exp(logits_BNTS - new_max_BNT[..., None])
+        sum_BNT = sum_BNT * correction_BNT + jnp.sum(p_BNTS, axis=-1)
         pv_BTNH = jnp.einsum(
-            "BNTK,BKNH->BTNH", p_BNTK.astype(v_BKNH.dtype), v_BKNH,
+            "BNTS,BSNH->BTNH", p_BNTS.astype(v_BSNH.dtype), v_BSNH,
             preferred_element_type=jnp.float32,
         )  # fmt: skip
         acc_BTNH = acc_BTNH * jnp.moveaxis(correction_BNT, 1, 2)[..., None] + pv_BTNH
@@ -132,7 +168,8 @@ def _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
         jnp.zeros((batch, tokens, heads, head_dim), jnp.float32),
     )
     xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
-          _bias_blocks(bias, block, num_blocks), valid_LK)  # fmt: skip
+          _bias_blocks(bias, block, num_blocks), valid_blocks_S,
+          _segment_blocks(seg_k_BS, block))  # fmt: skip
     (max_BNT, sum_BNT, acc_BTNH), _ = jax.lax.scan(step, init, xs)
     o_BTNH = (acc_BTNH / jnp.moveaxis(sum_BNT, 1, 2)[..., None]).astype(v_BTNH.dtype)
     return o_BTNH, max_BNT + jnp.log(sum_BNT)
@@ -144,61 +181,64 @@ def _sum_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _chunked(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
-    return _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _chunked(q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, keys):
+    return _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, keys)[0]
 
 
-def _chunked_fwd(q_BTNH, k_BTNH, v_BTNH, bias, block, keys):
-    o_BTNH, lse_BNT = _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, block, keys)
-    return o_BTNH, (q_BTNH, k_BTNH, v_BTNH, bias, o_BTNH, lse_BNT)
+def _chunked_fwd(q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, keys):
+    o_BTNH, lse_BNT = _chunked_forward(
+        q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, keys
+    )
+    return o_BTNH, (q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, o_BTNH, lse_BNT)
 
 
 def _chunked_bwd(block, keys, residuals, do_BTNH):
-    q_BTNH, k_BTNH, v_BTNH, bias, o_BTNH, lse_BNT = residuals
+    q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, o_BTNH, lse_BNT = residuals
     num_blocks = k_BTNH.shape[1] // block
-    valid_LK = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
+    valid_blocks_S = (jnp.arange(num_blocks * block) < keys).reshape(num_blocks, block)
     scale = jnp.float32(1 / math.sqrt(q_BTNH.shape[-1]))
     # d logits = p * (dp - rowsum(do * o)), the softmax's backward pass per row.
     delta_BNT = jnp.einsum("BTNH,BTNH->BNT", do_BTNH, o_BTNH, preferred_element_type=jnp.float32)
     do_BTNH = do_BTNH.astype(v_BTNH.dtype)
 
     def step(dq_BTNH, xs):
-        k_BKNH, v_BKNH, bias_blk, valid_K = xs
-        logits_BNTK = _block_logits(q_BTNH, k_BKNH, bias_blk, valid_K)
-        p_BNTK = jnp.exp(logits_BNTK - lse_BNT[..., None])
-        dv_BKNH = jnp.einsum("BNTK,BTNH->BKNH", p_BNTK.astype(do_BTNH.dtype), do_BTNH,
+        k_BSNH, v_BSNH, bias_blk, valid_S, seg_k_BS = xs
+        logits_BNTS = _block_logits(q_BTNH, k_BSNH, bias_blk, valid_S, seg_q_BT, seg_k_BS)
+        p_BNTS = jnp.exp(logits_BNTS - lse_BNT[..., None])
+        dv_BSNH = jnp.einsum("BNTS,BTNH->BSNH", p_BNTS.astype(do_BTNH.dtype), do_BTNH,
                              preferred_element_type=jnp.float32)  # fmt: skip
-        dp_BNTK = jnp.einsum("BTNH,BKNH->BNTK", do_BTNH, v_BKNH,
+        dp_BNTS = jnp.einsum("BTNH,BSNH->BNTS", do_BTNH, v_BSNH,
                              preferred_element_type=jnp.float32)  # fmt: skip
-        ds_BNTK = p_BNTK * (dp_BNTK - delta_BNT[..., None])
-        dbias = None if bias_blk is None else _sum_to(ds_BNTK, bias_blk.shape)
-        ds_BNTK = (ds_BNTK * scale).astype(q_BTNH.dtype)
-        dq_BTNH = dq_BTNH + jnp.einsum("BNTK,BKNH->BTNH", ds_BNTK, k_BKNH,
+        ds_BNTS = p_BNTS * (dp_BNTS - delta_BNT[..., None])
+        dbias = None if bias_blk is None else _sum_to(ds_BNTS, bias_blk.shape)
+        ds_BNTS = (ds_BNTS * scale).astype(q_BTNH.dtype)
+        dq_BTNH = dq_BTNH + jnp.einsum("BNTS,BSNH->BTNH", ds_BNTS, k_BSNH,
                                        preferred_element_type=jnp.float32)  # fmt: skip
-        dk_BKNH = jnp.einsum("BNTK,BTNH->BKNH", ds_BNTK, q_BTNH,
+        dk_BSNH = jnp.einsum("BNTS,BTNH->BSNH", ds_BNTS, q_BTNH,
                              preferred_element_type=jnp.float32)  # fmt: skip
-        return dq_BTNH, (dk_BKNH, dv_BKNH, dbias)
+        return dq_BTNH, (dk_BSNH, dv_BSNH, dbias)
 
     xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
-          _bias_blocks(bias, block, num_blocks), valid_LK)  # fmt: skip
-    dq_BTNH, (dk_LBKNH, dv_LBKNH, dbias_L) = jax.lax.scan(
+          _bias_blocks(bias, block, num_blocks), valid_blocks_S,
+          _segment_blocks(seg_k_BS, block))  # fmt: skip
+    dq_BTNH, (dk_blocks_BSNH, dv_blocks_BSNH, dbias_blocks) = jax.lax.scan(
         step, jnp.zeros(q_BTNH.shape, jnp.float32), xs
     )
 
-    def unblock(x_LBKNH, like):
-        x_BLKNH = jnp.moveaxis(x_LBKNH, 0, 1)
-        return x_BLKNH.reshape(like.shape).astype(like.dtype)
+    def unblock(x_blocks_BSNH, like):
+        return jnp.moveaxis(x_blocks_BSNH, 0, 1).reshape(like.shape).astype(like.dtype)
 
     dbias = None
     if bias is not None:
         if bias.shape[-1] == 1:
-            dbias = jnp.sum(dbias_L, axis=(0, -1))[..., None]
+            dbias = jnp.sum(dbias_blocks, axis=(0, -1))[..., None]
         else:
-            dbias = jnp.moveaxis(dbias_L, 0, 3).reshape(bias.shape)
+            dbias = jnp.moveaxis(dbias_blocks, 0, 3).reshape(bias.shape)
         dbias = _sum_to(dbias, bias.shape).astype(bias.dtype)
-    return (dq_BTNH.astype(q_BTNH.dtype), unblock(dk_LBKNH, k_BTNH), unblock(dv_LBKNH, v_BTNH),
-            dbias)  # fmt: skip
+    # The segments are integers: no cotangent (None).
+    dk_BTNH, dv_BTNH = unblock(dk_blocks_BSNH, k_BTNH), unblock(dv_blocks_BSNH, v_BTNH)
+    return dq_BTNH.astype(q_BTNH.dtype), dk_BTNH, dv_BTNH, dbias, None, None
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
@@ -210,6 +250,7 @@ def attend_cudnn(
     v_BTNH: jax.Array,
     bias: jax.Array | None = None,
     key_mask_BS: jax.Array | None = None,
+    segment_BS: jax.Array | None = None,
     *,
     implementation: str = "cudnn",
 ) -> jax.Array:
@@ -233,12 +274,20 @@ def attend_cudnn(
     ``tokens.pack``'s and ``patch_dropout``'s batches, whose padding is at the end). An example
     with no real key gets length 1 (finite, and unused).
 
+    Packed batches (several images per row, ``segment_BS``) are refused: sequence lengths mask
+    the keys past a count, the same keys for every query, so they cannot keep one image's
+    queries off another's keys (``check_attention(..., packed=True)`` refuses it before a run).
+    jax's private cuDNN wrapper has a packed layout (``q_offsets``/``kv_offsets``, each segment
+    contiguous), which ``jax.nn.dot_product_attention`` does not expose and this does not use;
+    a dense (B, 1, T, S) mask folded into cuDNN's bias would work but is not tested on a GPU.
+
     Args:
       q_BTNH: queries.
       k_BTNH: keys.
       v_BTNH: values.
       bias: None or a logit bias broadcastable to (B, N, T, S).
       key_mask_BS: None, or (B, S) with 0 at padded keys, which no query then attends to.
+      segment_BS: must be None (packed batches are refused, above).
       implementation: ``jax.nn.dot_product_attention``'s; ``"xla"`` runs jax's reference of
         the same call (same bias, key order and lengths) on any platform and dtype: how the
         CPU tests check this wrapper.
@@ -246,6 +295,8 @@ def attend_cudnn(
     Returns:
       (B, T, N, H) in v's dtype.
     """
+    if segment_BS is not None:
+        raise ValueError(PACKED_REFUSED.format(name="cudnn"))
     bias = bias_4d(bias)
     bias = None if bias is None else bias.astype(q_BTNH.dtype)
     lengths_B = None
@@ -331,6 +382,7 @@ def attend_pallas(
     v_BTNH: jax.Array,
     bias: jax.Array | None = None,
     key_mask_BS: jax.Array | None = None,
+    segment_BS: jax.Array | None = None,
 ) -> jax.Array:
     """Pallas's TPU flash-attention kernel (``jax.experimental.pallas.ops.tpu.flash_attention``).
 
@@ -343,7 +395,10 @@ def attend_pallas(
     masked with the kernel's segment ids (a query attends to the keys of its own segment):
     every query of the sequence is in segment 1, and so is every key except the block padding
     and the keys that ``key_mask_BS`` marks as padded (segment 0); no bias array carries the
-    mask. TPU only (Mosaic); on CPU it runs under
+    mask. A packed batch's segments (``segment_BS``, padding in segment 0) are the kernel's
+    segment ids as they are, the block padding in a segment of its own (-2): every query has a
+    key of its own segment (itself), and a key that ``key_mask_BS`` marks as padded goes to
+    segment -1, which no query is in. TPU only (Mosaic); on CPU it runs under
     ``jax.experimental.pallas.tpu.force_tpu_interpret_mode()`` (the tests do).
 
     Args:
@@ -352,6 +407,8 @@ def attend_pallas(
       v_BTNH: values.
       bias: None or a logit bias broadcastable to (B, N, T, S).
       key_mask_BS: None, or (B, S) with 0 at padded keys, which no query then attends to.
+      segment_BS: None, or int (B, S) segments of a packed batch (self-attention: T = S); a
+        query attends to the keys of its own segment only.
 
     Returns:
       (B, T, N, H) in v's dtype.
@@ -374,7 +431,22 @@ def attend_pallas(
         ab = jnp.pad(ab, ((0, 0), (0, 0), (0, padded_t - tokens), (0, padded_s - keys)))
         ab = ab.astype(jnp.float32)
     segments = None
-    if key_mask_BS is not None or (padded_t, padded_s) != (tokens, keys):
+    if segment_BS is not None:
+        if segment_BS.shape != (batch, keys) or tokens != keys:
+            raise ValueError(
+                f"segment_BS has shape {tuple(segment_BS.shape)}; expected (B, S) = "
+                f"{(batch, keys)} with as many queries as keys (self-attention)"
+            )
+        # The block padding in a segment of its own (-2), so that the row's padding (segment
+        # 0) attends among itself as in "xla"; keys the key mask drops in -1, no query's.
+        ids_q = jnp.pad(segment_BS.astype(jnp.int32), ((0, 0), (0, padded_t - tokens)),
+                        constant_values=-2)  # fmt: skip
+        ids_kv = segment_BS.astype(jnp.int32)
+        if key_mask_BS is not None:
+            ids_kv = jnp.where(key_mask_BS > 0, ids_kv, -1)
+        ids_kv = jnp.pad(ids_kv, ((0, 0), (0, padded_s - keys)), constant_values=-2)
+        segments = pallas_flash.SegmentIds(q=ids_q, kv=ids_kv)
+    elif key_mask_BS is not None or (padded_t, padded_s) != (tokens, keys):
         ids_q = jnp.broadcast_to(jnp.arange(padded_t) < tokens, (batch, padded_t))
         ids_kv = jnp.broadcast_to(jnp.arange(padded_s) < keys, (batch, padded_s))
         if key_mask_BS is not None:
@@ -411,34 +483,52 @@ class Backend:
     """One attention backend.
 
     Attributes:
-      attend: (q_BTNH, k_BTNH, v_BTNH, bias or None, key_mask_BS or None) -> o_BTNH in v's
-        dtype; ``key_mask_BS`` (B, S) is 0 at padded keys.
+      attend: (q_BTNH, k_BTNH, v_BTNH, bias or None, key_mask_BS or None, segment_BS or
+        None) -> o_BTNH in v's dtype; ``key_mask_BS`` (B, S) is 0 at padded keys,
+        ``segment_BS`` (B, S) the segments of a packed batch (a query attends within its own).
       platforms: the ``jax.default_backend()`` names it runs on.
       check: None, or (where, dtype, head_dim) -> None, raising ``ValueError`` that starts with
         ``where`` when the activation dtype or head_dim rules it out.
+      packs: whether it keeps the segments of a packed batch apart (``check_attention``
+        refuses packed batches where it does not).
     """
 
     attend: Callable[..., jax.Array]
     platforms: tuple[str, ...]
     check: Callable[[str, jnp.dtype, int], None] | None = None
+    packs: bool = True
 
 
 EVERYWHERE = ("cpu", "gpu", "cuda", "rocm", "tpu")
+PACKED_REFUSED = (
+    "model.attention={name!r} cannot keep the images of a packed batch apart (its key mask is "
+    "sequence lengths, padding only, not segments); use 'xla', 'chunked' or 'pallas' with "
+    "naflex.pack, or turn packing off"
+)
 
-# "xla", "xla_cpu" and "chunked" add the key mask to the bias (``with_key_mask``); "cudnn" and
-# "pallas" take it as their kernels do (sequence lengths, segment ids).
+
+def _masked(bias, mask, segments):
+    """The bias with the key mask and the segments added (``with_key_mask``,
+    ``with_segments``): how "xla" and "xla_cpu" take them."""
+    return with_segments(with_key_mask(bias, mask), segments)
+
+
+# "xla" and "xla_cpu" add the key mask and the segments to the bias (``with_key_mask``,
+# ``with_segments``), "chunked" the key mask and each key block's segments; "cudnn" takes the
+# key mask as sequence lengths and refuses segments, "pallas" takes both as segment ids.
 BACKENDS: dict[str, Backend] = {
-    "xla": Backend(lambda q, k, v, bias, mask: attend(q, k, v, with_key_mask(bias, mask)),
+    "xla": Backend(lambda q, k, v, bias, mask, seg: attend(q, k, v, _masked(bias, mask, seg)),
                    EVERYWHERE),
     "xla_cpu": Backend(
-        lambda q, k, v, bias, mask: attend_cpu_batches(q, k, v, with_key_mask(bias, mask)),
+        lambda q, k, v, bias, mask, seg: attend_cpu_batches(q, k, v, _masked(bias, mask, seg)),
         ("cpu",)),
     "chunked": Backend(
-        lambda q, k, v, bias, mask: attend_chunked(q, k, v, with_key_mask(bias, mask)),
+        lambda q, k, v, bias, mask, seg: attend_chunked(q, k, v, with_key_mask(bias, mask),
+                                                        segment_BS=seg),
         EVERYWHERE),
-    "cudnn": Backend(lambda q, k, v, bias, mask: attend_cudnn(q, k, v, bias, mask),
-                     ("gpu", "cuda"), _check_cudnn),
-    "pallas": Backend(lambda q, k, v, bias, mask: attend_pallas(q, k, v, bias, mask),
+    "cudnn": Backend(lambda q, k, v, bias, mask, seg: attend_cudnn(q, k, v, bias, mask, seg),
+                     ("gpu", "cuda"), _check_cudnn, packs=False),
+    "pallas": Backend(lambda q, k, v, bias, mask, seg: attend_pallas(q, k, v, bias, mask, seg),
                       ("tpu",), _check_pallas),
 }  # fmt: skip
 
@@ -455,6 +545,7 @@ def check_attention(
     platform: str,
     dtype: Any,
     head_dim: int,
+    packed: bool = False,
 ) -> None:
     """Raise, naming ``model.attention`` and what it needs, where a backend cannot run.
 
@@ -468,6 +559,8 @@ def check_attention(
       platform: the backend the steps run on (``jax.default_backend()``, or an export target).
       dtype: the activation dtype.
       head_dim: H.
+      packed: the run attends packed batches (several images per row, ``naflex.pack``):
+        refused where the backend cannot keep their segments apart (``Backend.packs``).
     """
     check_attention_name(name)
     backend, where = BACKENDS[name], f"model.attention={name!r}"
@@ -478,6 +571,8 @@ def check_attention(
         )
     if backend.check is not None:
         backend.check(where, jnp.dtype(dtype), head_dim)
+    if packed and not backend.packs:
+        raise ValueError(PACKED_REFUSED.format(name=name))
 
 
 def inference_backend(name: str, platform: str, device_count: int) -> str:

@@ -117,8 +117,12 @@ class Block(nnx.Module):
         *,
         train: bool,
         key_mask_BS: jax.Array | None = None,
+        segment_BS: jax.Array | None = None,
     ) -> jax.Array:
-        y_BTD = self.attn(self.ln1(x_BTD), None, pe_state=pe_state, key_mask_BS=key_mask_BS)
+        y_BTD = self.attn(
+            self.ln1(x_BTD), None, pe_state=pe_state, key_mask_BS=key_mask_BS,
+            segment_BS=segment_BS,
+        )  # fmt: skip
         y_BTD = self._scaled(y_BTD, self.ls1_D)
         x_BTD = x_BTD + self.dropout(y_BTD, deterministic=not train)
         return x_BTD + self._scaled(self.mlp(self.ln2(x_BTD), train=train), self.ls2_D)

@@ -13,6 +13,20 @@ The model computes every token's position from ``(index, grid)`` under its posit
 convention (``positions.index_positions``), so a token keeps its position whatever slot it
 sits in: tokens may come in any order, and patch dropout (``patch_dropout``) keeps a subset.
 Prefix (class) tokens are not in the batch; the model prepends them.
+
+A ``Packed`` batch (NaViT, Dehghani et al., arXiv:2307.06304) holds several images per row,
+each in its own segment, instead of one padded image per row:
+
+  patches_BTP  float (B, T, P): the patches of the row's images one after the other, then
+               padding (B rows)
+  index_BTA    int32 (B, T, A): each token's coordinates in its own image's grid
+  segment_BT   int32 (B, T): the token's image slot in its row, 1 to U; 0 for padding
+  grid_BUA     int32 (B, U, A): the grid of each slot's image; 0 for an empty slot
+
+The model gives every image its own prefix tokens and positions as if it were alone, keeps
+attention within each segment and pools each image on its own (``ViT.classify_tokens``):
+logits (B, U, V), one per slot. ``pack_rows`` packs images greedily (first-fit decreasing)
+under a token budget per row and says where each image went.
 """
 
 from __future__ import annotations
@@ -35,6 +49,15 @@ class Tokens(NamedTuple):
     index_BTA: jax.Array
     grid_BA: jax.Array
     mask_BT: jax.Array
+
+
+class Packed(NamedTuple):
+    """A packed batch: several images per row, each in its own segment (module docstring)."""
+
+    patches_BTP: jax.Array
+    index_BTA: jax.Array
+    segment_BT: jax.Array
+    grid_BUA: jax.Array
 
 
 def token_grid(spatial: Sequence[int], patch: Sequence[int], what: str) -> tuple[int, ...]:
@@ -177,3 +200,115 @@ def keep_count(length: int, rate: float) -> int:
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"patch_dropout={rate} must be in [0, 1)")
     return max(1, int(round(length * (1.0 - rate))))
+
+
+def assign_rows(counts: Sequence[int], max_tokens: int, max_images: int) -> tuple[np.ndarray, int]:
+    """Greedy first-fit decreasing: each image to the first row with room for it.
+
+    Images are taken from the most tokens to the fewest (ties in their order), each placed in
+    the first row whose tokens would stay within ``max_tokens`` and that holds fewer than
+    ``max_images`` images, else in a new row. Deterministic.
+
+    Args:
+      counts: tokens of each image, each in [1, max_tokens].
+      max_tokens: the token budget of a row (its length T).
+      max_images: U, the most images a row holds.
+
+    Returns:
+      (place_N2, rows): each image's (row, slot), slots in the order images were placed, and
+      the number of rows used.
+    """
+    counts = [int(c) for c in counts]
+    if max_images < 1:
+        raise ValueError(f"max_images={max_images} must be >= 1")
+    if any(not 1 <= c <= max_tokens for c in counts):
+        raise ValueError(
+            f"every image must have 1 to max_tokens={max_tokens} tokens; got {sorted(counts)[-1]}"
+            f" (largest) and {sorted(counts)[0]} (smallest)"
+        )
+    used, images = [], []  # per row: tokens used, images placed
+    place_N2 = np.zeros((len(counts), 2), np.int32)
+    for n in sorted(range(len(counts)), key=lambda i: -counts[i]):
+        row = next(
+            (r for r in range(len(used))
+             if used[r] + counts[n] <= max_tokens and images[r] < max_images),
+            len(used),
+        )  # fmt: skip
+        if row == len(used):
+            used.append(0)
+            images.append(0)
+        place_N2[n] = (row, images[row])
+        used[row] += counts[n]
+        images[row] += 1
+    return place_N2, len(used)
+
+
+def pack_rows(
+    examples: Sequence[tuple[np.ndarray, np.ndarray, Sequence[int]]],
+    max_tokens: int,
+    max_images: int,
+    *,
+    row_multiple: int = 1,
+) -> tuple[Packed, np.ndarray]:
+    """Images' tokens packed greedily into rows of ``max_tokens`` slots (numpy).
+
+    Args:
+      examples: per image (patches_TP, index_TA, grid): its tokens in ``patchify``'s order (any
+        subset and order will do: each token carries its coordinates).
+      max_tokens: T, the token budget of a row.
+      max_images: U, the most images per row (the model gives each slot its prefix tokens).
+      row_multiple: the row count is rounded up to a multiple of this (empty rows: padding),
+        so that batches of similar size share a compiled step, and rows divide over devices.
+
+    Returns:
+      (``Packed`` of numpy arrays, place_N2): image n is slot ``place_N2[n, 1]`` of row
+      ``place_N2[n, 0]``, so ``logits_BUV[place[:, 0], place[:, 1]]`` are the images' logits
+      in the order given.
+    """
+    if row_multiple < 1:
+        raise ValueError(f"row_multiple={row_multiple} must be >= 1")
+    place_N2, rows = assign_rows([len(e[0]) for e in examples], max_tokens, max_images)
+    rows = -(-rows // row_multiple) * row_multiple
+    width, axes = examples[0][0].shape[-1], len(examples[0][2])
+    patches = np.zeros((rows, max_tokens, width), np.float32)
+    index = np.zeros((rows, max_tokens, axes), np.int32)
+    segment = np.zeros((rows, max_tokens), np.int32)
+    grid = np.zeros((rows, max_images, axes), np.int32)
+    fill = np.zeros(rows, np.int64)
+    # Slots were numbered in placement order; tokens go into each row in slot order.
+    for n in np.lexsort((place_N2[:, 1], place_N2[:, 0])):
+        (patches_TP, index_TA, image_grid), (row, slot) = examples[n], place_N2[n]
+        start, count = fill[row], len(patches_TP)
+        patches[row, start : start + count] = patches_TP
+        index[row, start : start + count] = index_TA
+        segment[row, start : start + count] = slot + 1
+        grid[row, slot] = image_grid
+        fill[row] += count
+    return Packed(patches, index, segment, grid), place_N2
+
+
+def pack_images(
+    images: Sequence[np.ndarray],
+    patch: Sequence[int],
+    max_tokens: int,
+    max_images: int,
+    *,
+    row_multiple: int = 1,
+) -> tuple[Packed, np.ndarray]:
+    """Images of different sizes (*spatial, C) patchified and packed (``pack_rows``)."""
+    patch = tuple(patch)
+    examples = []
+    for image in images:
+        image = np.asarray(image)
+        grid = token_grid(image.shape[:-1], patch, "image spatial shape")
+        patches = patch_blocks(image[None], patch).reshape(math.prod(grid), -1)  # patchify's
+        examples.append((patches, positions.grid_indices(grid), grid))
+    return pack_rows(examples, max_tokens, max_images, row_multiple=row_multiple)
+
+
+def slot_grids(batch: Packed) -> jax.Array:
+    """Each token's image grid (B, T, A): its slot's, and 1 on every axis for padding (a
+    finite grid for its unused position)."""
+    slot_BT = jnp.maximum(batch.segment_BT - 1, 0)
+    grid_BTA = jnp.take_along_axis(batch.grid_BUA, slot_BT[..., None], axis=1)
+    return jnp.where(batch.segment_BT[..., None] > 0, jnp.maximum(grid_BTA, 1), 1)

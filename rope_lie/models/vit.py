@@ -34,7 +34,14 @@ resolution divisible by the patch size: positions are recomputed with ``position
 ``classify_tokens`` takes a padded batch of already patchified images of mixed sizes
 (``tokens.Tokens``, NaFlex-style): positions per example from each token's grid coordinates,
 a key-padding mask in every attention, mean pooling over real tokens, and patch dropout in
-training; each example gets the logits it gets alone at its own size.
+training; each example gets the logits it gets alone at its own size. It also takes a packed
+batch (``tokens.Packed``, NaViT): several images per row, each with its own prefix tokens and
+positions, attending within its own segment and pooled alone: logits per image slot.
+
+``features`` returns the patch tokens (and, apart, the prefix tokens) of chosen layers, as
+DINOv3's ``get_intermediate_layers`` and timm's ``forward_intermediates`` do, from the same
+forward pass: ``__call__``, ``classify_tokens`` and ``features`` share one block loop
+(``_blocks_forward``).
 
 Encoder parameters are per layer and per head by default (as in the LieRE paper);
 ``share_pe_heads`` and ``share_pe_layers`` share them. All position-encoding parameters
@@ -45,8 +52,9 @@ decay, as DeiT/timm do for ``pos_embed``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +82,19 @@ from rope_lie.models.variables import NoDecay
 from rope_lie.models.variants import model_dims
 
 REGISTER_INIT_STD = 0.02  # timm's reg_token and DINOv3's storage tokens
+
+
+class Features(NamedTuple):
+    """``ViT.features``: per layer asked for, its patch tokens and its prefix tokens.
+
+    Attributes:
+      patch: a tuple of (B, T, D) arrays (or (B, *grid, D) with ``reshape``), grid row-major.
+      prefix: a tuple of (B, num_prefix, D) arrays: the class token, then the registers
+        ((B, 0, D) for a model with neither).
+    """
+
+    patch: tuple[jax.Array, ...]
+    prefix: tuple[jax.Array, ...]
 
 
 def init_additive_params(
@@ -342,29 +363,43 @@ class ViT(nnx.Module):
 
     def classify_tokens(
         self,
-        batch: tokens.Tokens,
+        batch: tokens.Tokens | tokens.Packed,
         *,
         train: bool = False,
         patch_key: jax.Array | None = None,
     ) -> jax.Array:
-        """Classify a padded batch of token sequences of mixed grid sizes (``tokens.Tokens``).
+        """Classify a padded batch of token sequences of mixed grid sizes (``tokens.Tokens``),
+        or a packed batch of several images per row (``tokens.Packed``).
 
         Every example is classified as if it were alone at its own grid (``__call__`` on its
         image): each token's position is its own example's (``token_positions``, per-example
         encoder states), its additive table is its example's grid's, padded keys get no
         attention (the key mask, which each backend takes as its kernel does:
-        ``Attention.__call__``) and padded tokens no pooling weight.
+        ``Attention.__call__``) and padded tokens no pooling weight. In a packed row every
+        image has its own prefix tokens and positions, attends within its own segment
+        (``segment_BS``, each backend as its kernel takes it) and is pooled alone.
 
         Args:
-          batch: ``tokens.Tokens`` of length T (prefix tokens are prepended here).
+          batch: ``tokens.Tokens`` of length T or ``tokens.Packed`` (prefix tokens are
+            prepended here).
           train: apply dropout (the ``dropout`` RNG stream) and, with ``patch_key``, patch
-            dropout.
+            dropout (``Tokens`` only).
           patch_key: PRNG key of patch dropout; used when ``train`` and ``patch_dropout`` > 0
             (a random ``keep_count`` of the slots of each example, ``tokens.patch_dropout``).
 
         Returns:
-          float32 logits (B, V).
+          float32 logits (B, V); for a ``Packed`` batch (B, U, V), one per image slot of each
+          row (an empty slot's are finite and meaningless).
         """
+        if isinstance(batch, tokens.Packed):
+            if train and self.patch_dropout > 0:
+                raise ValueError(
+                    f"patch_dropout={self.patch_dropout} is not available on packed batches "
+                    "(naflex.pack); set model.patch_dropout=0 or turn packing off"
+                )
+            x_BSD, states, masks = self._packed_inputs(batch, train=train)
+            x_BSD = self._blocks_forward(x_BSD, states, train=train, **masks)
+            return self.classify_packed(x_BSD, batch.segment_BT, batch.grid_BUA.shape[1])
         if train and self.patch_dropout > 0:
             if patch_key is None:
                 raise ValueError(
@@ -372,6 +407,15 @@ class ViT(nnx.Module):
                 )
             keep = tokens.keep_count(batch.mask_BT.shape[1], self.patch_dropout)
             batch = tokens.patch_dropout(patch_key, batch, keep)
+        x_BTD, states, masks = self._token_inputs(batch, train=train)
+        x_BTD = self._blocks_forward(x_BTD, states, train=train, **masks)
+        return self.classify_features(x_BTD, masks["key_mask_BS"][:, self.num_prefix :])
+
+    def _token_inputs(
+        self, batch: tokens.Tokens, *, train: bool
+    ) -> tuple[jax.Array, list[State], dict[str, jax.Array]]:
+        """A padded token batch's embedded tokens (prefix tokens first), block states and key
+        mask (``{"key_mask_BS": ...}``, the prefix tokens real)."""
         mask_BT = batch.mask_BT > 0
         # Padded slots and all-padding examples (an evaluation's zero-filled batch tail, grid 0)
         # get coordinate 0 of a grid of at least 1: finite positions and tables everywhere.
@@ -384,9 +428,90 @@ class ViT(nnx.Module):
         prefix_BP = _sharding.split_batch(prefix_BP, _sharding.batch_axes(mask_BT))
         mask_BS = jnp.concatenate([prefix_BP, mask_BT], 1)
         x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
-        for block, state in zip(self.blocks, states, strict=True):
-            x_BTD = block(x_BTD, state, train=train, key_mask_BS=mask_BS)
-        return self.classify_features(x_BTD, mask_BT)
+        return x_BTD, states, {"key_mask_BS": mask_BS}
+
+    def _packed_inputs(
+        self, batch: tokens.Packed, *, train: bool
+    ) -> tuple[jax.Array, list[State], dict[str, jax.Array]]:
+        """A packed batch's embedded tokens (every slot's prefix tokens first), block states
+        and segments (``{"segment_BS": ...}``: an empty slot's prefix tokens in segment 0 with
+        the padding)."""
+        slots = batch.grid_BUA.shape[1]
+        states = self.pe_states(self.packed_positions(batch), num_prefix=slots * self.num_prefix)
+        full_BU = batch.grid_BUA[..., 0] > 0
+        slot_BU = jnp.where(full_BU, jnp.arange(1, slots + 1, dtype=jnp.int32)[None], 0)
+        prefix_BX = jnp.repeat(slot_BU, self.num_prefix, axis=1)
+        segment_BS = jnp.concatenate([prefix_BX, batch.segment_BT.astype(jnp.int32)], axis=1)
+        x_BSD = self.embed_dropout(self.embed_packed(batch), deterministic=not train)
+        return x_BSD, states, {"segment_BS": segment_BS}
+
+    def packed_positions(self, batch: tokens.Packed) -> jax.Array:
+        """pos_BSA of a packed batch: every slot's prefix tokens at 0 first (U num_prefix of
+        them), then each token's position in its own image's grid (``tokens.slot_grids``)."""
+        index_BTA = jnp.where(batch.segment_BT[..., None] > 0, batch.index_BTA, 0)
+        pos_BT1A = positions.index_positions(
+            index_BTA[..., None, :], tokens.slot_grids(batch), self.position_convention,
+            train_grid=self.train_grid, anchor_grid=self.train_grid,
+            **dict(self.position_hparams),
+        )  # fmt: skip
+        pos_BTA = pos_BT1A[..., 0, :]
+        prefix = batch.grid_BUA.shape[1] * self.num_prefix
+        prefix_BXA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
+        prefix_BXA = _sharding.split_batch(prefix_BXA, _sharding.batch_axes(pos_BTA))
+        return jnp.concatenate([prefix_BXA, pos_BTA], axis=1)
+
+    def embed_packed(self, batch: tokens.Packed) -> jax.Array:
+        """``embed_token_batch`` for a packed batch: (B, U num_prefix + T, D), the prefix
+        tokens of slot 0 (class token, registers), of slot 1, ..., then the tokens; each token's
+        additive table is its own image's grid's (``ADDITIVE[...].gather`` per token)."""
+        real_BT = batch.segment_BT > 0
+        patches_BTP = jnp.where(real_BT[..., None], batch.patches_BTP, 0).astype(self.dtype)
+        x_BTD = self.embed(patches_BTP)
+        slots, width = batch.grid_BUA.shape[1], x_BTD.shape[-1]
+        index_BTA = jnp.where(real_BT[..., None], batch.index_BTA, 0)
+        params = {k: v[...] for k, v in self.additive_params.items()}
+        gather = lambda num_prefix: encodings.ADDITIVE[self.additive].gather(
+            params, index_BTA, tokens.slot_grids(batch), width=width, num_prefix=num_prefix
+        )
+        if self.additive != "none" and not self.additive_prefix:
+            x_BTD = x_BTD + gather(0).astype(x_BTD.dtype)
+        prefix_BPD = self._with_prefix(x_BTD[:, :0])  # the prefix tokens alone (B, P, D)
+        if self.additive != "none" and self.additive_prefix:
+            emb_BSD = gather(self.num_prefix).astype(x_BTD.dtype)
+            prefix_BPD = prefix_BPD + emb_BSD[:, : self.num_prefix]
+            x_BTD = x_BTD + emb_BSD[:, self.num_prefix :]
+        return jnp.concatenate([jnp.tile(prefix_BPD, (1, slots, 1)), x_BTD], axis=1)
+
+    def _blocks_forward(
+        self,
+        x_BTD: jax.Array,
+        states: Sequence[State],
+        *,
+        train: bool,
+        take: Sequence[int] | None = None,
+        **masks: jax.Array,
+    ) -> jax.Array | list[jax.Array]:
+        """The blocks on embedded tokens: the one block loop of every forward pass.
+
+        Args:
+          x_BTD: embedded tokens, prefix tokens first.
+          states: one encoder state per block.
+          train: apply dropout.
+          take: None, or sorted layer indices whose outputs to return; the loop then stops
+            after the last of them.
+          **masks: ``key_mask_BS`` for padded token batches, ``segment_BS`` for packed ones
+            (``Block.__call__``).
+
+        Returns:
+          the last block's output, or (``take``) the listed blocks' outputs.
+        """
+        stop = len(self.blocks) if take is None else max(take) + 1
+        outputs = []
+        for index in range(stop):
+            x_BTD = self.blocks[index](x_BTD, states[index], train=train, **masks)
+            if take is not None and index in take:
+                outputs.append(x_BTD)
+        return x_BTD if take is None else outputs
 
     def classify_features(self, x_BTD: jax.Array, mask_BT: jax.Array | None = None) -> jax.Array:
         """The head on the blocks' output: the final norm, pooling, ``fc_norm``, the classifier.
@@ -409,9 +534,38 @@ class ViT(nnx.Module):
             weight_BT1 = mask_BT[..., None].astype(x_BTD.dtype)
             count_B1 = jnp.maximum(jnp.sum(weight_BT1, axis=1), 1)
             pooled_BD = jnp.sum(x_BTD[:, self.num_prefix :] * weight_BT1, axis=1) / count_B1
+        return self._classify_pooled(pooled_BD)
+
+    def _classify_pooled(self, pooled_XD: jax.Array) -> jax.Array:
+        """``fc_norm`` and the classifier on pooled features (..., D): float32 logits."""
         if self.fc_norm is not None:
-            pooled_BD = self.fc_norm(pooled_BD)
-        return self.head(pooled_BD).astype(jnp.float32)
+            pooled_XD = self.fc_norm(pooled_XD)
+        return self.head(pooled_XD).astype(jnp.float32)
+
+    def classify_packed(self, x_BSD: jax.Array, segment_BT: jax.Array, slots: int) -> jax.Array:
+        """``classify_features`` per image of a packed batch: float32 logits (B, U, V).
+
+        Args:
+          x_BSD: the last block's output, every slot's prefix tokens first
+            (``embed_packed``).
+          segment_BT: the tokens' slots, 1 to U, 0 for padding (``tokens.Packed``).
+          slots: U.
+
+        Returns:
+          float32 logits (B, U, V): slot u's class token, or the mean of its own patch tokens.
+        """
+        if self.norm is not None:
+            x_BSD = self.norm(x_BSD)
+        prefix = slots * self.num_prefix
+        if self.pool == "cls":  # slot u's class token is token u num_prefix
+            pooled_BUD = x_BSD[:, 0 : prefix : self.num_prefix]
+        else:
+            own_BTU = segment_BT[..., None] == jnp.arange(1, slots + 1)[None, None]
+            weight_BTU = own_BTU.astype(x_BSD.dtype)
+            sum_BUD = jnp.einsum("BTU,BTD->BUD", weight_BTU, x_BSD[:, prefix:])
+            count_BU1 = jnp.maximum(jnp.sum(weight_BTU, axis=1), 1)[..., None]
+            pooled_BUD = sum_BUD / count_BU1
+        return self._classify_pooled(pooled_BUD)
 
     def _add_table(self, x_BTD: jax.Array, grid: tuple[int, ...], num_prefix: int) -> jax.Array:
         params = {k: v[...] for k, v in self.additive_params.items()}
@@ -450,15 +604,22 @@ class ViT(nnx.Module):
         return positions.augment(key, pos_TA, num_prefix=self.num_prefix, **settings)
 
     def pe_states(
-        self, pos_TA: jax.Array, scaling: extrapolation_lib.Scaling | None = None
+        self,
+        pos_TA: jax.Array,
+        scaling: extrapolation_lib.Scaling | None = None,
+        *,
+        num_prefix: int | None = None,
     ) -> list[State]:
         """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
         Layers that share parameters share one state, so shared generators cost one exponential
-        per step, not one per layer. ``scaling``: an extrapolation tool (``precompute_pe``)."""
+        per step, not one per layer. ``scaling``: an extrapolation tool (``precompute_pe``);
+        ``num_prefix``: the prefix tokens when not the model's (a packed row's, U of them per
+        image slot)."""
+        kwargs = dict(scaling=scaling, num_prefix=num_prefix)
         if self.pe_params is not None:  # shared across layers
-            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params, scaling=scaling)
+            state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params, **kwargs)
             return [state] * len(self.blocks)
-        return [block.attn.pe_state(pos_TA, scaling=scaling) for block in self.blocks]
+        return [block.attn.pe_state(pos_TA, **kwargs) for block in self.blocks]
 
     def precompute_pe(self, grid: Sequence[int], extrapolation: str | None = None) -> list[State]:
         """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
@@ -517,6 +678,14 @@ class ViT(nnx.Module):
         Returns:
           float32 logits (B, V).
         """
+        x_BTD, states = self._image_inputs(images, train=train, pe_cache=pe_cache)
+        return self.classify_features(self._blocks_forward(x_BTD, states, train=train))
+
+    def _image_inputs(
+        self, images: jax.Array, *, train: bool, pe_cache: Sequence[State] | None
+    ) -> tuple[jax.Array, list[State]]:
+        """A batch of images' embedded tokens (prefix tokens first) and block states: from
+        ``pe_cache``, augmented positions in training (``position_augment``), or the grid's."""
         grid = self.input_grid(images)
         if pe_cache is not None:
             states = list(pe_cache)
@@ -530,6 +699,102 @@ class ViT(nnx.Module):
                 "blocks (use model.precompute_pe(grid))"
             )
         x_BTD = self.embed_dropout(self.embed_tokens(images, grid), deterministic=not train)
-        for block, state in zip(self.blocks, states, strict=True):
-            x_BTD = block(x_BTD, state, train=train)
-        return self.classify_features(x_BTD)
+        return x_BTD, states
+
+    def features(
+        self,
+        inputs: jax.Array | tokens.Tokens | tokens.Packed,
+        *,
+        layers: int | Sequence[int] = 1,
+        norm: bool = False,
+        reshape: bool = False,
+        train: bool = False,
+        pe_cache: Sequence[State] | None = None,
+    ) -> Features:
+        """Dense and intermediate features: the patch tokens and prefix tokens of chosen layers.
+
+        What DINOv3's ``get_intermediate_layers(x, n, reshape, return_class_token, norm)`` and
+        timm's ``forward_intermediates(x, indices, norm, output_fmt, return_prefix_tokens)``
+        return, from the same forward pass as ``__call__`` (the same embedding, states and
+        block loop; the loop stops after the last layer asked for).
+
+        Args:
+          inputs: images as ``__call__`` takes them, or a token batch as ``classify_tokens``
+            takes it (``tokens.Tokens`` or ``tokens.Packed``; every slot kept: no patch
+            dropout).
+          layers: an int n: the last n layers (DINOv3's ``n``; 1, the default: the last); or
+            a sequence of layer indices, negative ones from the end (timm's ``indices``).
+          norm: apply the model's final LayerNorm (``final_norm``) to every output, prefix
+            tokens included, as both do; an error for a model without one.
+          reshape: patch tokens as (B, *grid, D), channels last (DINOv3's ``reshape`` and
+            timm's ``NCHW`` put D first: ``jnp.moveaxis(x, -1, 1)``); images only.
+          train: apply dropout (and ``position_augment``'s positions), as ``__call__``.
+          pe_cache: as ``__call__`` (images only).
+
+        Returns:
+          ``Features``: per layer, in the order asked for, ``patch`` (B, T, D) (or (B, *grid,
+          D)) and ``prefix`` (B, num_prefix, D): the class token, then the registers. For a
+          ``Packed`` batch ``patch`` is (B, T, D) (the batch's ``segment_BT`` says whose) and
+          ``prefix`` (B, U, num_prefix, D), per image slot.
+        """
+        take = self._layer_indices(layers)
+        if norm and self.norm is None:
+            raise ValueError(
+                "features(norm=True) needs the final norm; this model has "
+                "final_norm=False (apply its fc_norm to a pooled feature instead)"
+            )
+        slots = None
+        if isinstance(inputs, (tokens.Tokens, tokens.Packed)):
+            if reshape or pe_cache is not None:
+                raise ValueError(
+                    "features of a token batch take neither reshape=True (its examples have "
+                    f"their own grids) nor a pe_cache; got reshape={reshape}, "
+                    f"pe_cache={'given' if pe_cache is not None else None}"
+                )
+            if isinstance(inputs, tokens.Packed):
+                x_BTD, states, masks = self._packed_inputs(inputs, train=train)
+                slots = inputs.grid_BUA.shape[1]
+            else:
+                x_BTD, states, masks = self._token_inputs(inputs, train=train)
+            grid = None
+        else:
+            x_BTD, states = self._image_inputs(inputs, train=train, pe_cache=pe_cache)
+            masks, grid = {}, self.input_grid(inputs)
+        outputs = self._blocks_forward(x_BTD, states, train=train, take=sorted(set(take)), **masks)
+        by_layer = dict(zip(sorted(set(take)), outputs, strict=True))
+        patch, prefix = [], []
+        num_prefix = self.num_prefix * (1 if slots is None else slots)
+        for index in take:
+            y_BTD = self.norm(by_layer[index]) if norm else by_layer[index]
+            patch_BTD, prefix_BPD = y_BTD[:, num_prefix:], y_BTD[:, :num_prefix]
+            if reshape:
+                patch_BTD = patch_BTD.reshape(patch_BTD.shape[0], *grid, patch_BTD.shape[-1])
+            if slots is not None:  # (B, U, P, D)
+                prefix_BPD = prefix_BPD.reshape(y_BTD.shape[0], slots, self.num_prefix, -1)
+            patch.append(patch_BTD)
+            prefix.append(prefix_BPD)
+        return Features(patch=tuple(patch), prefix=tuple(prefix))
+
+    def _layer_indices(self, layers: int | Sequence[int]) -> list[int]:
+        """``features``' ``layers`` as absolute block indices, in the order asked for."""
+        depth = len(self.blocks)
+        if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+            if not 1 <= layers <= depth:
+                raise ValueError(f"layers={layers} (the last n) must be in [1, {depth}]")
+            return list(range(depth - int(layers), depth))
+        if isinstance(layers, (str, bool)) or not isinstance(layers, Sequence) or not layers:
+            raise ValueError(
+                f"layers={layers!r} must be an int n (the last n layers) or a non-empty "
+                "sequence of layer indices"
+            )
+        indices = []
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+                raise ValueError(f"layers={list(layers)}: {layer!r} is not a layer index")
+            if not -depth <= layer < depth:
+                raise ValueError(
+                    f"layers={list(layers)}: index {layer} is outside [-{depth}, {depth - 1}] "
+                    f"(the model has {depth} blocks)"
+                )
+            indices.append(int(layer) % depth)
+        return indices

@@ -3,11 +3,12 @@
     o_BTNH = softmax(q k^T / sqrt(H) + bias) v   per head, float32 logits and softmax
 
 ``attend`` is the XLA path of ``jax.nn.dot_product_attention`` written out; ``attention_probs``
-its weights; ``with_key_mask`` adds a padding mask to the bias. ``attend_cpu_batches`` (the
-``"xla_cpu"`` backend) is the same formula with an inference batch cut as ``cpu_chunks`` plans
-it for one XLA:CPU device: the evaluation step chooses it there (``backends.inference_backend``,
-decided once where ``train.make_eval_fn`` makes the step). ``backends.py`` holds the table of
-every backend.
+its weights; ``with_key_mask`` adds a padding mask to the bias, ``with_segments`` the mask of
+a packed batch (several images per row, each attending within its own segment).
+``attend_cpu_batches`` (the ``"xla_cpu"`` backend) is the same formula with an inference batch
+cut as ``cpu_chunks`` plans it for one XLA:CPU device: the evaluation step chooses it there
+(``backends.inference_backend``, decided once where ``train.make_eval_fn`` makes the step).
+``backends.py`` holds the table of every backend.
 """
 
 from __future__ import annotations
@@ -203,3 +204,25 @@ def with_key_mask(bias: jax.Array | None, key_mask_BS: jax.Array | None) -> jax.
     mask_bias_B11S = jnp.where(key_mask_BS > 0, 0.0, MASKED_KEY_LOGIT)[:, None, None, :]
     mask_bias_B11S = mask_bias_B11S.astype(jnp.float32)
     return mask_bias_B11S if bias is None else bias.astype(jnp.float32) + mask_bias_B11S
+
+
+def with_segments(bias: jax.Array | None, segment_BS: jax.Array | None) -> jax.Array | None:
+    """``bias`` plus ``MASKED_KEY_LOGIT`` wherever query and key are in different segments.
+
+    A packed row (``tokens.Packed``) holds several images; token t attends only to the keys of
+    its own segment (its image; padding is segment 0 and attends among itself, its outputs
+    unused), so each image is attended as if alone.
+
+    Args:
+      bias: None or a logit bias broadcastable to (B, N, T, S).
+      segment_BS: None (one image per row: ``bias`` is returned as it is) or int (B, S), the
+        segment of each token; self-attention, so queries and keys are the same tokens.
+
+    Returns:
+      None, ``bias``, or a (B, N', T, S) float32 bias.
+    """
+    if segment_BS is None:
+        return bias
+    same_BTS = segment_BS[:, :, None] == segment_BS[:, None, :]
+    mask_bias_B1TS = jnp.where(same_BTS, 0.0, MASKED_KEY_LOGIT)[:, None].astype(jnp.float32)
+    return mask_bias_B1TS if bias is None else bias.astype(jnp.float32) + mask_bias_B1TS

@@ -193,6 +193,18 @@ def test_gather_is_each_examples_resized_table_at_its_tokens(stored, grids):
         np.testing.assert_allclose(emb_BTD[b, 1 : 1 + len(expected)], expected, atol=2e-6)
 
 
+def test_gather_with_a_grid_per_token_is_each_tokens_own_grids_table():
+    """A packed row: tokens of several grids in one row, each with its own grid (grid_BTA)."""
+    params = ape.init(_KEY, grid_shape=(4, 4), width=6, num_prefix=1, init_std=1.0)
+    grids = [(3, 4), (5, 2), (2, 2)]
+    index = np.concatenate([positions.grid_indices(g) for g in grids])
+    grid_TA = np.concatenate([np.tile(g, (int(np.prod(g)), 1)) for g in grids])
+    emb_BTD = jax.jit(ape.gather)(params, jnp.asarray(index)[None], jnp.asarray(grid_TA)[None])
+    expected = np.concatenate([np.asarray(ape.table(params, grid_shape=g))[1:] for g in grids])
+    np.testing.assert_allclose(emb_BTD[0, 1:], expected, atol=2e-6)
+    np.testing.assert_array_equal(emb_BTD[0, 0], np.asarray(params["prefix_PD"])[0])
+
+
 def test_gather_errors():
     params = ape.init(_KEY, grid_shape=(4, 4), width=6)
     with pytest.raises(ValueError, match="index_BTA has shape"):
