@@ -41,6 +41,10 @@ from rope_lie.encodings import _checks, _sharding
 
 APPLY_HPARAMS: tuple[str, ...] = ()
 
+# The table is resized at full float32 precision (a GPU contracts float32 in TF32 by default, a
+# TPU in bfloat16 passes), as every other float32 contraction in encodings/.
+_HIGHEST = jax.lax.Precision.HIGHEST
+
 _FAMILY = "ape"
 # Resize method per grid rank: linear (1D), bicubic (2D), trilinear (3D).
 DEFAULT_METHODS = {1: "linear", 2: "cubic", 3: "linear"}
@@ -245,9 +249,9 @@ def gather(
             grid_BA[..., axis], index_BTA[..., axis]
         )
         if axis == 0:
-            emb_BTD = jnp.einsum("BTI,I...->BT...", w_BTI, emb_BTD)
+            emb_BTD = jnp.einsum("BTI,I...->BT...", w_BTI, emb_BTD, precision=_HIGHEST)
         else:
-            emb_BTD = jnp.einsum("BTI,BTI...->BT...", w_BTI, emb_BTD)
+            emb_BTD = jnp.einsum("BTI,BTI...->BT...", w_BTI, emb_BTD, precision=_HIGHEST)
     if prefix_PD is not None:
         prefix_BPD = jnp.broadcast_to(
             prefix_PD.astype(jnp.float32), (emb_BTD.shape[0], *prefix_PD.shape)

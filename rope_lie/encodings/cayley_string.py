@@ -432,7 +432,9 @@ def _mix(params: dict[str, jax.Array], x_BTNH: jax.Array, k: int | None) -> jax.
         half = cos_NF.shape[-1]
         u, v = x32[..., :half], x32[..., half:]
         return jnp.concatenate([cos_NF * u - sin_NF * v, sin_NF * u + cos_NF * v], axis=-1)
-    return jnp.einsum("nij,btnj->btni", orthogonal(params, k=k), x32)
+    return jnp.einsum(
+        "nij,btnj->btni", orthogonal(params, k=k), x32, precision=jax.lax.Precision.HIGHEST
+    )
 
 
 def apply(

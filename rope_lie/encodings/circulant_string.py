@@ -161,7 +161,7 @@ def precompute(
     theta_ANJ = frequencies(params)
     # Phases once per token (once for the whole batch when pos is shared), broadcast over B.
     spec = "TA,ANJ->TNJ" if pos32.ndim == 2 else "BTA,ANJ->BTNJ"
-    angle_XTNJ = jnp.einsum(spec, pos32, theta_ANJ)
+    angle_XTNJ = jnp.einsum(spec, pos32, theta_ANJ, precision=jax.lax.Precision.HIGHEST)
     return state.SpectralPhases(jax.lax.complex(jnp.cos(angle_XTNJ), jnp.sin(angle_XTNJ)))
 
 

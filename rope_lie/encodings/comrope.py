@@ -300,7 +300,7 @@ def _precompute(gen_NKbb, scale_AK, pos, variant: str) -> state.PairAngles:
     if block > 2:
         q_t = jnp.swapaxes(q_NKbb, -1, -2)
         eye_KK = jnp.eye(num_blocks, dtype=jnp.float32)
-        fold = jnp.einsum("NKij,KL->NKiLj", q_t, eye_KK).reshape(
+        fold = jnp.einsum("NKij,KL->NKiLj", q_t, eye_KK, precision=_HIGHEST).reshape(
             gen_NKbb.shape[0], *(2 * (num_blocks * block,))
         )
     t_XK = _coefficients(scale_AK, pos, num_blocks, variant)

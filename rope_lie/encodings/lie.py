@@ -25,6 +25,9 @@ __all__ = [
     "skew_from_upper",
 ]
 
+# Every float32 contraction here at full float32 precision: XLA:GPU contracts float32 in TF32 by
+# default (a block product's error 5e-4 of its largest value on an H100, benchmarks README
+# section 13) and a TPU in bfloat16 passes.
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -184,7 +187,7 @@ def _blocks_einsum(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
     if not heads:  # one set of rotations for all heads
         r32 = jnp.squeeze(r32, axis=-4)
     spec = ("" if r32.ndim == 4 + len(heads) else "B") + f"T{heads}Kij,BTNKj->BTNKi"
-    return jnp.einsum(spec, r32, xb_BTNKb)
+    return jnp.einsum(spec, r32, xb_BTNKb, precision=_HIGHEST)
 
 
 def _blocks_broadcast(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
