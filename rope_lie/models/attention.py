@@ -15,7 +15,7 @@ folds the state's ``fold_NHH`` into the q/k projections when it has one, applies
 so shared generators share their exponentials), or takes them from a cache per resolution at
 evaluation (``ViT.precompute_pe``); ``Attention`` builds its own when given none. q and k are
 rotated separately: concatenating them along the batch costs more in the backward pass than it
-would share (measured: ~300 ms of a 2.5 s ViT-Ti train step on CPU, even for NoPE).
+would share, even for NoPE (benchmarks README, section 14).
 
 Attention itself is one function of (q, k, v, bias, key mask), chosen by the ``attention``
 argument (``config.model.attention``) from the one table of backends, ``backends.BACKENDS``,

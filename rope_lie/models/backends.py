@@ -259,9 +259,9 @@ def attend_cudnn(
     NVIDIA GPUs only, float16/bfloat16 q, k, v, head_dim a multiple of 8 up to 128 (256 on
     Hopper and later); ``check_attention`` checks these before a run. A bias (ALiBi) is passed
     as cuDNN's bias input, in q's dtype. cuDNN's backward pass refuses an odd token count (jax
-    0.10's check: with a bias; jax 0.11 refused 197 tokens without one on an H200), so an odd T
-    (a class token: 14 x 14 + 1 = 197) is padded with one zero query and one key that the
-    sequence lengths leave out; the padded query's output is dropped.
+    0.10's check: with a bias; jax 0.11 refused one without a bias too, benchmarks README,
+    section 14), so an odd T (a class token: 14 x 14 + 1 = 197) is padded with one zero query
+    and one key that the sequence lengths leave out; the padded query's output is dropped.
 
     The key mask goes in as cuDNN takes it, as sequence lengths (``key_value_seq_lengths``:
     cuDNN's padding mask, no bias array, beside ALiBi's bias in the same call). jax's other
@@ -344,10 +344,10 @@ def _real_keys_first(k_BSNH, v_BSNH, bias, key_mask_BS):
 
 # Token blocks of the Pallas TPU kernel: sequences are padded to a multiple of its lane width
 # (128) and the padding masked with segment ids. Its default blocks are 128 tokens whatever the
-# sequence (``BlockSizes.get_default``), which jax-ml/jax#24633 measured at 7.3 TFLOP/s on a
-# v5e; here a block is the whole padded sequence up to ``PALLAS_MAX_BLOCK`` tokens (ViT-B/16 at
-# 224 px: 197 tokens, one block of 256), else the largest multiple of 128 up to it that divides
-# the padded length. Not yet measured on a TPU.
+# sequence (``BlockSizes.get_default``), which jax-ml/jax#24633 found slow on a TPU (benchmarks
+# README, section 14); here a block is the whole padded sequence up to ``PALLAS_MAX_BLOCK``
+# tokens (ViT-B/16 at 224 px: 197 tokens, one block of 256), else the largest multiple of 128 up
+# to it that divides the padded length. No TPU has timed this choice here.
 PALLAS_BLOCK = 128
 PALLAS_MAX_BLOCK = 512
 
