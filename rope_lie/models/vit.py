@@ -330,8 +330,8 @@ class ViT(nnx.Module):
         even a NaN); every example's additive table is its own grid's (``ADDITIVE[...].gather``).
         """
         real_BT1 = (batch.mask_BT > 0)[..., None]
-        patches_BTP = jnp.where(real_BT1, batch.patches_BTP, 0).astype(self.dtype)
-        x_BTD = self.embed(patches_BTP)
+        patches_BTC = jnp.where(real_BT1, batch.patches_BTC, 0).astype(self.dtype)
+        x_BTD = self.embed(patches_BTC)
         if self.additive != "none" and not self.additive_prefix:
             x_BTD = x_BTD + self._gather_table(batch, x_BTD.shape[-1], 0).astype(x_BTD.dtype)
         x_BTD = self._with_prefix(x_BTD)
@@ -440,8 +440,8 @@ class ViT(nnx.Module):
         states = self.pe_states(self.packed_positions(batch), num_prefix=slots * self.num_prefix)
         full_BU = batch.grid_BUA[..., 0] > 0
         slot_BU = jnp.where(full_BU, jnp.arange(1, slots + 1, dtype=jnp.int32)[None], 0)
-        prefix_BX = jnp.repeat(slot_BU, self.num_prefix, axis=1)
-        segment_BS = jnp.concatenate([prefix_BX, batch.segment_BT.astype(jnp.int32)], axis=1)
+        prefix_BP = jnp.repeat(slot_BU, self.num_prefix, axis=1)
+        segment_BS = jnp.concatenate([prefix_BP, batch.segment_BT.astype(jnp.int32)], axis=1)
         x_BSD = self.embed_dropout(self.embed_packed(batch), deterministic=not train)
         return x_BSD, states, {"segment_BS": segment_BS}
 
@@ -456,17 +456,17 @@ class ViT(nnx.Module):
         )  # fmt: skip
         pos_BTA = pos_BT1A[..., 0, :]
         prefix = batch.grid_BUA.shape[1] * self.num_prefix
-        prefix_BXA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
-        prefix_BXA = _sharding.split_batch(prefix_BXA, _sharding.batch_axes(pos_BTA))
-        return jnp.concatenate([prefix_BXA, pos_BTA], axis=1)
+        prefix_BPA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
+        prefix_BPA = _sharding.split_batch(prefix_BPA, _sharding.batch_axes(pos_BTA))
+        return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
 
     def embed_packed(self, batch: tokens.Packed) -> jax.Array:
         """``embed_token_batch`` for a packed batch: (B, U num_prefix + T, D), the prefix
         tokens of slot 0 (class token, registers), of slot 1, ..., then the tokens; each token's
         additive table is its own image's grid's (``ADDITIVE[...].gather`` per token)."""
         real_BT = batch.segment_BT > 0
-        patches_BTP = jnp.where(real_BT[..., None], batch.patches_BTP, 0).astype(self.dtype)
-        x_BTD = self.embed(patches_BTP)
+        patches_BTC = jnp.where(real_BT[..., None], batch.patches_BTC, 0).astype(self.dtype)
+        x_BTD = self.embed(patches_BTC)
         slots, width = batch.grid_BUA.shape[1], x_BTD.shape[-1]
         index_BTA = jnp.where(real_BT[..., None], batch.index_BTA, 0)
         params = {k: v[...] for k, v in self.additive_params.items()}

@@ -63,8 +63,9 @@ def attend(
       v_BTNH: values.
       bias: None or a logit bias broadcastable to (B, N, T, S); a per-example bias (leading
         axis B) is chunked with the examples.
-      loop_chunks: L >= 1 groups attended in a loop.
-      batch_chunks: P >= 1 concurrent chunks per group; L * P divides the batch B.
+      loop_chunks: groups attended in a loop, >= 1.
+      batch_chunks: concurrent chunks per group, >= 1; loop_chunks * batch_chunks divides the
+        batch B.
 
     Returns:
       (B, T, N, H) in v's dtype.
@@ -81,11 +82,11 @@ def attend(
     per_example = bias is not None and bias.ndim == 4 and bias.shape[0] == batch
     inner = batch // (loop_chunks * batch_chunks)
 
-    def split(x):  # (B, ...) -> (L, inner, P, ...): example b = (i * L + l) * P + p
+    def split(x):  # (B, ...) -> (loops, inner, chunks, ...): b = (i * loops + l) * chunks + p
         x = x.reshape(inner, loop_chunks, batch_chunks, *x.shape[1:])
         return jnp.moveaxis(x, 1, 0)
 
-    def group(arrays):  # one group's (inner, P, ...) q, k, v [, bias] -> (inner, P, T, N, H)
+    def group(arrays):  # (inner, chunks, ...) q, k, v [, bias] -> (inner, chunks, T, N, H)
         q, k, v, *own_bias = arrays
         outs = [
             attend(q[:, p], k[:, p], v[:, p], own_bias[0][:, p] if own_bias else bias)
@@ -101,10 +102,10 @@ def attend(
     return jnp.moveaxis(out, 0, 1).reshape(batch, *out.shape[3:])
 
 
-# Largest logits, in bytes, of one group of ``cpu_chunks``'s loop (B/L examples x N x T x S
-# float32): small enough for the softmax's passes over them to stay in a 2-core machine's
-# shared cache; larger groups, or the whole batch at once, stream the logits through memory on
-# every pass (benchmarks README, sections 7 and 14).
+# Largest logits, in bytes, of one group of ``cpu_chunks``'s loop (B / loop_chunks examples x
+# N x T x S float32): small enough for the softmax's passes over them to stay in a 2-core
+# machine's shared cache; larger groups, or the whole batch at once, stream the logits through
+# memory on every pass (benchmarks README, sections 7 and 14).
 GROUP_LOGITS_BYTES = 12 * 2**20
 
 
@@ -136,7 +137,7 @@ def cpu_chunks(
         ``GROUP_LOGITS_BYTES``.
 
     Returns:
-      (L, P) with L * P dividing B.
+      (loop_chunks, batch_chunks), whose product divides B.
     """
     budget = GROUP_LOGITS_BYTES if group_logits_bytes is None else group_logits_bytes
     # At least two examples per chunk: XLA:CPU compiles a one-example product differently, and
