@@ -191,8 +191,9 @@ def patch_dropout(key: jax.Array, tokens: Tokens, num_keep: int) -> Tokens:
     score_BT = jax.random.uniform(key, real_BT.shape) + jnp.where(real_BT, 0.0, 2.0)
     keep_BT = jnp.sort(jnp.argsort(score_BT, axis=1)[:, :num_keep], axis=1)
     take = lambda x: jnp.take_along_axis(x, keep_BT.reshape(*keep_BT.shape, *[1] * (x.ndim - 2)), 1)
-    return Tokens(take(tokens.patches_BTC), take(tokens.index_BTA), tokens.grid_BA,
-                  take(tokens.mask_BT))  # fmt: skip
+    return Tokens(
+        take(tokens.patches_BTC), take(tokens.index_BTA), tokens.grid_BA, take(tokens.mask_BT)
+    )
 
 
 def keep_count(length: int, rate: float) -> int:
@@ -230,10 +231,13 @@ def assign_rows(counts: Sequence[int], max_tokens: int, max_images: int) -> tupl
     place_N2 = np.zeros((len(counts), 2), np.int32)
     for n in sorted(range(len(counts)), key=lambda i: -counts[i]):
         row = next(
-            (r for r in range(len(used))
-             if used[r] + counts[n] <= max_tokens and images[r] < max_images),
+            (
+                r
+                for r in range(len(used))
+                if used[r] + counts[n] <= max_tokens and images[r] < max_images
+            ),
             len(used),
-        )  # fmt: skip
+        )
         if row == len(used):
             used.append(0)
             images.append(0)

@@ -121,9 +121,12 @@ def init_additive_params(
     if additive == "none":
         return nnx.Dict()
     arrays = encodings.ADDITIVE[additive].init(
-        rngs.params(), grid_shape=grid_shape, width=width, num_prefix=num_prefix,
+        rngs.params(),
+        grid_shape=grid_shape,
+        width=width,
+        num_prefix=num_prefix,
         **dict(hparams or {}),
-    )  # fmt: skip
+    )
     return nnx.Dict({name: PositionParam(value) for name, value in arrays.items()})
 
 
@@ -252,9 +255,13 @@ class ViT(nnx.Module):
         self.cls_1D = NoDecay(jnp.zeros((1, width))) if has_class_token(pool) else None
         self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
-            additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
+            additive,
+            rngs,
+            self.train_grid,
+            width,
+            num_prefix if additive_prefix else 0,
             additive_hparams,
-        )  # fmt: skip
+        )
         self.embed_dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         pe_kwargs = dict(num_heads=num_heads, head_dim=width // num_heads, num_axes=num_axes)
         self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
@@ -264,18 +271,32 @@ class ViT(nnx.Module):
             )
             self.pe_params = position_hook.init_pe_params(encoder, rngs.params())
         attention_kwargs = dict(
-            num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
-            own_pe=not share_pe_layers, num_prefix=num_prefix, qkv_bias=qkv_bias,
-            attention=attention, fold_mix=fold_mix,
-        )  # fmt: skip
+            num_axes=num_axes,
+            pe=pe,
+            pe_hparams=pe_hparams,
+            share_pe_heads=share_pe_heads,
+            own_pe=not share_pe_layers,
+            num_prefix=num_prefix,
+            qkv_bias=qkv_bias,
+            attention=attention,
+            fold_mix=fold_mix,
+        )
         block_kwargs = dict(
             norm_eps=norm_eps, gelu_approximate=gelu_approximate, layer_scale=layer_scale
         )
         self.blocks = nnx.List(
-            blocks.Block(width, num_heads, dims["mlp_dim"], dropout=dropout, dtype=dt, rngs=rngs,
-                         **block_kwargs, **attention_kwargs)
+            blocks.Block(
+                width,
+                num_heads,
+                dims["mlp_dim"],
+                dropout=dropout,
+                dtype=dt,
+                rngs=rngs,
+                **block_kwargs,
+                **attention_kwargs,
+            )
             for _ in range(dims["depth"])
-        )  # fmt: skip
+        )
         norm = lambda: nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
         self.norm = norm() if final_norm else None
         self.fc_norm = norm() if fc_norm else None
@@ -353,10 +374,13 @@ class ViT(nnx.Module):
     def token_positions(self, batch: tokens.Tokens) -> jax.Array:
         """pos_BTA of a token batch under ``position_convention``, prefix tokens at 0 first."""
         pos_BTA = positions.index_positions(
-            batch.index_BTA, batch.grid_BA, self.position_convention,
-            train_grid=self.train_grid, anchor_grid=self.train_grid,
+            batch.index_BTA,
+            batch.grid_BA,
+            self.position_convention,
+            train_grid=self.train_grid,
+            anchor_grid=self.train_grid,
             **dict(self.position_hparams),
-        )  # fmt: skip
+        )
         prefix_BPA = jnp.zeros((pos_BTA.shape[0], self.num_prefix, pos_BTA.shape[-1]))
         prefix_BPA = _sharding.split_batch(prefix_BPA, _sharding.batch_axes(pos_BTA))
         return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
@@ -450,10 +474,13 @@ class ViT(nnx.Module):
         them), then each token's position in its own image's grid (``tokens.slot_grids``)."""
         index_BTA = jnp.where(batch.segment_BT[..., None] > 0, batch.index_BTA, 0)
         pos_BT1A = positions.index_positions(
-            index_BTA[..., None, :], tokens.slot_grids(batch), self.position_convention,
-            train_grid=self.train_grid, anchor_grid=self.train_grid,
+            index_BTA[..., None, :],
+            tokens.slot_grids(batch),
+            self.position_convention,
+            train_grid=self.train_grid,
+            anchor_grid=self.train_grid,
             **dict(self.position_hparams),
-        )  # fmt: skip
+        )
         pos_BTA = pos_BT1A[..., 0, :]
         prefix = batch.grid_BUA.shape[1] * self.num_prefix
         prefix_BPA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
@@ -597,10 +624,15 @@ class ViT(nnx.Module):
         else:
             key, key_random = jax.random.split(key)
             pos_TA = positions.randomize(
-                key_random, tuple(grid), self.position_convention, scale=scale,
-                num_prefix=self.num_prefix, train_grid=self.train_grid,
-                anchor_grid=self.train_grid, **dict(self.position_hparams),
-            )  # fmt: skip
+                key_random,
+                tuple(grid),
+                self.position_convention,
+                scale=scale,
+                num_prefix=self.num_prefix,
+                train_grid=self.train_grid,
+                anchor_grid=self.train_grid,
+                **dict(self.position_hparams),
+            )
         return positions.augment(key, pos_TA, num_prefix=self.num_prefix, **settings)
 
     def pe_states(
@@ -641,9 +673,13 @@ class ViT(nnx.Module):
         if extrapolation is None:
             return self.pe_states(self.positions(grid))
         scaling = extrapolation_lib.resolve(
-            extrapolation, family=self.pe, grid=grid, train_grid=self.train_grid,
-            convention=self.position_convention, num_prefix=self.num_prefix,
-        )  # fmt: skip
+            extrapolation,
+            family=self.pe,
+            grid=grid,
+            train_grid=self.train_grid,
+            convention=self.position_convention,
+            num_prefix=self.num_prefix,
+        )
         return self.pe_states(self.positions(grid), scaling)
 
     def attention_maps(self, images: jax.Array) -> jax.Array:

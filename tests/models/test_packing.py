@@ -101,9 +101,12 @@ def test_packed_rows_with_registers_every_pool(pool):
 def test_packed_rows_every_grid_convention(convention):
     """Conventions whose positions depend on the image's grid: each token's own image's."""
     model = _model(
-        "rope_mixed", pool="mean", additive="ape", additive_prefix=False,
+        "rope_mixed",
+        pool="mean",
+        additive="ape",
+        additive_prefix=False,
         position_convention=convention,
-    )  # fmt: skip
+    )
     _check_packed_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
 
 

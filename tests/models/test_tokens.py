@@ -43,9 +43,15 @@ def _model(pe, rank=2, **overrides):
         fields["pe_hparams"] = dict(HPARAMS[fields["pe"]])
     shape = {1: (8,), 2: (8, 8), 3: (4, 4, 4)}[rank]
     config = dict(
-        variant=None, dims=DIMS, patch_size=2, image_shape=shape, channels=3, num_classes=5,
-        head_zero_init=False, **fields,
-    )  # fmt: skip
+        variant=None,
+        dims=DIMS,
+        patch_size=2,
+        image_shape=shape,
+        channels=3,
+        num_classes=5,
+        head_zero_init=False,
+        **fields,
+    )
     config.update(overrides)
     return ViT(**config, rngs=nnx.Rngs(0))
 
@@ -97,9 +103,12 @@ def test_padded_mixed_batch_equals_alone_1d_rope():
 def test_padded_equals_alone_every_convention_mean_pool(convention):
     """Mean pooling over real tokens only; APE outside the class token (timm's no_embed_class)."""
     model = _model(
-        "rope_mixed", pool="mean", additive="ape", additive_prefix=False,
+        "rope_mixed",
+        pool="mean",
+        additive="ape",
+        additive_prefix=False,
         position_convention=convention,
-    )  # fmt: skip
+    )
     _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
 
 
@@ -122,9 +131,12 @@ def test_padded_equals_alone_with_timms_avg_head():
 def test_padded_equals_alone_3d_diagonal(spacing):
     """VideoRoPE's diagonal layout from each example's own (t, h, w) grid (traced centres)."""
     model = _model(
-        "rope_axial", rank=3, pe_hparams=dict(layout="videorope", base=1e4),
-        position_convention="diagonal", position_hparams=dict(temporal_spacing=spacing),
-    )  # fmt: skip
+        "rope_axial",
+        rank=3,
+        pe_hparams=dict(layout="videorope", base=1e4),
+        position_convention="diagonal",
+        position_hparams=dict(temporal_spacing=spacing),
+    )
     _check_padded_equals_alone(model, ((2, 1, 3), (1, 3, 2), (2, 2, 2)), (2, 2, 2), 10)
 
 
@@ -241,9 +253,11 @@ def test_training_patch_dropout_is_the_model_on_the_kept_tokens_and_off_is_ident
     np.testing.assert_allclose(logits(batch, False, key), evaluation, rtol=1e-6, atol=1e-6)
     off = _model("rope_mixed", additive="ape")
     np.testing.assert_allclose(
-        _logits_packed(off, batch, train=True, patch_key=key), _logits_packed(off, batch),
-        rtol=1e-6, atol=1e-6,
-    )  # fmt: skip
+        _logits_packed(off, batch, train=True, patch_key=key),
+        _logits_packed(off, batch),
+        rtol=1e-6,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("pe", ["visionllama", "ape"])
@@ -283,8 +297,7 @@ def test_padded_batch_through_the_fused_backends_equals_xla(backend, monkeypatch
     from jax.experimental.pallas import tpu as pltpu
 
     cudnn = backends.attend_cudnn
-    monkeypatch.setattr(backends, "attend_cudnn",
-                        lambda *a: cudnn(*a, implementation="xla"))  # fmt: skip
+    monkeypatch.setattr(backends, "attend_cudnn", lambda *a: cudnn(*a, implementation="xla"))
     batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
     expected = _logits_packed(_model("alibi"), batch)
     with pltpu.force_tpu_interpret_mode():
