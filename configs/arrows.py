@@ -59,21 +59,47 @@ SCALES = {
     # cell px, training grid, larger eval grids, same scenes at more px (cell sizes), variant,
     # train steps, batch, lr, dropout
     "cpu": dict(
-        cell=8, grid=8, evals=(12, 16, 20), rescaled=(10, 12, 16), variant="mu/8", steps=500,
-        batch=128, lr=2e-3, dropout=0.0, mixed=(6, 10),
+        cell=8,
+        grid=8,
+        evals=(12, 16, 20),
+        rescaled=(10, 12, 16),
+        variant="mu/8",
+        steps=500,
+        batch=128,
+        lr=2e-3,
+        dropout=0.0,
+        mixed=(6, 10),
     ),
     "paper": dict(
-        cell=12, grid=9, evals=(14, 23), rescaled=(), variant="B/12", steps=1563, batch=512,
-        lr=1e-4, dropout=0.1, mixed=(7, 11),
+        cell=12,
+        grid=9,
+        evals=(14, 23),
+        rescaled=(),
+        variant="B/12",
+        steps=1563,
+        batch=512,
+        lr=1e-4,
+        dropout=0.1,
+        mixed=(7, 11),
     ),
-}  # fmt: skip
+}
 
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, init_scale=0.0, res="cpu",
-        steps=0, smoke=False, naflex=False, min_side=0, max_side=0, mixed_grids=False,
-    )  # fmt: skip
+        arg,
+        pe="liere",
+        block=8,
+        ape_std=common.LIERE_APE_INIT_STD,
+        init_scale=0.0,
+        res="cpu",
+        steps=0,
+        smoke=False,
+        naflex=False,
+        min_side=0,
+        max_side=0,
+        mixed_grids=False,
+    )
     if args.res not in SCALES:
         raise ValueError(f"res={args.res!r}; expected one of {sorted(SCALES)}")
     s = SCALES[args.res]
@@ -124,9 +150,11 @@ def get_config(arg=None):
         **{f"g{g:02d}": common.eval_entry(name=name(g)) for g in s["evals"]},  # larger grids
         **{f"g{s['grid']:02d}_shuffled": common.eval_entry(name=own, shuffle_patches=True)},
         # the training grid's test scenes resized to more pixels (c8_g8's layouts)
-        **{f"px{c * s['grid']:03d}": common.eval_entry(name=f"spatial_arrows/c{c}_g{s['grid']}")
-           for c in s["rescaled"]},
-    )  # fmt: skip
+        **{
+            f"px{c * s['grid']:03d}": common.eval_entry(name=f"spatial_arrows/c{c}_g{s['grid']}")
+            for c in s["rescaled"]
+        },
+    )
     if args.naflex:  # the fixed-size evaluations above stay
         low, high = args.min_side or 6, args.max_side or 10
         sides = sorted({low, s["grid"], high, 12})

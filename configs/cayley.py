@@ -50,9 +50,15 @@ TFDS_NAMES = {"fashion_mnist": "fashion_mnist_idx/plain"}  # others: the catalog
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, dataset="mnist", pe="cayley_string", generator="dense", bw=2, k=24, block=4,
+        arg,
+        dataset="mnist",
+        pe="cayley_string",
+        generator="dense",
+        bw=2,
+        k=24,
+        block=4,
         smoke=False,
-    )  # fmt: skip
+    )
     if args.dataset not in DATASETS:
         raise ValueError(f"dataset={args.dataset!r}; expected one of {sorted(DATASETS)}")
     d = DATASETS[args.dataset]

@@ -27,9 +27,18 @@ from rope_lie import config_lib as common
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=4, generator="dense", bw=2, k=24, variant="mu", smoke=False,
-        naflex=False, min_side=3, max_side=6,
-    )  # fmt: skip
+        arg,
+        pe="liere",
+        block=4,
+        generator="dense",
+        bw=2,
+        k=24,
+        variant="mu",
+        smoke=False,
+        naflex=False,
+        min_side=3,
+        max_side=6,
+    )
     c = common.base_config()
     c.dataset = common.dataset_config(
         "sklearn_digits/size8",  # 8x8 pixels, 10 classes (rope_lie/data/sklearn_digits.py)

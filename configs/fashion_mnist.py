@@ -73,11 +73,30 @@ def plateau_epochs() -> float:
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, generator="dense", bw=2,
-        k=24, epochs=EPOCHS, scale_aug=False, rescale=0.0, smoke=False, naflex=False, min_side=5,
-        max_side=9, resolution_evals=True, rotary_fraction=1.0, naflex_evals=True, rpe=0.0,
-        extrapolation_evals=False, px56=False, curve_every=0.0, plateau=False, input="tfds",
-    )  # fmt: skip
+        arg,
+        pe="liere",
+        block=8,
+        ape_std=common.LIERE_APE_INIT_STD,
+        generator="dense",
+        bw=2,
+        k=24,
+        epochs=EPOCHS,
+        scale_aug=False,
+        rescale=0.0,
+        smoke=False,
+        naflex=False,
+        min_side=5,
+        max_side=9,
+        resolution_evals=True,
+        rotary_fraction=1.0,
+        naflex_evals=True,
+        rpe=0.0,
+        extrapolation_evals=False,
+        px56=False,
+        curve_every=0.0,
+        plateau=False,
+        input="tfds",
+    )
     epochs = plateau_epochs() if args.plateau else args.epochs
     c = common.base_config()
     c.dataset = common.dataset_config(

@@ -38,9 +38,15 @@ FINETUNE_SIZE = 256  # the paper's fine-tuning resolution
 
 def get_config(arg=None):
     args = common.parse_arg(
-        arg, pe="liere", block=8, ape_std=common.LIERE_APE_INIT_STD, variant="B",
-        finetune=False, init_from="", smoke=False,
-    )  # fmt: skip
+        arg,
+        pe="liere",
+        block=8,
+        ape_std=common.LIERE_APE_INIT_STD,
+        variant="B",
+        finetune=False,
+        init_from="",
+        smoke=False,
+    )
     if args.finetune and not args.init_from:
         raise ValueError("imagenet.py:finetune needs init_from=<workdir of the 224 px run>")
     c = common.base_config()
@@ -80,11 +86,15 @@ def get_config(arg=None):
         c.optim.lr = 1e-5  # paper
         c.eval_every_epochs = 5.0
         c.evals = dict(
-            **{f"val{side}": common.eval_entry(), f"val{side}_shuffled": common.eval_entry(
-                shuffle_patches=True)},
-            **{f"val{s}": common.eval_entry(image_size=s) for s in (*EVAL_SIZES[:1], 224,
-                                                                    *EVAL_SIZES[2:])},
-        )  # fmt: skip
+            **{
+                f"val{side}": common.eval_entry(),
+                f"val{side}_shuffled": common.eval_entry(shuffle_patches=True),
+            },
+            **{
+                f"val{s}": common.eval_entry(image_size=s)
+                for s in (*EVAL_SIZES[:1], 224, *EVAL_SIZES[2:])
+            },
+        )
     if args.smoke:
         common.make_smoke(c, variant="pico")
         c.model.dtype = "float32"

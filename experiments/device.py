@@ -118,21 +118,35 @@ DEADLINES = {
     "packing": 0.87,
     "largest_batch": 0.97,
 }
-STAGES = ("environment", "tests", "compile", "steps", "rotations", "profile", "packing",
-          "largest_batch")  # fmt: skip
+STAGES = (
+    "environment",
+    "tests",
+    "compile",
+    "steps",
+    "rotations",
+    "profile",
+    "packing",
+    "largest_batch",
+)
 GPU_TESTS = ("tests/models/test_attention_gpu.py", "tests/encodings/test_block_products.py")
 ENCODER_TESTS = ("tests/encodings",)
 PROFILED = ("liere", "rope_mixed")
 PACKED_ENCODERS = ("rope_mixed", "liere")  # stage 7, in this order
 # APIs whose place in jax has moved or may move between releases, as rope_lie uses them.
 JAX_APIS = (
-    "jax.set_mesh", "jax.typeof", "jax.sharding.reshard", "jax.sharding.AxisType",
-    "jax.lax.platform_dependent", "jax.export.export", "jax.nn.dot_product_attention",
-    "jax.profiler.ProfileData", "jax.experimental.multihost_utils.process_allgather",
+    "jax.set_mesh",
+    "jax.typeof",
+    "jax.sharding.reshard",
+    "jax.sharding.AxisType",
+    "jax.lax.platform_dependent",
+    "jax.export.export",
+    "jax.nn.dot_product_attention",
+    "jax.profiler.ProfileData",
+    "jax.experimental.multihost_utils.process_allgather",
     "jax._src.distributed.global_state",
     "jax.experimental.pallas.ops.tpu.flash_attention.flash_attention",
     "jax.experimental.pallas.tpu.force_tpu_interpret_mode",
-)  # fmt: skip
+)
 # A batch whose predicted peak memory fits this share of the device's limit is a candidate.
 MEMORY_SHARE = 0.92
 
@@ -140,16 +154,27 @@ MEMORY_SHARE = 0.92
 # largest_encoders: how many encoders (in ENCODERS order) stage 8 may search (None: until its
 # deadline); rotation_shape: (B, N) of stage 5; packing_batch: images of stage 7's batches.
 FULL = dict(
-    batch=64, steps=10, warmup=2, max_batch=4096, largest_encoders=None, overrides={},
-    rotation_shape=(64, 12), other_backend_encoders=4,
+    batch=64,
+    steps=10,
+    warmup=2,
+    max_batch=4096,
+    largest_encoders=None,
+    overrides={},
+    rotation_shape=(64, 12),
+    other_backend_encoders=4,
     packing_batch=64,
-)  # fmt: skip
+)
 DRY = dict(
-    batch=2, steps=1, warmup=1, max_batch=8, largest_encoders=2,
+    batch=2,
+    steps=1,
+    warmup=1,
+    max_batch=8,
+    largest_encoders=2,
     overrides=dict(variant="pico", patch_size=16, image_shape=(32, 32)),
-    rotation_shape=(2, 2), other_backend_encoders=2,
+    rotation_shape=(2, 2),
+    other_backend_encoders=2,
     packing_batch=8,
-)  # fmt: skip
+)
 # The dry run checks the stage's path on a CPU, not the tests themselves (the suite runs them):
 # the quick ones of the GPU tests' file.
 DRY_TESTS = ("tests/encodings/test_block_products.py", "-k", "lowers or bfloat16")
@@ -281,9 +306,10 @@ def markdown(data: dict) -> str:
         if r.get("block_product"):
             note = f"block product {r['block_product']}" + (f"; {note}" if note else "")
         ms = (
-            f"{r['step_ms']:.2f} / {r['step_ms_median']:.2f}" if r.get("step_ms") is not None
+            f"{r['step_ms']:.2f} / {r['step_ms_median']:.2f}"
+            if r.get("step_ms") is not None
             else ""
-        )  # fmt: skip
+        )
         mfu = "" if r.get("mfu") is None else f"{100 * r['mfu']:.1f} %"
         lines.append(
             f"| {r['encoder']} | {r['attention']} | {r['batch']} | {ms} | "
@@ -543,15 +569,18 @@ def stage_tests(q: Queue) -> str:
     # deadline: they use no accelerator, so they may overlap the compile stage, not the timing.
     cpu_env = {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     q.background["encoder_tests"] = start_pytest(
-        DRY_ENCODER_TESTS if dry else ENCODER_TESTS, cpu_env,
+        DRY_ENCODER_TESTS if dry else ENCODER_TESTS,
+        cpu_env,
         workers=1 if dry else max(1, (os.cpu_count() or 2) // 4),
         log_path=os.path.join(tmp, "encoder_tests.log"),
-    )  # fmt: skip
+    )
     gpu_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"}
     run = start_pytest(
-        DRY_TESTS if dry else GPU_TESTS, gpu_env, workers=1 if dry else 2,
+        DRY_TESTS if dry else GPU_TESTS,
+        gpu_env,
+        workers=1 if dry else 2,
         log_path=os.path.join(tmp, "gpu_tests.log"),
-    )  # fmt: skip
+    )
     gpu = finish_pytest(run, q.deadline("tests"))
     q.data["tests"] = {"gpu": gpu}
     if gpu.get("error"):
@@ -632,9 +661,12 @@ def lower_case(q: Queue, encoder: str, attention: str, batch: int) -> dict:
     began = time.monotonic()
     lowered = train.make_train_step(setup).lower(*args)
     return {
-        "config": config, "mesh": mesh, "init": init, "lowered": lowered,
+        "config": config,
+        "mesh": mesh,
+        "init": init,
+        "lowered": lowered,
         "lower_s": time.monotonic() - began,
-    }  # fmt: skip
+    }
 
 
 def _compile(case: dict) -> dict:
@@ -703,8 +735,17 @@ def skipped_attentions(q: Queue, platform: str) -> list[dict]:
             message = f"not run on {platform}"
         except ValueError as e:
             message = str(e)
-        rows.append(dict(encoder="*", attention=attention, batch=q.shapes["batch"],
-                         step_ms=None, images_per_s=None, mfu=None, skipped=message))  # fmt: skip
+        rows.append(
+            dict(
+                encoder="*",
+                attention=attention,
+                batch=q.shapes["batch"],
+                step_ms=None,
+                images_per_s=None,
+                mfu=None,
+                skipped=message,
+            )
+        )
     return rows
 
 
@@ -779,8 +820,15 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
     from experiments.benchmarks import device as bench
 
     encoder, attention, batch, product = key
-    row = dict(encoder=encoder, attention=attention, batch=batch, step_ms=None,
-               images_per_s=None, mfu=None, case="fixed_batch")  # fmt: skip
+    row = dict(
+        encoder=encoder,
+        attention=attention,
+        batch=batch,
+        step_ms=None,
+        images_per_s=None,
+        mfu=None,
+        case="fixed_batch",
+    )
     if encoder.startswith("liere"):
         row["block_product"] = product or default_product(q.data["platform"])
         row["platform_default_product"] = product is None
@@ -790,9 +838,14 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
     data = bench.random_batch(case["config"], batch, case["mesh"])
     try:
         timing, state = bench.time_compiled(
-            case["compiled"], state, data, other, jax.random.key(1), q.shapes["steps"],
+            case["compiled"],
+            state,
+            data,
+            other,
+            jax.random.key(1),
+            q.shapes["steps"],
             warmup=q.shapes["warmup"],
-        )  # fmt: skip
+        )
     finally:
         del data
     q.states[encoder] = _done((state, other))
@@ -825,21 +878,37 @@ def stage_steps(q: Queue) -> str:
         case = q.compiled.get(key, {"skipped": "not compiled"})
         if q.left("steps") <= 0:
             q.data["rows"].append(
-                dict(encoder=key[0], attention=key[1], batch=key[2], step_ms=None,
-                     images_per_s=None, mfu=None, skipped="no time left in the steps stage")
-            )  # fmt: skip
+                dict(
+                    encoder=key[0],
+                    attention=key[1],
+                    batch=key[2],
+                    step_ms=None,
+                    images_per_s=None,
+                    mfu=None,
+                    skipped="no time left in the steps stage",
+                )
+            )
             continue
         try:
             row = time_case(q, key, case)
         except Exception as e:
-            row = dict(encoder=key[0], attention=key[1], batch=key[2], step_ms=None,
-                       images_per_s=None, mfu=None, error=f"{type(e).__name__}: {e}"[:2000])  # noqa: E501  # fmt: skip
+            row = dict(
+                encoder=key[0],
+                attention=key[1],
+                batch=key[2],
+                step_ms=None,
+                images_per_s=None,
+                mfu=None,
+                error=f"{type(e).__name__}: {e}"[:2000],
+            )
         q.data["rows"].append(row)
         timed += row.get("step_ms") is not None
         q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])
         q.results.save()
-        print(f"  {key}: {_fmt(row.get('step_ms'), '.2f')} ms {row.get('error', '')[:200]}",
-              flush=True)  # fmt: skip
+        print(
+            f"  {key}: {_fmt(row.get('step_ms'), '.2f')} ms {row.get('error', '')[:200]}",
+            flush=True,
+        )
     return f"{timed} steps timed"
 
 
@@ -903,17 +972,17 @@ def stage_rotations(q: Queue) -> str:
         r_np = np.linalg.qr(rng.normal(size=(tokens, heads, k, block, block)))[0]
         r_np = r_np.astype(np.float32)
         want = np.einsum(
-            "tnkij,btnkj->btnki", r_np.astype(np.float64),
+            "tnkij,btnkj->btnki",
+            r_np.astype(np.float64),
             x_np.astype(np.float64).reshape(batch, tokens, heads, k, block),
-        ).reshape(x_np.shape)  # fmt: skip
+        ).reshape(x_np.shape)
         x = jnp.asarray(x_np, jnp.bfloat16)
         r = jnp.asarray(r_np)
         cot = jnp.asarray(rng.normal(size=x_np.shape), jnp.bfloat16)
         for product in ("einsum", "broadcast"):
             if q.left("rotations") <= 0:
                 break
-            row = {"blocks": f"{block}x{block}", "product": product,
-                   "shape_BTNH": list(x_np.shape)}  # fmt: skip
+            row = {"blocks": f"{block}x{block}", "product": product, "shape_BTNH": list(x_np.shape)}
             try:
                 row |= time_product(
                     product, x, jnp.asarray(x_np), r, cot, want, q.shapes["steps"] + 9
@@ -1042,9 +1111,10 @@ def profile_case(q: Queue, key: tuple, case: dict) -> dict:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     out["cost_analysis"] = {
-        k: float(v) for k, v in (cost or {}).items() if k in ("flops", "bytes accessed",
-                                                            "transcendentals")
-    }  # fmt: skip
+        k: float(v)
+        for k, v in (cost or {}).items()
+        if k in ("flops", "bytes accessed", "transcendentals")
+    }
     state, other = q.states[key[0]].result()
     data = bench.random_batch(case["config"], key[2], case["mesh"])
     rng = jax.random.key(1)
@@ -1094,8 +1164,9 @@ def stage_profile(q: Queue) -> str:
 # --- stage 7: padded against packed NaFlex batches ----------------------------------------------
 
 
-def naflex_batches(grid: tuple[int, ...], patch: tuple[int, ...], channels: int, batch: int,
-                   num_classes: int) -> dict[str, tuple[dict, float, int]]:  # fmt: skip
+def naflex_batches(
+    grid: tuple[int, ...], patch: tuple[int, ...], channels: int, batch: int, num_classes: int
+) -> dict[str, tuple[dict, float, int]]:
     """One batch of random square images of sides uniform in [grid / 2, grid] patches, as a
     padded NaFlex batch and packed: case -> (host arrays, padding fraction, rows)."""
     import numpy as np
@@ -1116,12 +1187,22 @@ def naflex_batches(grid: tuple[int, ...], patch: tuple[int, ...], channels: int,
     real = float(padded.mask_BT.sum())
     packed, place = tokens.pack_images(images, patch, length, max(1, length // low**2))
     return {
-        "padded": ({**dict(zip(TOKEN_KEYS, padded, strict=True)), "label": labels},
-                   1 - real / padded.mask_BT.size, batch),
-        "packed": ({**dict(zip(PACKED_KEYS, packed, strict=True)), "image_row": place[:, 0],
-                    "image_slot": place[:, 1], "label": labels},
-                   1 - real / packed.segment_BT.size, packed.segment_BT.shape[0]),
-    }  # fmt: skip
+        "padded": (
+            {**dict(zip(TOKEN_KEYS, padded, strict=True)), "label": labels},
+            1 - real / padded.mask_BT.size,
+            batch,
+        ),
+        "packed": (
+            {
+                **dict(zip(PACKED_KEYS, packed, strict=True)),
+                "image_row": place[:, 0],
+                "image_slot": place[:, 1],
+                "label": labels,
+            },
+            1 - real / packed.segment_BT.size,
+            packed.segment_BT.shape[0],
+        ),
+    }
 
 
 def packing_case(q: Queue, encoder: str, batches: dict) -> dict:
@@ -1159,12 +1240,13 @@ def stage_packing(q: Queue) -> str:
             lambda config=config: train.build_model(config.model, jax.random.key(0))
         )
         images = q.shapes["packing_batch"]
-        batches = naflex_batches(model.train_grid, model.patch, config.model.channels,
-                                 images, config.model.num_classes)  # fmt: skip
-        base = dict(encoder=encoder, attention="xla", images=images,
-                    tokens=model.train_grid[0] ** 2)  # fmt: skip
-        own = [base | dict(case=c, rows=r, padding_fraction=f)
-               for c, (_, f, r) in batches.items()]  # fmt: skip
+        batches = naflex_batches(
+            model.train_grid, model.patch, config.model.channels, images, config.model.num_classes
+        )
+        base = dict(
+            encoder=encoder, attention="xla", images=images, tokens=model.train_grid[0] ** 2
+        )
+        own = [base | dict(case=c, rows=r, padding_fraction=f) for c, (_, f, r) in batches.items()]
         rows += own
         if q.left("packing") <= 0:
             for r in own:
@@ -1182,14 +1264,23 @@ def stage_packing(q: Queue) -> str:
             try:
                 case = future.result(timeout=max(1.0, q.left("packing")))
                 timing, state = bench.time_compiled(
-                    case["compiled"], state, data, prepared["other"], prepared["key"],
-                    q.shapes["steps"], warmup=q.shapes["warmup"],
-                )  # fmt: skip
+                    case["compiled"],
+                    state,
+                    data,
+                    prepared["other"],
+                    prepared["key"],
+                    q.shapes["steps"],
+                    warmup=q.shapes["warmup"],
+                )
             except Exception as e:
                 r["error"] = f"{type(e).__name__}: {e}"[:1000]
                 continue
-            r.update(step_ms=timing["step_ms_min"], step_ms_median=timing["step_ms_median"],
-                     compile_s=round(case["compile_s"], 1), loss=timing["loss"])  # fmt: skip
+            r.update(
+                step_ms=timing["step_ms_min"],
+                step_ms_median=timing["step_ms_median"],
+                compile_s=round(case["compile_s"], 1),
+                loss=timing["loss"],
+            )
             timed += 1
         padded = own[0].get("step_ms")
         for r in own:
@@ -1228,34 +1319,55 @@ def stage_largest_batch(q: Queue) -> str:
             break
         row = best[encoder]
         case64 = q.compiled[(encoder, row["attention"], row["batch"], None)]
-        candidates = batch_candidates(case64.get("memory"), row["batch"], limit,
-                                      q.shapes["max_batch"])  # fmt: skip
+        candidates = batch_candidates(
+            case64.get("memory"), row["batch"], limit, q.shapes["max_batch"]
+        )
         if not candidates:
             continue
-        lowered = {b: q.pool.submit(_compile, lower_case(q, encoder, row["attention"], b))
-                   for b in candidates}  # fmt: skip
+        lowered = {
+            b: q.pool.submit(_compile, lower_case(q, encoder, row["attention"], b))
+            for b in candidates
+        }
         result = None
         for b in candidates:
             key = (encoder, row["attention"], b, None)
             try:
                 case = lowered[b].result()
             except Exception as e:
-                result = dict(encoder=encoder, attention=row["attention"], batch=b,
-                              step_ms=None, images_per_s=None, mfu=None,
-                              error=f"compile: {type(e).__name__}: {e}"[:1000])  # fmt: skip
+                result = dict(
+                    encoder=encoder,
+                    attention=row["attention"],
+                    batch=b,
+                    step_ms=None,
+                    images_per_s=None,
+                    mfu=None,
+                    error=f"compile: {type(e).__name__}: {e}"[:1000],
+                )
                 continue
             if limit and case["memory"] and case["memory"]["peak"] > limit:
-                result = dict(encoder=encoder, attention=row["attention"], batch=b,
-                              step_ms=None, images_per_s=None, mfu=None,
-                              skipped=f"peak {case['memory']['peak']} B > {limit} B")  # fmt: skip
+                result = dict(
+                    encoder=encoder,
+                    attention=row["attention"],
+                    batch=b,
+                    step_ms=None,
+                    images_per_s=None,
+                    mfu=None,
+                    skipped=f"peak {case['memory']['peak']} B > {limit} B",
+                )
                 continue
             q.compiled[key] = case
             try:
                 result = time_case(q, key, case)
             except Exception as e:  # out of memory at run time: try the half
-                result = dict(encoder=encoder, attention=row["attention"], batch=b,
-                              step_ms=None, images_per_s=None, mfu=None,
-                              error=f"{type(e).__name__}: {e}"[:1000])  # fmt: skip
+                result = dict(
+                    encoder=encoder,
+                    attention=row["attention"],
+                    batch=b,
+                    step_ms=None,
+                    images_per_s=None,
+                    mfu=None,
+                    error=f"{type(e).__name__}: {e}"[:1000],
+                )
                 continue
             finally:
                 q.compiled.pop(key, None)
@@ -1298,9 +1410,10 @@ def parse_args(argv=None):
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak")
     parser.add_argument("--recipes", default=RECIPES, help="the encoders' recipes (JSON)")
     parser.add_argument(
-        "--write-recipes", action="store_true",
+        "--write-recipes",
+        action="store_true",
         help="write the recipes from configs/imagenet.py (needs ml_collections) and exit",
-    )  # fmt: skip
+    )
     return parser.parse_args(argv)
 
 

@@ -96,7 +96,7 @@ def load_split(split: str, directory: str | None = None) -> tuple[np.ndarray, np
     return images, labels
 
 
-def on_canvas(images_NHW: np.ndarray, canvas: int) -> np.ndarray:
+def on_canvas(images_BHW: np.ndarray, canvas: int) -> np.ndarray:
     """Centres (N, 28, 28) images on a black canvas x canvas; returns uint8 (N, c, c)."""
-    margin = (canvas - images_NHW.shape[1]) // 2
-    return np.pad(images_NHW, ((0, 0), (margin, margin), (margin, margin)))
+    margin = (canvas - images_BHW.shape[1]) // 2
+    return np.pad(images_BHW, ((0, 0), (margin, margin), (margin, margin)))

@@ -162,8 +162,8 @@ def release_free_heap() -> bool:
     An evaluation allocates and frees large temporary buffers (activations of eval batches at
     several resolutions, input pipelines) and glibc keeps the freed pages in its arenas, which
     grow over repeated evaluations while the bytes in use stay flat. The loop calls this after
-    each evaluation: it lowers the quickstart's resident memory during training by about
-    120 MiB (experiments/README.md, memory soak). Returns whether memory was released; False
+    each evaluation: it lowers the quickstart's resident memory during training
+    (experiments/README.md, memory soak, has the figure). Returns whether memory was released; False
     where the C library is not glibc (its allocator is another; nothing to do here).
     """
     trim = _malloc_trim()

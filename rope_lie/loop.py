@@ -32,8 +32,15 @@ from rope_lie import checkpoint as ckpt
 from rope_lie import evaluate, job, metrics, sharding
 from rope_lie.job import say
 
-TRAIN_KEYS = ("image", "label", "soft_label", *evaluate.TOKEN_KEYS, "segment", "slot_grid",
-              *evaluate.PLACE_KEYS)  # fmt: skip
+TRAIN_KEYS = (
+    "image",
+    "label",
+    "soft_label",
+    *evaluate.TOKEN_KEYS,
+    "segment",
+    "slot_grid",
+    *evaluate.PLACE_KEYS,
+)
 
 
 @dataclasses.dataclass(kw_only=True)

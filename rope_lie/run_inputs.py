@@ -90,8 +90,8 @@ def pack_batch(
       row_multiple: rows rounded up to a multiple of this.
 
     Returns:
-      the batch with ``evaluate.PACKED_KEYS``: patches (R, T, P), index (R, T, 2), segment
-      (R, T) int32 (1 to U, 0 padding), slot_grid (R, U, 2) for R rows; and
+      the batch with ``evaluate.PACKED_KEYS``: patches (rows, T, C), index (rows, T, 2),
+      segment (rows, T) int32 (1 to U, 0 padding), slot_grid (rows, U, 2); and
       ``image_row``/``image_slot``
       (B,) int32 in place of grid and token_mask.
     """
@@ -104,7 +104,7 @@ def pack_batch(
     rest = {k: v for k, v in batch.items() if k not in ("patches", "index", "grid", "token_mask")}
     return {
         **rest,
-        "patches": packed.patches_BTP,
+        "patches": packed.patches_BTC,
         "index": packed.index_BTA,
         "segment": packed.segment_BT,
         "slot_grid": packed.grid_BUA,

@@ -41,9 +41,11 @@ DINOV3_KW = dict(TINY_TIMM, global_pool="token")
 AVG_CASES = {
     "dinov3_avg": ("vit_small_patch16_dinov3", TINY_TIMM),
     "dinov3_avg_fc_norm": ("vit_small_patch16_dinov3_qkvb", dict(TINY_TIMM, use_fc_norm=True)),
-    "rope_mixed_avg": ("vit_small_patch16_rope_mixed_224",
-                       dict(TINY_TIMM, global_pool="avg", dynamic_img_size=True)),
-}  # fmt: skip
+    "rope_mixed_avg": (
+        "vit_small_patch16_rope_mixed_224",
+        dict(TINY_TIMM, global_pool="avg", dynamic_img_size=True),
+    ),
+}
 GAINS = dict(attention_gain=8.0, embed_gain=4.0)
 LIERE_CASES = {  # case: (block size b, per_layer, per_head)
     "liere_dense_per_layer_head": (64, True, True),
@@ -51,8 +53,9 @@ LIERE_CASES = {  # case: (block size b, per_layer, per_head)
     "liere_dense_shared": (64, False, False),
     "liere_8x8_shared": (8, False, False),
 }
-LIERE_SPEC = dict(image_size=16, patch_size=4, num_classes=10, dim=128, depth=2, heads=2,
-                  mlp_dim=256)  # fmt: skip
+LIERE_SPEC = dict(
+    image_size=16, patch_size=4, num_classes=10, dim=128, depth=2, heads=2, mlp_dim=256
+)
 
 
 def _overrides(kw: dict) -> str:
@@ -87,9 +90,13 @@ def _intermediates(model, images: dict[str, np.ndarray], sides) -> dict[str, np.
         for norm in (0, 1):
             with torch.no_grad():
                 pairs = model.forward_intermediates(
-                    torch.from_numpy(images[f"images_{side}"]), indices=None, norm=bool(norm),
-                    output_fmt="NLC", return_prefix_tokens=True, intermediates_only=True,
-                )  # fmt: skip
+                    torch.from_numpy(images[f"images_{side}"]),
+                    indices=None,
+                    norm=bool(norm),
+                    output_fmt="NLC",
+                    return_prefix_tokens=True,
+                    intermediates_only=True,
+                )
             out[f"patch_{norm}_{side}"] = np.stack([p.numpy() for p, _ in pairs])
             out[f"prefix_{norm}_{side}"] = np.stack([q.numpy() for _, q in pairs])
     return out
@@ -104,25 +111,48 @@ def _timm(out: str) -> None:
         checks.scale_weights(model, seed=0)
         path = os.path.join(out, f"{case}.pth")
         torch.save(model.state_dict(), path)
-        convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
-                      f"--workdir={out}/{case}", _overrides(TINY_TIMM)])  # fmt: skip
+        convert.main(
+            [
+                "--from=timm",
+                f"--model={name}",
+                f"--checkpoint={path}",
+                f"--workdir={out}/{case}",
+                _overrides(TINY_TIMM),
+            ]
+        )
         np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48)))
     # A fine-tuned checkpoint (10 classes) converted without saying its class count: timm's
     # default head has 1000, the converter reads 10 from the checkpoint.
     no_head = {k: v for k, v in TINY_TIMM.items() if k != "num_classes"}
-    convert.main(["--from=timm", f"--model={TIMM_CASES['rope_mixed']}",
-                  f"--checkpoint={out}/rope_mixed.pth", f"--workdir={out}/rope_mixed_head_read",
-                  _overrides(no_head)])  # fmt: skip
+    convert.main(
+        [
+            "--from=timm",
+            f"--model={TIMM_CASES['rope_mixed']}",
+            f"--checkpoint={out}/rope_mixed.pth",
+            f"--workdir={out}/rope_mixed_head_read",
+            _overrides(no_head),
+        ]
+    )
     # --checkpoint=none (timm's random initialisation under --seed), for the fine-tuning test:
     # 1 channel, 4 classes (spatial_arrows), 32 px
     kw = {**TINY_TIMM, "in_chans": 1, "num_classes": 4}
-    convert.main(["--from=timm", "--model=vit_small_patch16_rope_mixed_224", "--checkpoint=none",
-                  f"--workdir={out}/arrows_source", "--mean=0.5", "--std=0.5", "--seed=3",
-                  _overrides(kw)])  # fmt: skip
+    convert.main(
+        [
+            "--from=timm",
+            "--model=vit_small_patch16_rope_mixed_224",
+            "--checkpoint=none",
+            f"--workdir={out}/arrows_source",
+            "--mean=0.5",
+            "--std=0.5",
+            "--seed=3",
+            _overrides(kw),
+        ]
+    )
     torch.manual_seed(3)
     model = timm_eva.create("vit_small_patch16_rope_mixed_224", **kw)
-    np.savez(os.path.join(out, "arrows_source.npz"),
-             **_logits(model, (32,), channels=1, head=model.head))  # fmt: skip
+    np.savez(
+        os.path.join(out, "arrows_source.npz"), **_logits(model, (32,), channels=1, head=model.head)
+    )
 
 
 def _dinov3(out: str) -> None:
@@ -134,8 +164,15 @@ def _dinov3(out: str) -> None:
         checks.scale_weights(model, seed=0, **GAINS)
         path = os.path.join(out, f"{case}.pth")
         torch.save(model.state_dict(), path)
-        convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
-                      f"--workdir={out}/{case}", _overrides(DINOV3_KW)])  # fmt: skip
+        convert.main(
+            [
+                "--from=timm",
+                f"--model={name}",
+                f"--checkpoint={path}",
+                f"--workdir={out}/{case}",
+                _overrides(DINOV3_KW),
+            ]
+        )
         computed = _logits(model, (32, 48))
         computed.update(_intermediates(model, computed, (32, 48)))
         np.savez(os.path.join(out, f"{case}.npz"), **computed)
@@ -145,8 +182,15 @@ def _dinov3(out: str) -> None:
         checks.scale_weights(model, seed=2, **GAINS)
         path = os.path.join(out, f"{case}.pth")
         torch.save(model.state_dict(), path)
-        convert.main(["--from=timm", f"--model={name}", f"--checkpoint={path}",
-                      f"--workdir={out}/{case}", _overrides(kw)])  # fmt: skip
+        convert.main(
+            [
+                "--from=timm",
+                f"--model={name}",
+                f"--checkpoint={path}",
+                f"--workdir={out}/{case}",
+                _overrides(kw),
+            ]
+        )
         np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (32, 48), seed=2))
     # DINOv3's pretrained weights have no classifier (num_classes=0): converted without a class
     # count, the head is the identity and the logits are the pooled features.
@@ -156,35 +200,70 @@ def _dinov3(out: str) -> None:
     checks.scale_weights(model, seed=1, **GAINS)
     path = os.path.join(out, "dinov3_headless.pth")
     torch.save(model.state_dict(), path)
-    convert.main(["--from=timm", f"--model={DINOV3_CASES['dinov3']}", f"--checkpoint={path}",
-                  f"--workdir={out}/dinov3_headless", _overrides(headless)])  # fmt: skip
+    convert.main(
+        [
+            "--from=timm",
+            f"--model={DINOV3_CASES['dinov3']}",
+            f"--checkpoint={path}",
+            f"--workdir={out}/dinov3_headless",
+            _overrides(headless),
+        ]
+    )
     np.savez(os.path.join(out, "dinov3_headless.npz"), **_logits(model, (32, 48), seed=1))
     # A pretrained tag selects its own input normalisation (the satellite weights' statistics).
-    convert.main(["--from=timm", "--model=vit_large_patch16_dinov3.sat493m", "--checkpoint=none",
-                  f"--workdir={out}/dinov3_sat493m", _overrides(DINOV3_KW)])  # fmt: skip
+    convert.main(
+        [
+            "--from=timm",
+            "--model=vit_large_patch16_dinov3.sat493m",
+            "--checkpoint=none",
+            f"--workdir={out}/dinov3_sat493m",
+            _overrides(DINOV3_KW),
+        ]
+    )
 
 
 def _liere(out: str) -> None:
     import torch
 
     for case, (b, per_layer, per_head) in LIERE_CASES.items():
-        spec = liere_reference.ReferenceSpec(**LIERE_SPEC, generator_dim=b, per_layer=per_layer,
-                                             per_head=per_head)  # fmt: skip
+        spec = liere_reference.ReferenceSpec(
+            **LIERE_SPEC, generator_dim=b, per_layer=per_layer, per_head=per_head
+        )
         model = liere_torch.reference_model(spec, seed=1)
         checks.scale_weights(model, seed=1)
         path = os.path.join(out, f"{case}.ckpt")  # the Lightning layout: state_dict + the rest
         torch.save({"epoch": 3, "global_step": 100, "state_dict": model.state_dict()}, path)
-        convert.main(["--from=liere", "--model=channels=3", f"--checkpoint={path}",
-                      f"--workdir={out}/{case}"])  # fmt: skip
+        convert.main(
+            [
+                "--from=liere",
+                "--model=channels=3",
+                f"--checkpoint={path}",
+                f"--workdir={out}/{case}",
+            ]
+        )
         if per_layer and b == 8:  # the stored per-layer generators, not what the reference runs
             stored = f"--workdir={out}/{case}_as_stored"
-            convert.main(["--from=liere", f"--checkpoint={path}", "--model=",
-                          "--liere_layers=as_stored", stored])  # fmt: skip
+            convert.main(
+                [
+                    "--from=liere",
+                    f"--checkpoint={path}",
+                    "--model=",
+                    "--liere_layers=as_stored",
+                    stored,
+                ]
+            )
         np.savez(os.path.join(out, f"{case}.npz"), **_logits(model, (16, 24)))
     # --checkpoint=none: the re-implementation's random initialisation, spec given in --model
     fields = ",".join(f"{k}={v}" for k, v in LIERE_SPEC.items())
-    convert.main(["--from=liere", f"--model={fields},generator_dim=8,per_head=1",
-                  "--checkpoint=none", "--seed=5", f"--workdir={out}/liere_random"])  # fmt: skip
+    convert.main(
+        [
+            "--from=liere",
+            f"--model={fields},generator_dim=8,per_head=1",
+            "--checkpoint=none",
+            "--seed=5",
+            f"--workdir={out}/liere_random",
+        ]
+    )
     spec = liere_reference.ReferenceSpec(**LIERE_SPEC, generator_dim=8, per_head=True)
     model = liere_torch.reference_model(spec, seed=5)
     head = model.model.mlp_head[1]
@@ -210,22 +289,43 @@ def _errors(out: str) -> dict[str, str]:
     record("bad_keys", lambda: timm_eva.create("vit_small_patch16_rope_224", bad, **TINY_TIMM))
     record("name", lambda: timm_eva.check_name("vit_small_patch16_224"))
     mixed = os.path.join(out, "rope_mixed.pth")
-    record("head_differs", lambda: timm_eva.create(
-        TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "num_classes": 7}))  # fmt: skip
-    record("width_differs", lambda: timm_eva.create(
-        TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "embed_dim": 32}))  # fmt: skip
+    record(
+        "head_differs",
+        lambda: timm_eva.create(TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "num_classes": 7}),
+    )
+    record(
+        "width_differs",
+        lambda: timm_eva.create(TIMM_CASES["rope_mixed"], mixed, **{**TINY_TIMM, "embed_dim": 32}),
+    )
     max_pool = timm_eva.create("vit_small_patch16_rope_224", global_pool="max", **TINY_TIMM)
     record("max_pool", lambda: timm_eva.model_config(max_pool))
     both_eps = timm_eva.create(DINOV3_CASES["dinov3"], use_fc_norm=True, **TINY_TIMM)
     both_eps.fc_norm.eps = 1e-6  # the blocks' 1e-5: rope_lie's ViT has one epsilon
     record("fc_norm_eps", lambda: timm_eva.model_config(both_eps))
     record("dinov3_swiglu", lambda: timm_eva.check_name("vit_small_plus_patch16_dinov3"))
-    record("not_empty", lambda: convert.main([
-        "--from=timm", "--model=vit_small_patch16_rope_224", "--checkpoint=none",
-        f"--workdir={out}/rope_axial", _overrides(TINY_TIMM)]))  # fmt: skip
-    record("spec_differs", lambda: convert.main([
-        "--from=liere", "--model=depth=3", f"--checkpoint={out}/liere_8x8_shared.ckpt",
-        f"--workdir={out}/never"]))  # fmt: skip
+    record(
+        "not_empty",
+        lambda: convert.main(
+            [
+                "--from=timm",
+                "--model=vit_small_patch16_rope_224",
+                "--checkpoint=none",
+                f"--workdir={out}/rope_axial",
+                _overrides(TINY_TIMM),
+            ]
+        ),
+    )
+    record(
+        "spec_differs",
+        lambda: convert.main(
+            [
+                "--from=liere",
+                "--model=depth=3",
+                f"--checkpoint={out}/liere_8x8_shared.ckpt",
+                f"--workdir={out}/never",
+            ]
+        ),
+    )
     return errors
 
 

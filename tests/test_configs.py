@@ -110,9 +110,13 @@ def test_ape_init_std_follows_the_recipes_reference(recipe, std):
     model = nnx.eval_shape(lambda: train.build_model(config.model, jax.random.key(0)))
     grid_GD = model.additive_params["grid_GD"]  # the table the model builds, drawn here alone
     table = vit.init_additive_params(
-        "ape", nnx.Rngs(0), grid_GD.shape[:-1], grid_GD.shape[-1], 1,
+        "ape",
+        nnx.Rngs(0),
+        grid_GD.shape[:-1],
+        grid_GD.shape[-1],
+        1,
         config.model.additive_hparams.to_dict(),
-    )  # fmt: skip
+    )
     values = np.concatenate([np.ravel(v[...]) for v in table.values()])
     assert abs(values.std() / std - 1) < 0.05
     assert get_config(recipe, "pe=ape,ape_std=0.5").model.additive_hparams.init_std == 0.5

@@ -41,8 +41,12 @@ def _run_queue(out_dir, *args: str, timeout: int = 1200) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, "-c", _BLOCKED_RUN, "--out", str(out_dir), *args],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = [p for p in os.listdir(out_dir) if p.endswith(".json")]
     assert os.path.exists(os.path.join(out_dir, path[: -len(".json")] + ".md"))
@@ -54,8 +58,9 @@ def _run_queue(out_dir, *args: str, timeout: int = 1200) -> dict:
 def dry_run(tmp_path_factory):
     # A budget no stage reaches: what the dry run checks are the stages' paths, so a loaded
     # machine must not cut them short (the deadlines have their own test, a zero budget).
-    return _run_queue(tmp_path_factory.mktemp("device_queue"), "--dry-run", "--budget", "3000",
-                      timeout=3000)  # fmt: skip
+    return _run_queue(
+        tmp_path_factory.mktemp("device_queue"), "--dry-run", "--budget", "3000", timeout=3000
+    )
 
 
 def test_recipes_are_configs_imagenet():
@@ -78,8 +83,11 @@ def test_dry_run_top_level(dry_run):
 def test_dry_run_times_every_encoder_on_every_cpu_backend(dry_run):
     rows = dry_run["rows"]
     assert all(ROW_KEYS <= set(r) for r in rows)
-    timed = {(r["encoder"], r["attention"]) for r in rows
-             if r.get("case") == "fixed_batch" and r["step_ms"] is not None}  # fmt: skip
+    timed = {
+        (r["encoder"], r["attention"])
+        for r in rows
+        if r.get("case") == "fixed_batch" and r["step_ms"] is not None
+    }
     first_two = list(device.ENCODERS)[: device.DRY["other_backend_encoders"]]
     assert timed == {(e, "xla") for e in device.ENCODERS} | {(e, "chunked") for e in first_two}
     for r in rows:
@@ -125,8 +133,10 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         assert trace["total_ms"] > 0 and len(trace["top_ops"]) > 5
         assert profile["hlo_ops"]["fusion"] > 0 and profile["cost_analysis"]["flops"] > 0
     # LieRE's exponentials are named in its profile, not in RoPE-Mixed's.
-    names = {p: " ".join(op[1] for op in dry_run["profiles"][p]["trace"]["top_ops"])
-             for p in device.PROFILED}  # fmt: skip
+    names = {
+        p: " ".join(op[1] for op in dry_run["profiles"][p]["trace"]["top_ops"])
+        for p in device.PROFILED
+    }
     assert "_rotations" in names["liere"] and "_rotations" not in names["rope_mixed"]
 
 
@@ -161,9 +171,11 @@ def test_a_pytest_run_that_collects_nothing_is_an_error_with_its_log(tmp_path):
     # On the H100 image the GPU tests once ended in pytest's exit code 5 (no tests collected),
     # which the stage recorded as "ok" with no log to say why.
     run = device.start_pytest(
-        ("tests/test_device_queue.py", "-k", "no_test_has_this_name"), {}, workers=1,
+        ("tests/test_device_queue.py", "-k", "no_test_has_this_name"),
+        {},
+        workers=1,
         log_path=str(tmp_path / "log"),
-    )  # fmt: skip
+    )
     out = device.finish_pytest(run, deadline=float("inf"))
     assert out["returncode"] == 5
     assert out["error"] == "no tests collected"

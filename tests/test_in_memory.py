@@ -126,10 +126,10 @@ def _probe_files(directory, count=600):
     _write_split(directory, "test", images[:10], labels[:10])
 
 
-def _shifts_and_flips(images_NHWC):
+def _shifts_and_flips(images_BHWC):
     """(dy, dx, flipped) of each augmented probe image: the block's top-left corner moved by
     (dy, dx) from (12, 6), or mirrored (its corner near column 19)."""
-    bright = images_NHWC[..., 0] > images_NHWC.min() + 1.0
+    bright = images_BHWC[..., 0] > images_BHWC.min() + 1.0
     rows = bright.any(axis=2).argmax(axis=1)
     cols = bright.any(axis=1).argmax(axis=1)
     flipped = cols > 13

@@ -205,8 +205,12 @@ def test_qk_permutation_is_the_naver_half_swap_and_dinov3s_pair_order():
     )
 
 
-LIERE_CASES = ["liere_dense_per_layer_head", "liere_8x8_per_layer_head", "liere_dense_shared",
-               "liere_8x8_shared"]  # fmt: skip
+LIERE_CASES = [
+    "liere_dense_per_layer_head",
+    "liere_8x8_per_layer_head",
+    "liere_dense_shared",
+    "liere_8x8_shared",
+]
 
 
 @pytest.mark.parametrize("case", LIERE_CASES)
@@ -275,10 +279,16 @@ def test_a_converted_model_fine_tunes_with_init_from_on_arrows(converted, tmp_pa
     data_dir = str(tmp_path / "tfds")
     tfds.builder(
         "spatial_arrows",
-        config=SpatialArrowsConfig(name="interop_g4", grid_size=4, num_train=16, num_test=8,
-                                   num_distractor_arrows=2, num_letters=2),
+        config=SpatialArrowsConfig(
+            name="interop_g4",
+            grid_size=4,
+            num_train=16,
+            num_test=8,
+            num_distractor_arrows=2,
+            num_letters=2,
+        ),
         data_dir=data_dir,
-    ).download_and_prepare()  # fmt: skip
+    ).download_and_prepare()
     source = os.path.join(converted, "arrows_source")
     recipe = importlib.util.spec_from_file_location("converted_recipe", f"{source}/config.py")
     module = importlib.util.module_from_spec(recipe)
@@ -287,15 +297,24 @@ def test_a_converted_model_fine_tunes_with_init_from_on_arrows(converted, tmp_pa
     config.dataset = config_lib.dataset_config(
         "spatial_arrows/interop_g4", data_dir=data_dir, mean=(0.5,), std=(0.5,)
     )
-    config.update(dict(init_from=source, total_steps=2, batch_size=8, eval_batch_size=8,
-                       progress=False, tensorboard=False))  # fmt: skip
+    config.update(
+        dict(
+            init_from=source,
+            total_steps=2,
+            batch_size=8,
+            eval_batch_size=8,
+            progress=False,
+            tensorboard=False,
+        )
+    )
     config.optim.lr, config.checkpoint.every_steps = 1e-3, 2
     final = train.train_and_evaluate(config, str(tmp_path / "tuned"))
     assert final["step"] == 2 and final["evals"]["val"]["num_examples"] == 8
     _, before = checkpoint.load_state(os.path.join(source, "checkpoints"))
     _, after = checkpoint.load_state(str(tmp_path / "tuned" / "checkpoints"))
-    after = {checkpoint.path_name(p): v
-             for p, v in jax.tree_util.tree_leaves_with_path(after["params"])}  # fmt: skip
+    after = {
+        checkpoint.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(after["params"])
+    }
     for path, value in jax.tree_util.tree_leaves_with_path(before["params"]):
         moved = np.abs(after[checkpoint.path_name(path)] - value).max()
         assert moved < 1e-2, (checkpoint.path_name(path), moved)

@@ -29,9 +29,15 @@ def _cfg(data_dir):
 
 @pytest.mark.parametrize(
     "height, width, budget, expected",
-    [(64, 64, 64, (8, 8)), (64, 64, 80, (8, 8)), (48, 96, 50, (5, 10)), (100, 30, 30, (10, 3)),
-     (10, 300, 16, (1, 16)), (33, 47, 1, (1, 1))],
-)  # fmt: skip
+    [
+        (64, 64, 64, (8, 8)),
+        (64, 64, 80, (8, 8)),
+        (48, 96, 50, (5, 10)),
+        (100, 30, 30, (10, 3)),
+        (10, 300, 16, (1, 16)),
+        (33, 47, 1, (1, 1)),
+    ],
+)
 def test_budget_grid_keeps_the_aspect_ratio_within_the_budget(height, width, budget, expected):
     grid = tuple(naflex.budget_grid(height, width, 8, budget).numpy())
     assert grid == expected
@@ -106,14 +112,18 @@ def test_native_stream_reads_each_scene_at_its_own_extent(tmp_path):
         cells = patches[:count].reshape(grid[0], grid[1], 8, 8)
         image = cells.transpose(0, 2, 1, 3).reshape(8 * grid[0], 8 * grid[1])
         matches = [
-            ex for ex in by_image
+            ex
+            for ex in by_image
             if ex["extent"][0] == 8 * grid[0]
             and np.allclose(image, ex["image"][: 8 * grid[0], : 8 * grid[1], 0] / 127.5 - 1.0)
-        ]  # fmt: skip
+        ]
         assert len(matches) == 1 and matches[0]["label"] == label
     with pytest.raises(tf.errors.InvalidArgumentError, match="more tokens than max_tokens"):
-        next(data.make_train_iterator(cfg, batch_size=8, seed=0,
-                                      finish=naflex.example_fn(8, 36, native=True)))  # fmt: skip
+        next(
+            data.make_train_iterator(
+                cfg, batch_size=8, seed=0, finish=naflex.example_fn(8, 36, native=True)
+            )
+        )
 
 
 def test_eval_stream_at_a_fixed_budget(data_dir):

@@ -64,21 +64,36 @@ def _step_calls(model):
 
     def packed_step(batch, place, labels):
         arrays = dict(zip(PACKED_KEYS, batch, strict=True))
-        return call({**arrays, "image_row": place[:, 0], "image_slot": place[:, 1],
-                     "label": labels})  # fmt: skip
+        return call(
+            {**arrays, "image_row": place[:, 0], "image_slot": place[:, 1], "label": labels}
+        )
 
     return image_step, token_step, packed_step
 
 
 def run(
-    pe: str, batch: int, repeats: int, variant: str, min_side: int, max_side: int,
-    attention: str = "xla", dtype: str = "float32", pool: str = "cls",
-) -> dict:  # fmt: skip
+    pe: str,
+    batch: int,
+    repeats: int,
+    variant: str,
+    min_side: int,
+    max_side: int,
+    attention: str = "xla",
+    dtype: str = "float32",
+    pool: str = "cls",
+) -> dict:
     rng = np.random.default_rng(0)
     model = ViT(
-        variant=f"{variant}/{PATCH}", image_shape=(64, 64), channels=1, num_classes=4,
-        attention=attention, dtype=dtype, pool=pool, **config_lib.pe_fields(pe), rngs=nnx.Rngs(0),
-    )  # fmt: skip
+        variant=f"{variant}/{PATCH}",
+        image_shape=(64, 64),
+        channels=1,
+        num_classes=4,
+        attention=attention,
+        dtype=dtype,
+        pool=pool,
+        **config_lib.pe_fields(pe),
+        rngs=nnx.Rngs(0),
+    )
     labels = jnp.asarray(rng.integers(0, 4, batch))
     image = lambda side: rng.normal(size=(side * PATCH, side * PATCH, 1)).astype(np.float32)
     fixed8 = jnp.asarray(np.stack([image(8) for _ in range(batch)]))
@@ -95,7 +110,7 @@ def run(
         "fixed10": (lambda: image_step(fixed10, labels), batch * 100, batch * 100),
         "tokens8": (lambda: token_step(tokens8, labels), batch * 64, batch * 64),
         "mixed": (lambda: token_step(mixed, labels), real, batch * max_side**2),
-    }  # fmt: skip
+    }
     for name, length in (("packed", max_side**2), ("packed200", 2 * max_side**2)):
         packed, place = tokens.pack_images(images, (PATCH, PATCH), length, length // min_side**2)
         packed, place = tokens.Packed(*map(jnp.asarray, packed)), jnp.asarray(place)
@@ -132,25 +147,49 @@ def main() -> None:
     )
     parser.add_argument("--min-side", type=int, default=6)
     parser.add_argument("--max-side", type=int, default=10)
-    parser.add_argument("--out", default=os.path.join(common.ROOT, "experiments", "benchmarks",
-                                                      "naflex_throughput.json"))  # fmt: skip
+    parser.add_argument(
+        "--out",
+        default=os.path.join(common.ROOT, "experiments", "benchmarks", "naflex_throughput.json"),
+    )
     args = parser.parse_args()
     results = {"machine": common.machine(), "args": vars(args), "cases": {}}
     for pe, attention in itertools.product(args.pe.split("+"), args.attention.split("+")):
-        rows = run(pe, args.batch, args.repeats, args.variant, args.min_side, args.max_side,
-                   attention, args.dtype, args.pool)  # fmt: skip
+        rows = run(
+            pe,
+            args.batch,
+            args.repeats,
+            args.variant,
+            args.min_side,
+            args.max_side,
+            attention,
+            args.dtype,
+            args.pool,
+        )
         key = pe if attention == "xla" else f"{pe} {attention}"
         results["cases"][key] = rows
         common.print_table(
             f"{key}: one train step (forward, backward, AdamW), batch {args.batch}, "
             f"ViT-{args.variant}/8, {args.dtype}, pool {args.pool}",
-            ["case", "min / median ms", "real tokens/s", "padding", "time / fixed8",
-             "time / mixed"],
-            [[name, common.fmt_time(r["time"]), f"{r['real_tokens_per_s']:,.0f}",
-              f"{100 * r['padding_fraction']:.1f} %", f"{r['time_over_fixed8']['median_s']:.2f}",
-              f"{r['time_over_mixed']['median_s']:.2f}"]
-             for name, r in rows.items()],
-        )  # fmt: skip
+            [
+                "case",
+                "min / median ms",
+                "real tokens/s",
+                "padding",
+                "time / fixed8",
+                "time / mixed",
+            ],
+            [
+                [
+                    name,
+                    common.fmt_time(r["time"]),
+                    f"{r['real_tokens_per_s']:,.0f}",
+                    f"{100 * r['padding_fraction']:.1f} %",
+                    f"{r['time_over_fixed8']['median_s']:.2f}",
+                    f"{r['time_over_mixed']['median_s']:.2f}",
+                ]
+                for name, r in rows.items()
+            ],
+        )
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"wrote {args.out}")

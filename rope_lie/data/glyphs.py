@@ -259,7 +259,7 @@ def sample_layouts(
 
     Args:
       rng: numpy generator; consumed in a fixed order.
-      num_examples: N.
+      num_examples: B.
       grid_shape: cells per axis, (G, G) or (D, G, G).
       deltas: int (K, rank) cell step of each direction.
       num_distractor_arrows: arrows besides the target.
@@ -267,18 +267,18 @@ def sample_layouts(
       num_letters: how many distinct candidates to place.
 
     Returns:
-      dict with ``glyphs`` int8 (N, *grid_shape) glyph ids (-1 empty),
-      ``y_cell`` int32 (N, rank), ``y_orientation`` int64 (N,) stem direction,
-      ``target_cell`` int32 (N, rank), ``label`` int64 (N,) target direction.
+      dict with ``glyphs`` int8 (B, *grid_shape) glyph ids (-1 empty),
+      ``y_cell`` int32 (B, rank), ``y_orientation`` int64 (B,) stem direction,
+      ``target_cell`` int32 (B, rank), ``label`` int64 (B,) target direction.
     """
     n, shape, num_dirs = num_examples, np.array(grid_shape), len(deltas)
     rows = np.arange(n)
     strides = np.array([int(np.prod(shape[i + 1 :])) for i in range(len(shape))])
     stem = rng.integers(0, num_dirs, n)
-    delta_NA = deltas[stem]
-    low_NA, high_NA = np.maximum(0, -delta_NA), shape - np.maximum(0, delta_NA)
-    y_cell = (low_NA + np.floor(rng.random(delta_NA.shape) * (high_NA - low_NA))).astype(np.int32)
-    target_cell = (y_cell + delta_NA).astype(np.int32)
+    delta_BA = deltas[stem]
+    low_BA, high_BA = np.maximum(0, -delta_BA), shape - np.maximum(0, delta_BA)
+    y_cell = (low_BA + np.floor(rng.random(delta_BA.shape) * (high_BA - low_BA))).astype(np.int32)
+    target_cell = (y_cell + delta_BA).astype(np.int32)
     label = rng.integers(0, num_dirs, n)
     y_flat, target_flat = y_cell @ strides, target_cell @ strides
     keys = rng.random((n, int(shape.prod())))

@@ -133,8 +133,15 @@ def check_config(naflex, patch: Sequence[int], image_rank: int) -> None:
         )
 
 
-def example_fn(patch: int, max_tokens: int, *, min_side: int = 0, max_side: int = 0,
-               budget: int = 0, native: bool = False):  # fmt: skip
+def example_fn(
+    patch: int,
+    max_tokens: int,
+    *,
+    min_side: int = 0,
+    max_side: int = 0,
+    budget: int = 0,
+    native: bool = False,
+):
     """(example dict with a normalised "image", key) -> the example with tokens, no "image".
 
     A fixed ``budget`` (evaluation), a random one per example (training: ``min_side`` and

@@ -195,8 +195,8 @@ def _eval_example(builder, ds_cfg, shape, example) -> dict:
 
 
 def _as_written(fn: Callable) -> Callable:
-    """``fn`` for tf.data to trace as written, without AutoGraph's source transformation (about
-    0.1-0.4 s of Python per function, seconds per run). The pipeline's control flow on tensors
+    """``fn`` for tf.data to trace as written, without AutoGraph's source transformation (its
+    cost per function: benchmarks README, section 14). The pipeline's control flow on tensors
     is explicit (``tf.cond``, ``tf.switch_case``, ``tf.where``); its Python ``if``/``for`` read
     static shapes and config, so the traced graph is the same, and a tensor used as a Python
     bool fails loudly instead of being converted."""

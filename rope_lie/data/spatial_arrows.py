@@ -205,9 +205,9 @@ def _mixed_chunk(config: SpatialArrowsConfig, split: str, chunk: int) -> dict[st
             letter_ids=glyphs.LETTER_IDS_2D,
             stream=(g,),
         )
-        glyphs_CGG = layout.pop("glyphs")
-        out["glyphs"][chosen, :g, :g] = glyphs_CGG
-        out["image"][chosen, : g * cell, : g * cell, 0] = glyphs.render_grid(glyphs_CGG, bank)
+        glyphs_BGG = layout.pop("glyphs")
+        out["glyphs"][chosen, :g, :g] = glyphs_BGG
+        out["image"][chosen, : g * cell, : g * cell, 0] = glyphs.render_grid(glyphs_BGG, bank)
         for key, value in layout.items():  # labels and cells: one row per example
             if key not in out:
                 out[key] = np.zeros((CHUNK, *value.shape[1:]), value.dtype)

@@ -3,7 +3,7 @@
 torch 2.14.1's Linux wheels depend on triton, which ``torch._dynamo`` (imported by torchvision,
 so by timm) loads; loading triton's ``libtriton.so`` into a process that has already loaded
 TensorFlow (rope_lie's data pipeline, ``rope_lie.train``) ends it with a segmentation fault
-(measured here: ``import tensorflow; import triton`` crashes, the other order works). The
+(``import tensorflow; import triton`` crashes; the other order works). The
 converters call ``check()`` first, so the user gets this explanation instead of a crash.
 """
 

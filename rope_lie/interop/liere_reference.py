@@ -138,8 +138,13 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
 
 def infer_spec(state: dict[str, np.ndarray], channels: int = 3) -> ReferenceSpec:
     """The ``ReferenceSpec`` of a reference ``state_dict`` (square images, ``channels`` given)."""
-    need = ("cls_token", "pos_embedding", "to_patch_embedding.1.weight", "mlp_head.1.weight",
-            "position_encoder.generator_raw_params")  # fmt: skip
+    need = (
+        "cls_token",
+        "pos_embedding",
+        "to_patch_embedding.1.weight",
+        "mlp_head.1.weight",
+        "position_encoder.generator_raw_params",
+    )
     missing = [PREFIX + k for k in need if PREFIX + k not in state]
     if missing:
         raise ValueError(f"not a LieRE reference state_dict: missing keys {missing}")
@@ -153,12 +158,18 @@ def infer_spec(state: dict[str, np.ndarray], channels: int = 3) -> ReferenceSpec
     heads = state[PREFIX + "transformer.layers.0.0.fn.to_qkv.weight"].shape[0] // (3 * DIM_HEAD)
     b = raw.shape[-1]
     return ReferenceSpec(
-        image_size=side, patch_size=patch, num_classes=state[PREFIX + "mlp_head.1.weight"].shape[0],
-        dim=dim, depth=depth, heads=heads,
+        image_size=side,
+        patch_size=patch,
+        num_classes=state[PREFIX + "mlp_head.1.weight"].shape[0],
+        dim=dim,
+        depth=depth,
+        heads=heads,
         mlp_dim=state[PREFIX + "transformer.layers.0.1.fn.net.0.weight"].shape[0],
-        generator_dim=b, per_layer=raw.shape[1] > 1, per_head=raw.shape[2] > DIM_HEAD // b,
+        generator_dim=b,
+        per_layer=raw.shape[1] > 1,
+        per_head=raw.shape[2] > DIM_HEAD // b,
         channels=channels,
-    )  # fmt: skip
+    )
 
 
 def model_config(spec: ReferenceSpec, layers: str = "as_run") -> dict[str, Any]:
@@ -265,7 +276,7 @@ def convert_state_dict(
             "mlp": {
                 "fc1": _linear(state, f"{p}.1.fn.net.0"),
                 "fc2": _linear(state, f"{p}.1.fn.net.3"),
-            },  # fmt: skip
+            },
         }
         if per_layer:
             block["attn"]["pe_params"] = {"gen_ANKbb": raw_ALNKbb[:, i]}

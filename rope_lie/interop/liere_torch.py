@@ -43,8 +43,13 @@ def _torch_modules():
     class FeedForward(nn.Module):
         def __init__(self, dim, hidden_dim, dropout):
             super().__init__()
-            self.net = nn.Sequential(nn.Linear(dim, hidden_dim), nn.GELU(), nn.Dropout(dropout),
-                                     nn.Linear(hidden_dim, dim), nn.Dropout(dropout))  # fmt: skip
+            self.net = nn.Sequential(
+                nn.Linear(dim, hidden_dim),
+                nn.GELU(),
+                nn.Dropout(dropout),
+                nn.Linear(hidden_dim, dim),
+                nn.Dropout(dropout),
+            )
 
         def forward(self, x):
             return self.net(x)
@@ -56,8 +61,11 @@ def _torch_modules():
             self.heads, self.scale = heads, DIM_HEAD**-0.5
             self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
             project_out = not (heads == 1 and DIM_HEAD == dim)
-            self.to_out = (nn.Sequential(nn.Linear(inner, dim), nn.Dropout(dropout))
-                           if project_out else nn.Identity())  # fmt: skip
+            self.to_out = (
+                nn.Sequential(nn.Linear(inner, dim), nn.Dropout(dropout))
+                if project_out
+                else nn.Identity()
+            )
             self.rot_heads = heads if per_head else 1
 
         def apply_transforms(self, x, transforms):
@@ -84,13 +92,17 @@ def _torch_modules():
         def __init__(self, spec, dropout):
             super().__init__()
             self.layers = nn.ModuleList(
-                nn.ModuleList([
-                    PreNorm(spec.dim, FlexibleAttention(spec.dim, spec.heads, dropout,
-                                                        spec.per_head)),
-                    PreNorm(spec.dim, FeedForward(spec.dim, spec.mlp_dim, dropout)),
-                ])
+                nn.ModuleList(
+                    [
+                        PreNorm(
+                            spec.dim,
+                            FlexibleAttention(spec.dim, spec.heads, dropout, spec.per_head),
+                        ),
+                        PreNorm(spec.dim, FeedForward(spec.dim, spec.mlp_dim, dropout)),
+                    ]
+                )
                 for _ in range(spec.depth)
-            )  # fmt: skip
+            )
 
         def forward(self, x, positional_transforms=None):
             for i, (attn, ff) in enumerate(self.layers):
@@ -110,8 +122,13 @@ def _torch_modules():
             generators = (spec.dim // spec.heads // spec.generator_dim) * (
                 spec.heads if spec.per_head else 1
             )
-            shape = (2, spec.depth if spec.per_layer else 1, generators,
-                     spec.generator_dim, spec.generator_dim)  # fmt: skip
+            shape = (
+                2,
+                spec.depth if spec.per_layer else 1,
+                generators,
+                spec.generator_dim,
+                spec.generator_dim,
+            )
             self.generator_raw_params = nn.Parameter(torch.rand(*shape) * 2 * math.pi)
 
         def positions(self, image_size):
@@ -127,23 +144,30 @@ def _torch_modules():
             generator_pos = (positions.reshape(*positions.shape, 1, 1, 1, 1) * bases).sum(dim=-5)
             cls = torch.zeros_like(generator_pos[:, :1])
             generator_pos = torch.cat((cls, generator_pos), dim=1)  # class token: identity
-            return torch.cat([torch.matrix_exp(generator_pos[:, :, i : i + 1].contiguous())
-                              for i in range(generator_pos.shape[2])], dim=2)  # fmt: skip
+            return torch.cat(
+                [
+                    torch.matrix_exp(generator_pos[:, :, i : i + 1].contiguous())
+                    for i in range(generator_pos.shape[2])
+                ],
+                dim=2,
+            )
 
     class RoPEViT(nn.Module):
         def __init__(self, spec, dropout):
             super().__init__()
             patch_dim = spec.channels * spec.patch_size**2
             num_patches = (spec.image_size // spec.patch_size) ** 2
-            self.to_patch_embedding = nn.Sequential(Patchify(spec.patch_size),
-                                                    nn.Linear(patch_dim, spec.dim))  # fmt: skip
+            self.to_patch_embedding = nn.Sequential(
+                Patchify(spec.patch_size), nn.Linear(patch_dim, spec.dim)
+            )
             pos = torch.zeros(1, num_patches + 1, spec.dim)  # zeroed, frozen, unused (no APE)
             self.pos_embedding = nn.Parameter(pos, requires_grad=False)
             self.cls_token = nn.Parameter(torch.randn(1, 1, spec.dim))
             self.dropout = nn.Dropout(dropout)
             self.transformer = Transformer(spec, dropout)
-            self.mlp_head = nn.Sequential(nn.LayerNorm(spec.dim),
-                                          nn.Linear(spec.dim, spec.num_classes))  # fmt: skip
+            self.mlp_head = nn.Sequential(
+                nn.LayerNorm(spec.dim), nn.Linear(spec.dim, spec.num_classes)
+            )
             self.position_encoder = LierePositionEncoder(spec)
 
         def forward(self, img):

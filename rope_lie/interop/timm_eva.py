@@ -212,28 +212,44 @@ def _check_rope(rope) -> Rope:
     from timm.layers import pos_embed_sincos as pes
 
     _require(not rope.aug_active, "rope coordinate augmentation", rope.aug_active, "off")
-    _require(rope.grid_indexing in ("xy", "ij"), "rope.grid_indexing", rope.grid_indexing,
-             "'xy' or 'ij'")  # fmt: skip
+    _require(
+        rope.grid_indexing in ("xy", "ij"), "rope.grid_indexing", rope.grid_indexing, "'xy' or 'ij'"
+    )
     column_first = rope.grid_indexing == "xy"
     if type(rope) is pes.RotaryEmbeddingMixed:
         return Rope("rope_mixed", {}, "integer", column_first, False)
     if type(rope) is pes.RotaryEmbeddingDinoV3:
         _require(rope.grid_offset == 0.0, "rope.grid_offset", rope.grid_offset, "0.0")
-        _require(rope.normalize_coords in DINOV3_CONVENTIONS, "rope.normalize_coords",
-                 rope.normalize_coords, f"one of {list(DINOV3_CONVENTIONS)}")  # fmt: skip
+        _require(
+            rope.normalize_coords in DINOV3_CONVENTIONS,
+            "rope.normalize_coords",
+            rope.normalize_coords,
+            f"one of {list(DINOV3_CONVENTIONS)}",
+        )
         if rope.min_period is not None and rope.max_period is not None:  # timm's precedence
-            hparams = dict(base=None, min_period=float(rope.min_period),
-                           max_period=float(rope.max_period))  # fmt: skip
+            hparams = dict(
+                base=None, min_period=float(rope.min_period), max_period=float(rope.max_period)
+            )
         else:
             hparams = dict(base=float(rope.temperature))
         convention = DINOV3_CONVENTIONS[rope.normalize_coords]
         return Rope("dinov3", hparams, convention, column_first, bool(rope.rotate_half))
-    _require(type(rope) is pes.RotaryEmbeddingCat, "rope", type(rope).__name__,
-             "RotaryEmbeddingCat, RotaryEmbeddingMixed or RotaryEmbeddingDinoV3")  # fmt: skip
-    for attr, expected in (("in_pixels", False), ("grid_type", "index"), ("ref_feat_shape", None),
-                           ("grid_offset", 0.0), ("rotate_half", False)):  # fmt: skip
-        _require(getattr(rope, attr) == expected, f"rope.{attr}", getattr(rope, attr),
-                 repr(expected))  # fmt: skip
+    _require(
+        type(rope) is pes.RotaryEmbeddingCat,
+        "rope",
+        type(rope).__name__,
+        "RotaryEmbeddingCat, RotaryEmbeddingMixed or RotaryEmbeddingDinoV3",
+    )
+    for attr, expected in (
+        ("in_pixels", False),
+        ("grid_type", "index"),
+        ("ref_feat_shape", None),
+        ("grid_offset", 0.0),
+        ("rotate_half", False),
+    ):
+        _require(
+            getattr(rope, attr) == expected, f"rope.{attr}", getattr(rope, attr), repr(expected)
+        )
     return Rope("rope_axial", dict(base=float(rope.temperature)), "integer", column_first, False)
 
 
@@ -260,8 +276,12 @@ def _qkv_bias(attn) -> bool:
     from timm.layers import AttentionRope
     from timm.models.eva import EvaAttention
 
-    _require(type(attn) in (AttentionRope, EvaAttention), "block.attn", type(attn).__name__,
-             "AttentionRope or EvaAttention")  # fmt: skip
+    _require(
+        type(attn) in (AttentionRope, EvaAttention),
+        "block.attn",
+        type(attn).__name__,
+        "AttentionRope or EvaAttention",
+    )
     _require(attn.qkv is not None, "attn.qkv", None, "a fused qkv Linear")
     if type(attn) is AttentionRope:
         _require(attn.num_kv_groups == 1, "attn.num_kv_groups", attn.num_kv_groups, "1")
@@ -287,23 +307,43 @@ def _check_block(block, norm_eps: float, num_prefix: int, half_split: bool) -> b
         module = getattr(attn, name)
         _require(isinstance(module, nn.Identity), f"attn.{name}", type(module).__name__, "Identity")
     _require(attn.gate is None, "attn.gate", attn.gate, "None")
-    _require(attn.head_dim * attn.num_heads == attn.proj.in_features, "attn_head_dim",
-             attn.head_dim, "dim // num_heads")  # fmt: skip
+    _require(
+        attn.head_dim * attn.num_heads == attn.proj.in_features,
+        "attn_head_dim",
+        attn.head_dim,
+        "dim // num_heads",
+    )
     _require(attn.proj.bias is not None, "attn.proj.bias", None, "present")
-    _require(attn.num_prefix_tokens == num_prefix, "attn.num_prefix_tokens",
-             attn.num_prefix_tokens, f"the model's {num_prefix}")  # fmt: skip
-    _require(bool(attn.rotate_half) == half_split, "attn.rotate_half", attn.rotate_half,
-             f"the rope's rotate_half={half_split}")  # fmt: skip
+    _require(
+        attn.num_prefix_tokens == num_prefix,
+        "attn.num_prefix_tokens",
+        attn.num_prefix_tokens,
+        f"the model's {num_prefix}",
+    )
+    _require(
+        bool(attn.rotate_half) == half_split,
+        "attn.rotate_half",
+        attn.rotate_half,
+        f"the rope's rotate_half={half_split}",
+    )
     _require(type(block.mlp) is Mlp, "block.mlp", type(block.mlp).__name__, "Mlp (no SwiGLU)")
     act = block.mlp.act
     _require(type(act) is nn.GELU and act.approximate == "none", "mlp.act", act, "nn.GELU()")
     _require(isinstance(block.mlp.norm, nn.Identity), "mlp.norm", block.mlp.norm, "Identity")
     for name in ("norm1", "norm2"):
         norm = getattr(block, name)
-        _require(type(norm) is LayerNorm and norm.eps == norm_eps, f"block.{name}",
-                 norm, f"timm LayerNorm with eps={norm_eps}")  # fmt: skip
-    _require((block.gamma_1 is None) == (block.gamma_2 is None), "LayerScale gamma_1/gamma_2",
-             (block.gamma_1 is None, block.gamma_2 is None), "both or neither")  # fmt: skip
+        _require(
+            type(norm) is LayerNorm and norm.eps == norm_eps,
+            f"block.{name}",
+            norm,
+            f"timm LayerNorm with eps={norm_eps}",
+        )
+    _require(
+        (block.gamma_1 is None) == (block.gamma_2 is None),
+        "LayerScale gamma_1/gamma_2",
+        (block.gamma_1 is None, block.gamma_2 is None),
+        "both or neither",
+    )
     return qkv_bias
 
 
@@ -318,22 +358,34 @@ def model_config(model) -> dict[str, Any]:
 
     _require(type(model) is Eva, "model", type(model).__name__, "timm.models.eva.Eva")
     _require(model.cls_token is not None, "class_token", False, "True (a class token)")
-    _require(model.global_pool in POOLS, "global_pool", model.global_pool,
-             f"one of {list(POOLS)} (the class token, or the patch tokens' mean)")  # fmt: skip
+    _require(
+        model.global_pool in POOLS,
+        "global_pool",
+        model.global_pool,
+        f"one of {list(POOLS)} (the class token, or the patch tokens' mean)",
+    )
     for name in ("norm_pre", "head_drop"):
         module = getattr(model, name)
         ok = isinstance(module, nn.Identity) or (name == "head_drop" and module.p == 0)
         _require(ok, name, module, "Identity")
-    _require(model.attn_pool is None and model.patch_drop is None, "attn_pool/patch_drop",
-             (model.attn_pool, model.patch_drop), "None")  # fmt: skip
+    _require(
+        model.attn_pool is None and model.patch_drop is None,
+        "attn_pool/patch_drop",
+        (model.attn_pool, model.patch_drop),
+        "None",
+    )
     norm1 = model.blocks[0].norm1
     _require(type(norm1) is LayerNorm, "blocks[0].norm1", norm1, "timm LayerNorm")
     norm_eps = float(norm1.eps)  # every norm of rope_lie's ViT has one epsilon
     for name in ("norm", "fc_norm"):  # before pooling (every token), after it (the pooled one)
         module = getattr(model, name)
         is_norm = type(module) is LayerNorm and module.eps == norm_eps
-        _require(is_norm or isinstance(module, nn.Identity), name, module,
-                 f"Identity or a timm LayerNorm with eps={norm_eps}")  # fmt: skip
+        _require(
+            is_norm or isinstance(module, nn.Identity),
+            name,
+            module,
+            f"Identity or a timm LayerNorm with eps={norm_eps}",
+        )
     _require(model.rope is not None, "rope", None, "a rotary embedding (use_rot_pos_emb)")
     rope = _check_rope(model.rope)
     embed = model.patch_embed
@@ -341,8 +393,9 @@ def model_config(model) -> dict[str, Any]:
     conv_ok = kernel == stride and embed.proj.bias is not None and not embed.dynamic_img_pad
     _require(conv_ok, "patch_embed", (kernel, stride), "a biased conv, stride = kernel, no pad")
     _require(isinstance(embed.norm, nn.Identity), "patch_embed.norm", embed.norm, "Identity")
-    biases = {_check_block(b, norm_eps, model.num_prefix_tokens, rope.half_split)
-              for b in model.blocks}  # fmt: skip
+    biases = {
+        _check_block(b, norm_eps, model.num_prefix_tokens, rope.half_split) for b in model.blocks
+    }
     _require(len(biases) == 1, "qkv_bias per block", biases, "the same in every block")
     head = model.head
     _require(isinstance(head, (nn.Linear, nn.Identity)), "head", head, "a Linear or Identity")
@@ -357,7 +410,7 @@ def model_config(model) -> dict[str, Any]:
             depth=len(model.blocks),
             num_heads=heads,
             mlp_dim=first.mlp.fc1.out_features,
-        ),  # fmt: skip
+        ),
         patch_size=int(kernel[0]) if kernel[0] == kernel[1] else kernel,
         image_shape=tuple(int(s) for s in embed.img_size),
         channels=int(embed.proj.in_channels),
@@ -405,8 +458,10 @@ def _head(state: dict[str, np.ndarray], num_classes: int) -> dict[str, np.ndarra
     """The classifier, or for a model without one (num_classes=0) the identity (D = K)."""
     if "head.weight" in state:
         return _linear(state, "head")
-    return {"kernel": np.eye(num_classes, dtype=np.float32),
-            "bias": np.zeros(num_classes, np.float32)}  # fmt: skip
+    return {
+        "kernel": np.eye(num_classes, dtype=np.float32),
+        "bias": np.zeros(num_classes, np.float32),
+    }
 
 
 def _norm(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
@@ -462,7 +517,7 @@ def convert_params(model) -> dict[str, Any]:
         "embed": {
             "kernel": w_DCpp.transpose(2, 3, 1, 0).reshape(-1, w_DCpp.shape[0]),
             "bias": state.pop("patch_embed.proj.bias"),
-        },  # fmt: skip
+        },
         "cls_1D": state.pop("cls_token").reshape(1, -1),
         "head": _head(state, cfg["num_classes"]),
         "blocks": {},

@@ -77,8 +77,11 @@ def check_params(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> Non
         for p, v in jax.tree_util.tree_leaves_with_path(params)
     }
     missing, extra = sorted(set(wanted) - set(given)), sorted(set(given) - set(wanted))
-    shapes = [f"{k}: {given[k]} != {wanted[k]}" for k in sorted(set(wanted) & set(given))
-              if given[k] != wanted[k]]  # fmt: skip
+    shapes = [
+        f"{k}: {given[k]} != {wanted[k]}"
+        for k in sorted(set(wanted) & set(given))
+        if given[k] != wanted[k]
+    ]
     if missing or extra or shapes:
         raise ValueError(
             f"converted parameters do not fit the model: missing {missing}, unexpected {extra}, "

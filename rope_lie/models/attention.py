@@ -15,7 +15,7 @@ folds the state's ``fold_NHH`` into the q/k projections when it has one, applies
 so shared generators share their exponentials), or takes them from a cache per resolution at
 evaluation (``ViT.precompute_pe``); ``Attention`` builds its own when given none. q and k are
 rotated separately: concatenating them along the batch costs more in the backward pass than it
-would share (measured: ~300 ms of a 2.5 s ViT-Ti train step on CPU, even for NoPE).
+would share, even for NoPE (benchmarks README, section 14).
 
 Attention itself is one function of (q, k, v, bias, key mask), chosen by the ``attention``
 argument (``config.model.attention``) from the one table of backends, ``backends.BACKENDS``,
@@ -190,9 +190,13 @@ class Attention(nnx.Module):
         params = self.pe_params if pe_params is None else pe_params
         params = {name: jnp.asarray(value[...]) for name, value in params.items()}
         return precompute_pe(
-            self.encoder, params, pos, fold=self.fold_mix, scaling=scaling,
+            self.encoder,
+            params,
+            pos,
+            fold=self.fold_mix,
+            scaling=scaling,
             num_prefix=self.num_prefix if num_prefix is None else num_prefix,
-        )  # fmt: skip
+        )
 
     def __call__(
         self,
@@ -263,8 +267,9 @@ class Attention(nnx.Module):
         wq, wk, wv = self.wq_DNH[...], self.wk_DNH[...], self.wv_DNH[...]
         bq, bk, bv = (self._bias(b) for b in (self.bq_NH, self.bk_NH, self.bv_NH))
         if pe_state.fold_NHH is not None:  # a position-independent P: fold it, never per token
-            (wq, bq), (wk, bk) = (fold_projection(pe_state.fold_NHH, w, b)
-                                  for w, b in ((wq, bq), (wk, bk)))  # fmt: skip
+            (wq, bq), (wk, bk) = (
+                fold_projection(pe_state.fold_NHH, w, b) for w, b in ((wq, bq), (wk, bk))
+            )
         q_BTNH = pe_state.rotate(project(x_BTD, wq, bq))
         k_BTNH = pe_state.rotate(project(x_BTD, wk, bk))
         v_BTNH = project(x_BTD, wv, bv)
@@ -301,6 +306,9 @@ def check_backends(model: nnx.Module, platform: str, *, packed: bool = False) ->
     for _, module in nnx.iter_modules(model):
         if isinstance(module, Attention):
             backends.check_attention(
-                module.attention, platform=platform, dtype=module.dtype,
-                head_dim=module.head_dim, packed=packed,
-            )  # fmt: skip
+                module.attention,
+                platform=platform,
+                dtype=module.dtype,
+                head_dim=module.head_dim,
+                packed=packed,
+            )

@@ -156,9 +156,11 @@ def _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, ke
         p_BNTS = jnp.exp(logits_BNTS - new_max_BNT[..., None])
         sum_BNT = sum_BNT * correction_BNT + jnp.sum(p_BNTS, axis=-1)
         pv_BTNH = jnp.einsum(
-            "BNTS,BSNH->BTNH", p_BNTS.astype(v_BSNH.dtype), v_BSNH,
+            "BNTS,BSNH->BTNH",
+            p_BNTS.astype(v_BSNH.dtype),
+            v_BSNH,
             preferred_element_type=jnp.float32,
-        )  # fmt: skip
+        )
         acc_BTNH = acc_BTNH * jnp.moveaxis(correction_BNT, 1, 2)[..., None] + pv_BTNH
         return (new_max_BNT, sum_BNT, acc_BTNH), None
 
@@ -167,9 +169,13 @@ def _chunked_forward(q_BTNH, k_BTNH, v_BTNH, bias, seg_q_BT, seg_k_BS, block, ke
         jnp.zeros((batch, heads, tokens), jnp.float32),
         jnp.zeros((batch, tokens, heads, head_dim), jnp.float32),
     )
-    xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
-          _bias_blocks(bias, block, num_blocks), valid_blocks_S,
-          _segment_blocks(seg_k_BS, block))  # fmt: skip
+    xs = (
+        _key_blocks(k_BTNH, block),
+        _key_blocks(v_BTNH, block),
+        _bias_blocks(bias, block, num_blocks),
+        valid_blocks_S,
+        _segment_blocks(seg_k_BS, block),
+    )
     (max_BNT, sum_BNT, acc_BTNH), _ = jax.lax.scan(step, init, xs)
     o_BTNH = (acc_BTNH / jnp.moveaxis(sum_BNT, 1, 2)[..., None]).astype(v_BTNH.dtype)
     return o_BTNH, max_BNT + jnp.log(sum_BNT)
@@ -206,22 +212,29 @@ def _chunked_bwd(block, keys, residuals, do_BTNH):
         k_BSNH, v_BSNH, bias_blk, valid_S, seg_k_BS = xs
         logits_BNTS = _block_logits(q_BTNH, k_BSNH, bias_blk, valid_S, seg_q_BT, seg_k_BS)
         p_BNTS = jnp.exp(logits_BNTS - lse_BNT[..., None])
-        dv_BSNH = jnp.einsum("BNTS,BTNH->BSNH", p_BNTS.astype(do_BTNH.dtype), do_BTNH,
-                             preferred_element_type=jnp.float32)  # fmt: skip
-        dp_BNTS = jnp.einsum("BTNH,BSNH->BNTS", do_BTNH, v_BSNH,
-                             preferred_element_type=jnp.float32)  # fmt: skip
+        dv_BSNH = jnp.einsum(
+            "BNTS,BTNH->BSNH",
+            p_BNTS.astype(do_BTNH.dtype),
+            do_BTNH,
+            preferred_element_type=jnp.float32,
+        )
+        dp_BNTS = jnp.einsum("BTNH,BSNH->BNTS", do_BTNH, v_BSNH, preferred_element_type=jnp.float32)
         ds_BNTS = p_BNTS * (dp_BNTS - delta_BNT[..., None])
         dbias = None if bias_blk is None else _sum_to(ds_BNTS, bias_blk.shape)
         ds_BNTS = (ds_BNTS * scale).astype(q_BTNH.dtype)
-        dq_BTNH = dq_BTNH + jnp.einsum("BNTS,BSNH->BTNH", ds_BNTS, k_BSNH,
-                                       preferred_element_type=jnp.float32)  # fmt: skip
-        dk_BSNH = jnp.einsum("BNTS,BTNH->BSNH", ds_BNTS, q_BTNH,
-                             preferred_element_type=jnp.float32)  # fmt: skip
+        dq_BTNH = dq_BTNH + jnp.einsum(
+            "BNTS,BSNH->BTNH", ds_BNTS, k_BSNH, preferred_element_type=jnp.float32
+        )
+        dk_BSNH = jnp.einsum("BNTS,BTNH->BSNH", ds_BNTS, q_BTNH, preferred_element_type=jnp.float32)
         return dq_BTNH, (dk_BSNH, dv_BSNH, dbias)
 
-    xs = (_key_blocks(k_BTNH, block), _key_blocks(v_BTNH, block),
-          _bias_blocks(bias, block, num_blocks), valid_blocks_S,
-          _segment_blocks(seg_k_BS, block))  # fmt: skip
+    xs = (
+        _key_blocks(k_BTNH, block),
+        _key_blocks(v_BTNH, block),
+        _bias_blocks(bias, block, num_blocks),
+        valid_blocks_S,
+        _segment_blocks(seg_k_BS, block),
+    )
     dq_BTNH, (dk_blocks_BSNH, dv_blocks_BSNH, dbias_blocks) = jax.lax.scan(
         step, jnp.zeros(q_BTNH.shape, jnp.float32), xs
     )
@@ -259,9 +272,9 @@ def attend_cudnn(
     NVIDIA GPUs only, float16/bfloat16 q, k, v, head_dim a multiple of 8 up to 128 (256 on
     Hopper and later); ``check_attention`` checks these before a run. A bias (ALiBi) is passed
     as cuDNN's bias input, in q's dtype. cuDNN's backward pass refuses an odd token count (jax
-    0.10's check: with a bias; jax 0.11 refused 197 tokens without one on an H200), so an odd T
-    (a class token: 14 x 14 + 1 = 197) is padded with one zero query and one key that the
-    sequence lengths leave out; the padded query's output is dropped.
+    0.10's check: with a bias; jax 0.11 refused one without a bias too, benchmarks README,
+    section 14), so an odd T (a class token: 14 x 14 + 1 = 197) is padded with one zero query
+    and one key that the sequence lengths leave out; the padded query's output is dropped.
 
     The key mask goes in as cuDNN takes it, as sequence lengths (``key_value_seq_lengths``:
     cuDNN's padding mask, no bias array, beside ALiBi's bias in the same call). jax's other
@@ -308,9 +321,13 @@ def attend_cudnn(
             q_BTNH, k_BTNH, v_BTNH, bias, lengths_B
         )
     o_BTNH = jax.nn.dot_product_attention(
-        q_BTNH, k_BTNH, v_BTNH, bias=bias, key_value_seq_lengths=lengths_B,
+        q_BTNH,
+        k_BTNH,
+        v_BTNH,
+        bias=bias,
+        key_value_seq_lengths=lengths_B,
         implementation=implementation,
-    )  # fmt: skip
+    )
     return o_BTNH[:, :tokens]
 
 
@@ -344,10 +361,10 @@ def _real_keys_first(k_BSNH, v_BSNH, bias, key_mask_BS):
 
 # Token blocks of the Pallas TPU kernel: sequences are padded to a multiple of its lane width
 # (128) and the padding masked with segment ids. Its default blocks are 128 tokens whatever the
-# sequence (``BlockSizes.get_default``), which jax-ml/jax#24633 measured at 7.3 TFLOP/s on a
-# v5e; here a block is the whole padded sequence up to ``PALLAS_MAX_BLOCK`` tokens (ViT-B/16 at
-# 224 px: 197 tokens, one block of 256), else the largest multiple of 128 up to it that divides
-# the padded length. Not yet measured on a TPU.
+# sequence (``BlockSizes.get_default``), which jax-ml/jax#24633 found slow on a TPU (benchmarks
+# README, section 14); here a block is the whole padded sequence up to ``PALLAS_MAX_BLOCK``
+# tokens (ViT-B/16 at 224 px: 197 tokens, one block of 256), else the largest multiple of 128 up
+# to it that divides the padded length. No TPU has timed this choice here.
 PALLAS_BLOCK = 128
 PALLAS_MAX_BLOCK = 512
 
@@ -370,10 +387,18 @@ def pallas_block_sizes(padded_t: int, padded_s: int):
 
     block_q, block_k = pallas_block(padded_t), pallas_block(padded_s)
     return pallas_flash.BlockSizes(
-        block_q=block_q, block_k_major=block_k, block_k=block_k, block_b=1,
-        block_q_major_dkv=block_q, block_k_major_dkv=block_k, block_k_dkv=block_k,
-        block_q_dkv=block_q, block_k_major_dq=block_k, block_k_dq=block_k, block_q_dq=block_q,
-    )  # fmt: skip
+        block_q=block_q,
+        block_k_major=block_k,
+        block_k=block_k,
+        block_b=1,
+        block_q_major_dkv=block_q,
+        block_k_major_dkv=block_k,
+        block_k_dkv=block_k,
+        block_q_dkv=block_q,
+        block_k_major_dq=block_k,
+        block_k_dq=block_k,
+        block_q_dq=block_q,
+    )
 
 
 def attend_pallas(
@@ -439,8 +464,9 @@ def attend_pallas(
             )
         # The block padding in a segment of its own (-2), so that the row's padding (segment
         # 0) attends among itself as in "xla"; keys the key mask drops in -1, no query's.
-        ids_q = jnp.pad(segment_BS.astype(jnp.int32), ((0, 0), (0, padded_t - tokens)),
-                        constant_values=-2)  # fmt: skip
+        ids_q = jnp.pad(
+            segment_BS.astype(jnp.int32), ((0, 0), (0, padded_t - tokens)), constant_values=-2
+        )
         ids_kv = segment_BS.astype(jnp.int32)
         if key_mask_BS is not None:
             ids_kv = jnp.where(key_mask_BS > 0, ids_kv, -1)
@@ -517,20 +543,31 @@ def _masked(bias, mask, segments):
 # ``with_segments``), "chunked" the key mask and each key block's segments; "cudnn" takes the
 # key mask as sequence lengths and refuses segments, "pallas" takes both as segment ids.
 BACKENDS: dict[str, Backend] = {
-    "xla": Backend(lambda q, k, v, bias, mask, seg: attend(q, k, v, _masked(bias, mask, seg)),
-                   EVERYWHERE),
+    "xla": Backend(
+        lambda q, k, v, bias, mask, seg: attend(q, k, v, _masked(bias, mask, seg)), EVERYWHERE
+    ),
     "xla_cpu": Backend(
         lambda q, k, v, bias, mask, seg: attend_cpu_batches(q, k, v, _masked(bias, mask, seg)),
-        ("cpu",)),
+        ("cpu",),
+    ),
     "chunked": Backend(
-        lambda q, k, v, bias, mask, seg: attend_chunked(q, k, v, with_key_mask(bias, mask),
-                                                        segment_BS=seg),
-        EVERYWHERE),
-    "cudnn": Backend(lambda q, k, v, bias, mask, seg: attend_cudnn(q, k, v, bias, mask, seg),
-                     ("gpu", "cuda"), _check_cudnn, packs=False),
-    "pallas": Backend(lambda q, k, v, bias, mask, seg: attend_pallas(q, k, v, bias, mask, seg),
-                      ("tpu",), _check_pallas),
-}  # fmt: skip
+        lambda q, k, v, bias, mask, seg: attend_chunked(
+            q, k, v, with_key_mask(bias, mask), segment_BS=seg
+        ),
+        EVERYWHERE,
+    ),
+    "cudnn": Backend(
+        lambda q, k, v, bias, mask, seg: attend_cudnn(q, k, v, bias, mask, seg),
+        ("gpu", "cuda"),
+        _check_cudnn,
+        packs=False,
+    ),
+    "pallas": Backend(
+        lambda q, k, v, bias, mask, seg: attend_pallas(q, k, v, bias, mask, seg),
+        ("tpu",),
+        _check_pallas,
+    ),
+}
 
 
 def check_attention_name(name: str) -> None:

@@ -99,9 +99,13 @@ class Block(nnx.Module):
         self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         self.ln2 = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dtype, rngs=rngs)
         self.mlp = MlpBlock(
-            width, mlp_dim, dropout=dropout, dtype=dtype, rngs=rngs,
+            width,
+            mlp_dim,
+            dropout=dropout,
+            dtype=dtype,
+            rngs=rngs,
             gelu_approximate=gelu_approximate,
-        )  # fmt: skip
+        )
         self.ls1_D, self.ls2_D = nnx.data(None), nnx.data(None)  # data: Params with LayerScale
         if layer_scale is not None:
             self.ls1_D = NoDecay(jnp.full((width,), layer_scale, jnp.float32))
@@ -120,9 +124,8 @@ class Block(nnx.Module):
         segment_BS: jax.Array | None = None,
     ) -> jax.Array:
         y_BTD = self.attn(
-            self.ln1(x_BTD), None, pe_state=pe_state, key_mask_BS=key_mask_BS,
-            segment_BS=segment_BS,
-        )  # fmt: skip
+            self.ln1(x_BTD), None, pe_state=pe_state, key_mask_BS=key_mask_BS, segment_BS=segment_BS
+        )
         y_BTD = self._scaled(y_BTD, self.ls1_D)
         x_BTD = x_BTD + self.dropout(y_BTD, deterministic=not train)
         return x_BTD + self._scaled(self.mlp(self.ln2(x_BTD), train=train), self.ls2_D)

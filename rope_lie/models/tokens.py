@@ -3,7 +3,7 @@
 A ``Tokens`` batch holds, per example, the patches of an image of its own grid (any size and
 aspect ratio), flattened in token order and padded to a common length T:
 
-  patches_BTP  float (B, T, P): patch t of example b (P = prod(patch) * C, ``patchify``'s
+  patches_BTC  float (B, T, C): patch t of example b (C = prod(patch) x channels, ``patchify``'s
                layout); padded slots hold anything (the model zeroes them)
   index_BTA    int32 (B, T, A): the token's integer coordinates in its example's grid
   grid_BA      int32 (B, A): tokens per axis of each example's grid
@@ -17,7 +17,7 @@ Prefix (class) tokens are not in the batch; the model prepends them.
 A ``Packed`` batch (NaViT, Dehghani et al., arXiv:2307.06304) holds several images per row,
 each in its own segment, instead of one padded image per row:
 
-  patches_BTP  float (B, T, P): the patches of the row's images one after the other, then
+  patches_BTC  float (B, T, C): the patches of the row's images one after the other, then
                padding (B rows)
   index_BTA    int32 (B, T, A): each token's coordinates in its own image's grid
   segment_BT   int32 (B, T): the token's image slot in its row, 1 to U; 0 for padding
@@ -45,7 +45,7 @@ from rope_lie.encodings import _sharding, positions
 class Tokens(NamedTuple):
     """A padded batch of token sequences (module docstring); a pytree of arrays."""
 
-    patches_BTP: jax.Array
+    patches_BTC: jax.Array
     index_BTA: jax.Array
     grid_BA: jax.Array
     mask_BT: jax.Array
@@ -54,7 +54,7 @@ class Tokens(NamedTuple):
 class Packed(NamedTuple):
     """A packed batch: several images per row, each in its own segment (module docstring)."""
 
-    patches_BTP: jax.Array
+    patches_BTC: jax.Array
     index_BTA: jax.Array
     segment_BT: jax.Array
     grid_BUA: jax.Array
@@ -105,7 +105,7 @@ def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
       patch: patch size per spatial axis.
 
     Returns:
-      (B, T, P) with T = prod(spatial // patch) row-major and P = prod(patch) * C ordered
+      (B, T, C') with T = prod(spatial // patch) row-major and C' = prod(patch) * C ordered
       (*patch, C), the layout of a flattened convolution kernel.
     """
     blocks = patch_blocks(images_BXC, patch)
@@ -141,30 +141,30 @@ def pack(images: Sequence[np.ndarray], patch: Sequence[int], max_tokens: int) ->
 
 
 def pad_one(
-    patches_TP: np.ndarray, index_TA: np.ndarray, grid: Sequence[int], max_tokens: int
+    patches_TC: np.ndarray, index_TA: np.ndarray, grid: Sequence[int], max_tokens: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One example's (patches, index, grid, mask) padded with zeros to ``max_tokens`` tokens."""
-    count = patches_TP.shape[0]
+    count = patches_TC.shape[0]
     if count > max_tokens:
         raise ValueError(f"{count} tokens exceed max_tokens={max_tokens}")
     pad = max_tokens - count
     return (
-        np.pad(patches_TP, ((0, pad), (0, 0))).astype(np.float32),
+        np.pad(patches_TC, ((0, pad), (0, 0))).astype(np.float32),
         np.pad(index_TA, ((0, pad), (0, 0))).astype(np.int32),
         np.asarray(grid, np.int32),
         np.pad(np.ones(count, np.float32), (0, pad)),
     )
 
 
-def from_patches(patches_BTP: jax.Array, grid: Sequence[int]) -> Tokens:
+def from_patches(patches_BTC: jax.Array, grid: Sequence[int]) -> Tokens:
     """An unpadded ``Tokens`` batch of equally sized images' patches (``patchify``)."""
-    batch = patches_BTP.shape[0]
+    batch = patches_BTC.shape[0]
     index_TA = jnp.asarray(positions.grid_indices(grid))
     return Tokens(
-        patches_BTP,
+        patches_BTC,
         jnp.broadcast_to(index_TA, (batch, *index_TA.shape)),
         jnp.broadcast_to(jnp.asarray(grid, jnp.int32), (batch, len(grid))),
-        jnp.ones(patches_BTP.shape[:2], jnp.float32),
+        jnp.ones(patches_BTC.shape[:2], jnp.float32),
     )
 
 
@@ -189,10 +189,11 @@ def patch_dropout(key: jax.Array, tokens: Tokens, num_keep: int) -> Tokens:
     real_BT = tokens.mask_BT > 0
     # Real tokens in random order first, then padding: keep the first num_keep.
     score_BT = jax.random.uniform(key, real_BT.shape) + jnp.where(real_BT, 0.0, 2.0)
-    keep_BK = jnp.sort(jnp.argsort(score_BT, axis=1)[:, :num_keep], axis=1)
-    take = lambda x: jnp.take_along_axis(x, keep_BK.reshape(*keep_BK.shape, *[1] * (x.ndim - 2)), 1)
-    return Tokens(take(tokens.patches_BTP), take(tokens.index_BTA), tokens.grid_BA,
-                  take(tokens.mask_BT))  # fmt: skip
+    keep_BT = jnp.sort(jnp.argsort(score_BT, axis=1)[:, :num_keep], axis=1)
+    take = lambda x: jnp.take_along_axis(x, keep_BT.reshape(*keep_BT.shape, *[1] * (x.ndim - 2)), 1)
+    return Tokens(
+        take(tokens.patches_BTC), take(tokens.index_BTA), tokens.grid_BA, take(tokens.mask_BT)
+    )
 
 
 def keep_count(length: int, rate: float) -> int:
@@ -230,10 +231,13 @@ def assign_rows(counts: Sequence[int], max_tokens: int, max_images: int) -> tupl
     place_N2 = np.zeros((len(counts), 2), np.int32)
     for n in sorted(range(len(counts)), key=lambda i: -counts[i]):
         row = next(
-            (r for r in range(len(used))
-             if used[r] + counts[n] <= max_tokens and images[r] < max_images),
+            (
+                r
+                for r in range(len(used))
+                if used[r] + counts[n] <= max_tokens and images[r] < max_images
+            ),
             len(used),
-        )  # fmt: skip
+        )
         if row == len(used):
             used.append(0)
             images.append(0)
@@ -253,7 +257,7 @@ def pack_rows(
     """Images' tokens packed greedily into rows of ``max_tokens`` slots (numpy).
 
     Args:
-      examples: per image (patches_TP, index_TA, grid): its tokens in ``patchify``'s order (any
+      examples: per image (patches_TC, index_TA, grid): its tokens in ``patchify``'s order (any
         subset and order will do: each token carries its coordinates).
       max_tokens: T, the token budget of a row.
       max_images: U, the most images per row (the model gives each slot its prefix tokens).
@@ -277,9 +281,9 @@ def pack_rows(
     fill = np.zeros(rows, np.int64)
     # Slots were numbered in placement order; tokens go into each row in slot order.
     for n in np.lexsort((place_N2[:, 1], place_N2[:, 0])):
-        (patches_TP, index_TA, image_grid), (row, slot) = examples[n], place_N2[n]
-        start, count = fill[row], len(patches_TP)
-        patches[row, start : start + count] = patches_TP
+        (patches_TC, index_TA, image_grid), (row, slot) = examples[n], place_N2[n]
+        start, count = fill[row], len(patches_TC)
+        patches[row, start : start + count] = patches_TC
         index[row, start : start + count] = index_TA
         segment[row, start : start + count] = slot + 1
         grid[row, slot] = image_grid

@@ -121,9 +121,12 @@ def init_additive_params(
     if additive == "none":
         return nnx.Dict()
     arrays = encodings.ADDITIVE[additive].init(
-        rngs.params(), grid_shape=grid_shape, width=width, num_prefix=num_prefix,
+        rngs.params(),
+        grid_shape=grid_shape,
+        width=width,
+        num_prefix=num_prefix,
         **dict(hparams or {}),
-    )  # fmt: skip
+    )
     return nnx.Dict({name: PositionParam(value) for name, value in arrays.items()})
 
 
@@ -252,9 +255,13 @@ class ViT(nnx.Module):
         self.cls_1D = NoDecay(jnp.zeros((1, width))) if has_class_token(pool) else None
         self.additive_prefix = bool(additive_prefix)
         self.additive_params = init_additive_params(
-            additive, rngs, self.train_grid, width, num_prefix if additive_prefix else 0,
+            additive,
+            rngs,
+            self.train_grid,
+            width,
+            num_prefix if additive_prefix else 0,
             additive_hparams,
-        )  # fmt: skip
+        )
         self.embed_dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         pe_kwargs = dict(num_heads=num_heads, head_dim=width // num_heads, num_axes=num_axes)
         self.pe_params = nnx.data(None)  # data: may hold a Dict of PositionParam below
@@ -264,18 +271,32 @@ class ViT(nnx.Module):
             )
             self.pe_params = position_hook.init_pe_params(encoder, rngs.params())
         attention_kwargs = dict(
-            num_axes=num_axes, pe=pe, pe_hparams=pe_hparams, share_pe_heads=share_pe_heads,
-            own_pe=not share_pe_layers, num_prefix=num_prefix, qkv_bias=qkv_bias,
-            attention=attention, fold_mix=fold_mix,
-        )  # fmt: skip
+            num_axes=num_axes,
+            pe=pe,
+            pe_hparams=pe_hparams,
+            share_pe_heads=share_pe_heads,
+            own_pe=not share_pe_layers,
+            num_prefix=num_prefix,
+            qkv_bias=qkv_bias,
+            attention=attention,
+            fold_mix=fold_mix,
+        )
         block_kwargs = dict(
             norm_eps=norm_eps, gelu_approximate=gelu_approximate, layer_scale=layer_scale
         )
         self.blocks = nnx.List(
-            blocks.Block(width, num_heads, dims["mlp_dim"], dropout=dropout, dtype=dt, rngs=rngs,
-                         **block_kwargs, **attention_kwargs)
+            blocks.Block(
+                width,
+                num_heads,
+                dims["mlp_dim"],
+                dropout=dropout,
+                dtype=dt,
+                rngs=rngs,
+                **block_kwargs,
+                **attention_kwargs,
+            )
             for _ in range(dims["depth"])
-        )  # fmt: skip
+        )
         norm = lambda: nnx.LayerNorm(width, epsilon=norm_eps, dtype=dt, rngs=rngs)
         self.norm = norm() if final_norm else None
         self.fc_norm = norm() if fc_norm else None
@@ -330,8 +351,8 @@ class ViT(nnx.Module):
         even a NaN); every example's additive table is its own grid's (``ADDITIVE[...].gather``).
         """
         real_BT1 = (batch.mask_BT > 0)[..., None]
-        patches_BTP = jnp.where(real_BT1, batch.patches_BTP, 0).astype(self.dtype)
-        x_BTD = self.embed(patches_BTP)
+        patches_BTC = jnp.where(real_BT1, batch.patches_BTC, 0).astype(self.dtype)
+        x_BTD = self.embed(patches_BTC)
         if self.additive != "none" and not self.additive_prefix:
             x_BTD = x_BTD + self._gather_table(batch, x_BTD.shape[-1], 0).astype(x_BTD.dtype)
         x_BTD = self._with_prefix(x_BTD)
@@ -353,10 +374,13 @@ class ViT(nnx.Module):
     def token_positions(self, batch: tokens.Tokens) -> jax.Array:
         """pos_BTA of a token batch under ``position_convention``, prefix tokens at 0 first."""
         pos_BTA = positions.index_positions(
-            batch.index_BTA, batch.grid_BA, self.position_convention,
-            train_grid=self.train_grid, anchor_grid=self.train_grid,
+            batch.index_BTA,
+            batch.grid_BA,
+            self.position_convention,
+            train_grid=self.train_grid,
+            anchor_grid=self.train_grid,
             **dict(self.position_hparams),
-        )  # fmt: skip
+        )
         prefix_BPA = jnp.zeros((pos_BTA.shape[0], self.num_prefix, pos_BTA.shape[-1]))
         prefix_BPA = _sharding.split_batch(prefix_BPA, _sharding.batch_axes(pos_BTA))
         return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
@@ -440,8 +464,8 @@ class ViT(nnx.Module):
         states = self.pe_states(self.packed_positions(batch), num_prefix=slots * self.num_prefix)
         full_BU = batch.grid_BUA[..., 0] > 0
         slot_BU = jnp.where(full_BU, jnp.arange(1, slots + 1, dtype=jnp.int32)[None], 0)
-        prefix_BX = jnp.repeat(slot_BU, self.num_prefix, axis=1)
-        segment_BS = jnp.concatenate([prefix_BX, batch.segment_BT.astype(jnp.int32)], axis=1)
+        prefix_BP = jnp.repeat(slot_BU, self.num_prefix, axis=1)
+        segment_BS = jnp.concatenate([prefix_BP, batch.segment_BT.astype(jnp.int32)], axis=1)
         x_BSD = self.embed_dropout(self.embed_packed(batch), deterministic=not train)
         return x_BSD, states, {"segment_BS": segment_BS}
 
@@ -450,23 +474,26 @@ class ViT(nnx.Module):
         them), then each token's position in its own image's grid (``tokens.slot_grids``)."""
         index_BTA = jnp.where(batch.segment_BT[..., None] > 0, batch.index_BTA, 0)
         pos_BT1A = positions.index_positions(
-            index_BTA[..., None, :], tokens.slot_grids(batch), self.position_convention,
-            train_grid=self.train_grid, anchor_grid=self.train_grid,
+            index_BTA[..., None, :],
+            tokens.slot_grids(batch),
+            self.position_convention,
+            train_grid=self.train_grid,
+            anchor_grid=self.train_grid,
             **dict(self.position_hparams),
-        )  # fmt: skip
+        )
         pos_BTA = pos_BT1A[..., 0, :]
         prefix = batch.grid_BUA.shape[1] * self.num_prefix
-        prefix_BXA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
-        prefix_BXA = _sharding.split_batch(prefix_BXA, _sharding.batch_axes(pos_BTA))
-        return jnp.concatenate([prefix_BXA, pos_BTA], axis=1)
+        prefix_BPA = jnp.zeros((pos_BTA.shape[0], prefix, pos_BTA.shape[-1]))
+        prefix_BPA = _sharding.split_batch(prefix_BPA, _sharding.batch_axes(pos_BTA))
+        return jnp.concatenate([prefix_BPA, pos_BTA], axis=1)
 
     def embed_packed(self, batch: tokens.Packed) -> jax.Array:
         """``embed_token_batch`` for a packed batch: (B, U num_prefix + T, D), the prefix
         tokens of slot 0 (class token, registers), of slot 1, ..., then the tokens; each token's
         additive table is its own image's grid's (``ADDITIVE[...].gather`` per token)."""
         real_BT = batch.segment_BT > 0
-        patches_BTP = jnp.where(real_BT[..., None], batch.patches_BTP, 0).astype(self.dtype)
-        x_BTD = self.embed(patches_BTP)
+        patches_BTC = jnp.where(real_BT[..., None], batch.patches_BTC, 0).astype(self.dtype)
+        x_BTD = self.embed(patches_BTC)
         slots, width = batch.grid_BUA.shape[1], x_BTD.shape[-1]
         index_BTA = jnp.where(real_BT[..., None], batch.index_BTA, 0)
         params = {k: v[...] for k, v in self.additive_params.items()}
@@ -597,10 +624,15 @@ class ViT(nnx.Module):
         else:
             key, key_random = jax.random.split(key)
             pos_TA = positions.randomize(
-                key_random, tuple(grid), self.position_convention, scale=scale,
-                num_prefix=self.num_prefix, train_grid=self.train_grid,
-                anchor_grid=self.train_grid, **dict(self.position_hparams),
-            )  # fmt: skip
+                key_random,
+                tuple(grid),
+                self.position_convention,
+                scale=scale,
+                num_prefix=self.num_prefix,
+                train_grid=self.train_grid,
+                anchor_grid=self.train_grid,
+                **dict(self.position_hparams),
+            )
         return positions.augment(key, pos_TA, num_prefix=self.num_prefix, **settings)
 
     def pe_states(
@@ -641,9 +673,13 @@ class ViT(nnx.Module):
         if extrapolation is None:
             return self.pe_states(self.positions(grid))
         scaling = extrapolation_lib.resolve(
-            extrapolation, family=self.pe, grid=grid, train_grid=self.train_grid,
-            convention=self.position_convention, num_prefix=self.num_prefix,
-        )  # fmt: skip
+            extrapolation,
+            family=self.pe,
+            grid=grid,
+            train_grid=self.train_grid,
+            convention=self.position_convention,
+            num_prefix=self.num_prefix,
+        )
         return self.pe_states(self.positions(grid), scaling)
 
     def attention_maps(self, images: jax.Array) -> jax.Array:

@@ -40,8 +40,8 @@ def attend(
     The XLA path of ``jax.nn.dot_product_attention`` (same operations in the same order:
     float32 logits, scale, bias, float32 softmax, probabilities cast to v's dtype), written
     out without its grouped-query ``vmap``: XLA:CPU fused the size-1 group axis into slow
-    five-dimensional kernels, and this form made a ViT train step 5-9 % faster on CPU
-    (``experiments/benchmarks/vs_pytorch.py``). With ``implementation=None``,
+    five-dimensional kernels, which this form avoids (benchmarks README, section 14). With
+    ``implementation=None``,
     jax 0.10's dot_product_attention takes this same XLA path on every platform (its cuDNN
     kernel only when asked for), so nothing is lost on GPU.
 
@@ -63,8 +63,9 @@ def attend(
       v_BTNH: values.
       bias: None or a logit bias broadcastable to (B, N, T, S); a per-example bias (leading
         axis B) is chunked with the examples.
-      loop_chunks: L >= 1 groups attended in a loop.
-      batch_chunks: P >= 1 concurrent chunks per group; L * P divides the batch B.
+      loop_chunks: groups attended in a loop, >= 1.
+      batch_chunks: concurrent chunks per group, >= 1; loop_chunks * batch_chunks divides the
+        batch B.
 
     Returns:
       (B, T, N, H) in v's dtype.
@@ -81,11 +82,11 @@ def attend(
     per_example = bias is not None and bias.ndim == 4 and bias.shape[0] == batch
     inner = batch // (loop_chunks * batch_chunks)
 
-    def split(x):  # (B, ...) -> (L, inner, P, ...): example b = (i * L + l) * P + p
+    def split(x):  # (B, ...) -> (loops, inner, chunks, ...): b = (i * loops + l) * chunks + p
         x = x.reshape(inner, loop_chunks, batch_chunks, *x.shape[1:])
         return jnp.moveaxis(x, 1, 0)
 
-    def group(arrays):  # one group's (inner, P, ...) q, k, v [, bias] -> (inner, P, T, N, H)
+    def group(arrays):  # (inner, chunks, ...) q, k, v [, bias] -> (inner, chunks, T, N, H)
         q, k, v, *own_bias = arrays
         outs = [
             attend(q[:, p], k[:, p], v[:, p], own_bias[0][:, p] if own_bias else bias)
@@ -101,12 +102,10 @@ def attend(
     return jnp.moveaxis(out, 0, 1).reshape(batch, *out.shape[3:])
 
 
-# Largest logits, in bytes, of one group of ``cpu_chunks``'s loop (B/L examples x N x T x S
-# float32): small enough for the softmax's passes over them to stay in a 2-core machine's
-# shared cache (32 MiB here). On our AMD EPYC a mu/8 forward at 401 tokens ran 4.5x faster with
-# groups of 4 examples (10 MiB) than with the whole batch of 256 at once (660 MiB), and slower
-# with groups of 8 or 16 (``experiments/benchmarks/attention_chunks.py`` has the rule's own
-# numbers).
+# Largest logits, in bytes, of one group of ``cpu_chunks``'s loop (B / loop_chunks examples x
+# N x T x S float32): small enough for the softmax's passes over them to stay in a 2-core
+# machine's shared cache; larger groups, or the whole batch at once, stream the logits through
+# memory on every pass (benchmarks README, sections 7 and 14).
 GROUP_LOGITS_BYTES = 12 * 2**20
 
 
@@ -124,10 +123,10 @@ def cpu_chunks(
     cores busy), and the fewest loop groups whose logits fit ``group_logits_bytes``. A pure
     function of the shapes: whether to chunk at all is the choice of the ``"xla_cpu"`` backend,
     made outside ``jit`` from host facts (``backends.inference_backend``). Only the evaluation
-    step makes that choice (``train.make_eval_fn``): in a training step the two chunks sped an
-    isolated mu/8 step up by 7-12 % but the training loop not at all (quickstart: 2 min 55 s
-    against 2 min 57 s; the loop's host work already filled the idle core), and they would move
-    the gradients' float32 rounding, so training is left exactly as it was.
+    step makes that choice (``train.make_eval_fn``): in a training step the two chunks sped up
+    an isolated step but not the training loop, whose host work already filled the idle core
+    (benchmarks README, section 14), and they would move the gradients' float32 rounding, so
+    training is left exactly as it was.
 
     Args:
       batch: B.
@@ -138,11 +137,11 @@ def cpu_chunks(
         ``GROUP_LOGITS_BYTES``.
 
     Returns:
-      (L, P) with L * P dividing B.
+      (loop_chunks, batch_chunks), whose product divides B.
     """
     budget = GROUP_LOGITS_BYTES if group_logits_bytes is None else group_logits_bytes
     # At least two examples per chunk: XLA:CPU compiles a one-example product differently, and
-    # its float32 rounding then differed from the whole batch's (measured at 401 tokens).
+    # its float32 rounding then differed from the whole batch's (benchmarks README, section 14).
     parallel = 2 if batch % 2 == 0 and batch >= 4 else 1
     per_example = num_heads * q_tokens * k_tokens * 4
     groups = batch // parallel

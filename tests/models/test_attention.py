@@ -134,15 +134,19 @@ def test_shared_heads_equal_per_head_parameters_that_are_all_alike(pe):
     # per-head layer whose heads all hold those same parameters.
     x_BTD, pos_TA = _inputs(3)
     shared = Attention(
-        WIDTH, HEADS, num_axes=AXES, pe=pe, share_pe_heads=True, pe_hparams=_HP.get(pe),
+        WIDTH,
+        HEADS,
+        num_axes=AXES,
+        pe=pe,
+        share_pe_heads=True,
+        pe_hparams=_HP.get(pe),
         rngs=nnx.Rngs(4),
-    )  # fmt: skip
+    )
     one_head = {name: value[...] for name, value in shared.pe_params.items()}
     tiled = jax.tree.map(lambda a: _tile_heads(pe, a), one_head)
     per_head = Attention(
-        WIDTH, HEADS, num_axes=AXES, pe=pe, own_pe=False, pe_hparams=_HP.get(pe),
-        rngs=nnx.Rngs(4),
-    )  # fmt: skip
+        WIDTH, HEADS, num_axes=AXES, pe=pe, own_pe=False, pe_hparams=_HP.get(pe), rngs=nnx.Rngs(4)
+    )
     for name in ("wq_DNH", "wk_DNH", "wv_DNH", "wo_NHD"):
         getattr(per_head, name)[...] = getattr(shared, name)[...]
     np.testing.assert_allclose(

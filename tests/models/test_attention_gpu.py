@@ -73,10 +73,19 @@ def test_cudnn_matches_xla_in_values_and_gradients(bias_kind, masked, tokens):
 
 def _vit(pe, attention_name, pool):
     return ViT(
-        variant=None, dims=dict(width=256, depth=2, num_heads=4, mlp_dim=512), patch_size=4,
-        image_shape=(32, 32), channels=3, num_classes=10, pe=pe, pool=pool,
-        head_zero_init=False, dtype="bfloat16", attention=attention_name, rngs=nnx.Rngs(0),
-    )  # fmt: skip
+        variant=None,
+        dims=dict(width=256, depth=2, num_heads=4, mlp_dim=512),
+        patch_size=4,
+        image_shape=(32, 32),
+        channels=3,
+        num_classes=10,
+        pe=pe,
+        pool=pool,
+        head_zero_init=False,
+        dtype="bfloat16",
+        attention=attention_name,
+        rngs=nnx.Rngs(0),
+    )
 
 
 @pytest.mark.parametrize("pe", ["rope_mixed", "liere", "alibi"])

@@ -31,10 +31,16 @@ def _models(pe: str, additive: str, attention: str = "xla"):
     """The same float32 parameters in a float32 and a bfloat16 pico ViT, and an input batch."""
     one_d = pe == "rope"  # 1D RoPE takes 1D positions
     kwargs = dict(
-        variant="pico/4", image_shape=(64,) if one_d else (32, 32),
-        patch_size=(4,) if one_d else 4, num_classes=10, pe=pe, pe_hparams=HPARAMS.get(pe, {}),
-        additive=additive, head_zero_init=False, attention=attention,
-    )  # fmt: skip
+        variant="pico/4",
+        image_shape=(64,) if one_d else (32, 32),
+        patch_size=(4,) if one_d else 4,
+        num_classes=10,
+        pe=pe,
+        pe_hparams=HPARAMS.get(pe, {}),
+        additive=additive,
+        head_zero_init=False,
+        attention=attention,
+    )
     f32 = ViT(**kwargs, rngs=nnx.Rngs(0))
     bf16 = ViT(**kwargs, dtype="bfloat16", rngs=nnx.Rngs(1))
     nnx.update(bf16, nnx.state(f32, nnx.Param))

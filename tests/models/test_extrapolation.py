@@ -16,10 +16,17 @@ from rope_lie.models.xla_attention import attention_probs
 
 def _vit(pe, convention="integer", pe_hparams=None, **kw):
     return ViT(
-        variant="pico/4", image_shape=(8, 12), channels=1, num_classes=5, pe=pe,
-        pe_hparams=pe_hparams, position_convention=convention, head_zero_init=False,
-        rngs=nnx.Rngs(0), **kw,
-    )  # fmt: skip
+        variant="pico/4",
+        image_shape=(8, 12),
+        channels=1,
+        num_classes=5,
+        pe=pe,
+        pe_hparams=pe_hparams,
+        position_convention=convention,
+        head_zero_init=False,
+        rngs=nnx.Rngs(0),
+        **kw,
+    )
 
 
 CASES = [

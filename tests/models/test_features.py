@@ -19,9 +19,16 @@ IMAGE = (8, 12)  # a 4 x 6 grid of 2 x 2 patches
 
 def _model(**overrides):
     config = dict(
-        variant=None, dims=DIMS, patch_size=2, image_shape=IMAGE, channels=3, num_classes=5,
-        pe="rope_mixed", num_registers=2, head_zero_init=False,
-    )  # fmt: skip
+        variant=None,
+        dims=DIMS,
+        patch_size=2,
+        image_shape=IMAGE,
+        channels=3,
+        num_classes=5,
+        pe="rope_mixed",
+        num_registers=2,
+        head_zero_init=False,
+    )
     return ViT(**{**config, **overrides}, rngs=nnx.Rngs(0))
 
 

@@ -38,9 +38,9 @@ def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
     packed = logits_BUV[place[:, 0], place[:, 1]]
     np.testing.assert_allclose(packed, _logits_alone(model, images), rtol=1e-5, atol=2e-5)
     # Other values (large, different per slot) in the padded slots change nothing.
-    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTP.shape)
+    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTC.shape)
     padded = batch.segment_BT[..., None] == 0
-    changed = batch._replace(patches_BTP=np.where(padded, noise, batch.patches_BTP))
+    changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
     again = np.asarray(_packed(model, changed))[place[:, 0], place[:, 1]]
     np.testing.assert_allclose(again, packed, rtol=1e-6, atol=1e-6)
     return batch, place
@@ -61,14 +61,14 @@ def test_greedy_rows_first_fit_decreasing():
 def test_pack_images_layout():
     images = _images(GRIDS_2D, PATCH_2D)
     batch, place = tokens.pack_images(images, PATCH_2D, MAX_TOKENS, MAX_IMAGES, row_multiple=2)
-    assert batch.patches_BTP.shape == (4, MAX_TOKENS, 12)  # 3 rows rounded up to 4
+    assert batch.patches_BTC.shape == (4, MAX_TOKENS, 12)  # 3 rows rounded up to 4
     assert (batch.segment_BT[3] == 0).all() and (batch.grid_BUA[3] == 0).all()
     for n, (row, slot) in enumerate(place):
         own = batch.segment_BT[row] == slot + 1
         assert own.sum() == np.prod(GRIDS_2D[n])
         np.testing.assert_array_equal(batch.grid_BUA[row, slot], GRIDS_2D[n])
         expected = tokens.patchify(images[n][None], PATCH_2D)[0]
-        np.testing.assert_array_equal(batch.patches_BTP[row][own], expected)
+        np.testing.assert_array_equal(batch.patches_BTC[row][own], expected)
     grid_BTA = np.asarray(tokens.slot_grids(tokens.Packed(*map(jnp.asarray, batch))))
     assert (grid_BTA[batch.segment_BT == 0] == 1).all()
 
@@ -101,9 +101,12 @@ def test_packed_rows_with_registers_every_pool(pool):
 def test_packed_rows_every_grid_convention(convention):
     """Conventions whose positions depend on the image's grid: each token's own image's."""
     model = _model(
-        "rope_mixed", pool="mean", additive="ape", additive_prefix=False,
+        "rope_mixed",
+        pool="mean",
+        additive="ape",
+        additive_prefix=False,
         position_convention=convention,
-    )  # fmt: skip
+    )
     _check_packed_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
 
 

@@ -43,9 +43,15 @@ def _model(pe, rank=2, **overrides):
         fields["pe_hparams"] = dict(HPARAMS[fields["pe"]])
     shape = {1: (8,), 2: (8, 8), 3: (4, 4, 4)}[rank]
     config = dict(
-        variant=None, dims=DIMS, patch_size=2, image_shape=shape, channels=3, num_classes=5,
-        head_zero_init=False, **fields,
-    )  # fmt: skip
+        variant=None,
+        dims=DIMS,
+        patch_size=2,
+        image_shape=shape,
+        channels=3,
+        num_classes=5,
+        head_zero_init=False,
+        **fields,
+    )
     config.update(overrides)
     return ViT(**config, rngs=nnx.Rngs(0))
 
@@ -77,9 +83,9 @@ def _check_padded_equals_alone(model, grids, patch, max_tokens):
     packed = _logits_packed(model, batch)
     np.testing.assert_allclose(packed, _logits_alone(model, images), rtol=1e-5, atol=2e-5)
     # Other values (large, different per slot) in the padded slots change nothing.
-    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTP.shape)
+    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTC.shape)
     padded = batch.mask_BT[..., None] == 0
-    changed = batch._replace(patches_BTP=np.where(padded, noise, batch.patches_BTP))
+    changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
     np.testing.assert_allclose(_logits_packed(model, changed), packed, rtol=1e-6, atol=1e-6)
 
 
@@ -97,9 +103,12 @@ def test_padded_mixed_batch_equals_alone_1d_rope():
 def test_padded_equals_alone_every_convention_mean_pool(convention):
     """Mean pooling over real tokens only; APE outside the class token (timm's no_embed_class)."""
     model = _model(
-        "rope_mixed", pool="mean", additive="ape", additive_prefix=False,
+        "rope_mixed",
+        pool="mean",
+        additive="ape",
+        additive_prefix=False,
         position_convention=convention,
-    )  # fmt: skip
+    )
     _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
 
 
@@ -122,9 +131,12 @@ def test_padded_equals_alone_with_timms_avg_head():
 def test_padded_equals_alone_3d_diagonal(spacing):
     """VideoRoPE's diagonal layout from each example's own (t, h, w) grid (traced centres)."""
     model = _model(
-        "rope_axial", rank=3, pe_hparams=dict(layout="videorope", base=1e4),
-        position_convention="diagonal", position_hparams=dict(temporal_spacing=spacing),
-    )  # fmt: skip
+        "rope_axial",
+        rank=3,
+        pe_hparams=dict(layout="videorope", base=1e4),
+        position_convention="diagonal",
+        position_hparams=dict(temporal_spacing=spacing),
+    )
     _check_padded_equals_alone(model, ((2, 1, 3), (1, 3, 2), (2, 2, 2)), (2, 2, 2), 10)
 
 
@@ -138,10 +150,10 @@ def test_changing_a_real_token_changes_its_example_only():
     """The equality tests could pass if the batch path ignored the tokens: it does not."""
     model = _model("rope_mixed")
     batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
-    changed = batch.patches_BTP.copy()
+    changed = batch.patches_BTC.copy()
     changed[1, 0] += 1.0
     before = _logits_packed(model, batch)
-    after = _logits_packed(model, batch._replace(patches_BTP=changed))
+    after = _logits_packed(model, batch._replace(patches_BTC=changed))
     assert np.abs(after[1] - before[1]).max() > 1e-4
     np.testing.assert_allclose(after[[0, 2]], before[[0, 2]], rtol=1e-6, atol=1e-6)
 
@@ -172,7 +184,7 @@ def test_patch_dropout_keeps_a_random_subset_of_each_examples_own_tokens():
     batch = _packed()
     counts = np.asarray(batch.mask_BT.sum(1)).astype(int)  # 12, 10, 16
     kept = tokens.patch_dropout(jax.random.key(0), batch, 11)
-    assert kept.patches_BTP.shape == (3, 11, batch.patches_BTP.shape[-1])
+    assert kept.patches_BTC.shape == (3, 11, batch.patches_BTC.shape[-1])
     np.testing.assert_array_equal(kept.mask_BT.sum(1), np.minimum(counts, 11))
     for b, grid in enumerate(GRIDS_2D):
         real = np.asarray(kept.mask_BT[b]) > 0
@@ -181,7 +193,7 @@ def test_patch_dropout_keeps_a_random_subset_of_each_examples_own_tokens():
         assert len(set(flat.tolist())) == len(flat) and (flat < counts[b]).all()
         assert (np.diff(flat) > 0).all()  # kept in their order
         # Each kept slot holds its own patch.
-        np.testing.assert_array_equal(kept.patches_BTP[b][real], batch.patches_BTP[b][flat])
+        np.testing.assert_array_equal(kept.patches_BTC[b][real], batch.patches_BTC[b][flat])
     other = tokens.patch_dropout(jax.random.key(1), batch, 11)
     assert not np.array_equal(other.index_BTA, kept.index_BTA)  # the subset depends on the key
 
@@ -204,19 +216,19 @@ def test_patch_dropout_keeps_the_rotations_of_the_kept_tokens_positions(pe):
     model = _model(pe, rank=rank)
     full = tokens.from_patches(jnp.zeros((2, int(np.prod(grid)), 12)), grid)
     kept = tokens.patch_dropout(jax.random.key(3), full, 5)
-    slot_BK = np.ravel_multi_index(tuple(np.moveaxis(np.asarray(kept.index_BTA), -1, 0)), grid)
-    slot_BK = np.concatenate([np.zeros((2, 1), int), 1 + slot_BK], axis=1)  # class token first
+    slot_BT = np.ravel_multi_index(tuple(np.moveaxis(np.asarray(kept.index_BTA), -1, 0)), grid)
+    slot_BT = np.concatenate([np.zeros((2, 1), int), 1 + slot_BT], axis=1)  # class token first
     full_state = model.precompute_pe(grid)[0]
     kept_state = model.pe_states(model.token_positions(kept))[0]
     x_BTNH = jnp.asarray(np.random.default_rng(0).normal(size=(2, 1 + full.mask_BT.shape[1], 2, 8)))
-    x_kept = jnp.take_along_axis(x_BTNH, jnp.asarray(slot_BK)[..., None, None], axis=1)
+    x_kept = jnp.take_along_axis(x_BTNH, jnp.asarray(slot_BT)[..., None, None], axis=1)
     rotated_full = jnp.take_along_axis(
-        full_state.rotate(x_BTNH), jnp.asarray(slot_BK)[..., None, None], axis=1
+        full_state.rotate(x_BTNH), jnp.asarray(slot_BT)[..., None, None], axis=1
     )
     np.testing.assert_allclose(kept_state.rotate(x_kept), rotated_full, rtol=1e-5, atol=1e-5)
     if full_state.bias_BNTS is not None:  # ALiBi: the bias between kept tokens
         for b in range(2):
-            expected = full_state.bias_BNTS[0][:, slot_BK[b]][:, :, slot_BK[b]]
+            expected = full_state.bias_BNTS[0][:, slot_BT[b]][:, :, slot_BT[b]]
             np.testing.assert_allclose(kept_state.bias_BNTS[b], expected, rtol=1e-6, atol=1e-6)
     if full_state.fold_NHH is not None:
         np.testing.assert_array_equal(kept_state.fold_NHH, full_state.fold_NHH)
@@ -241,9 +253,11 @@ def test_training_patch_dropout_is_the_model_on_the_kept_tokens_and_off_is_ident
     np.testing.assert_allclose(logits(batch, False, key), evaluation, rtol=1e-6, atol=1e-6)
     off = _model("rope_mixed", additive="ape")
     np.testing.assert_allclose(
-        _logits_packed(off, batch, train=True, patch_key=key), _logits_packed(off, batch),
-        rtol=1e-6, atol=1e-6,
-    )  # fmt: skip
+        _logits_packed(off, batch, train=True, patch_key=key),
+        _logits_packed(off, batch),
+        rtol=1e-6,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("pe", ["visionllama", "ape"])
@@ -283,8 +297,7 @@ def test_padded_batch_through_the_fused_backends_equals_xla(backend, monkeypatch
     from jax.experimental.pallas import tpu as pltpu
 
     cudnn = backends.attend_cudnn
-    monkeypatch.setattr(backends, "attend_cudnn",
-                        lambda *a: cudnn(*a, implementation="xla"))  # fmt: skip
+    monkeypatch.setattr(backends, "attend_cudnn", lambda *a: cudnn(*a, implementation="xla"))
     batch = tokens.pack(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS)
     expected = _logits_packed(_model("alibi"), batch)
     with pltpu.force_tpu_interpret_mode():

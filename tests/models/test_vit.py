@@ -298,13 +298,19 @@ def test_patch_blocks_puts_each_patch_on_the_trailing_axes_and_inverts(shape, pa
 )
 def test_cached_encoder_states_give_the_same_logits(pe, hparams, share_heads, share_layers):
     model = ViT(
-        **TINY, pe=pe, pe_hparams=hparams, share_pe_heads=share_heads,
-        share_pe_layers=share_layers, position_convention="sequential", head_zero_init=False,
+        **TINY,
+        pe=pe,
+        pe_hparams=hparams,
+        share_pe_heads=share_heads,
+        share_pe_layers=share_layers,
+        position_convention="sequential",
+        head_zero_init=False,
         rngs=nnx.Rngs(0),
-    )  # fmt: skip
+    )
     graphdef, state = nnx.split(model)
-    precompute = jax.jit(lambda s, grid: nnx.merge(graphdef, s).precompute_pe(grid),
-                         static_argnums=1)  # fmt: skip
+    precompute = jax.jit(
+        lambda s, grid: nnx.merge(graphdef, s).precompute_pe(grid), static_argnums=1
+    )
     forward = jax.jit(lambda s, x, cache: nnx.merge(graphdef, s)(x, pe_cache=cache))
     for shape in [(2, 8, 12, 3), (3, 12, 16, 3)]:  # training grid (2, 3), then (3, 4)
         images = _images(shape, seed=shape[0])
@@ -329,9 +335,13 @@ def test_shared_generators_share_the_exponential(monkeypatch, share_heads, share
 
     monkeypatch.setattr(encodings.ROTARY["liere"], "precompute", counting)
     model = ViT(
-        **TINY, pe="liere", share_pe_heads=share_heads, share_pe_layers=share_layers,
-        head_zero_init=False, rngs=nnx.Rngs(0),
-    )  # fmt: skip
+        **TINY,
+        pe="liere",
+        share_pe_heads=share_heads,
+        share_pe_layers=share_layers,
+        head_zero_init=False,
+        rngs=nnx.Rngs(0),
+    )
     chex.assert_tree_all_finite(_jit_forward(model, _images((2, 8, 12, 3))))
     # Once per forward pass for all layers sharing generators (depth 2 otherwise), and for one
     # head when the heads share them: 7 tokens, dense 16 x 16 generators.
@@ -341,8 +351,9 @@ def test_shared_generators_share_the_exponential(monkeypatch, share_heads, share
 @pytest.mark.parametrize("generator", ["dense", "block2x2"])
 def test_cayley_string_fold_through_the_vit(generator):
     hparams = {"generator": generator, "init_std": 0.3}
-    model = ViT(**TINY, pe="cayley_string", pe_hparams=hparams, head_zero_init=False,
-                rngs=nnx.Rngs(0))  # fmt: skip
+    model = ViT(
+        **TINY, pe="cayley_string", pe_hparams=hparams, head_zero_init=False, rngs=nnx.Rngs(0)
+    )
     images = _images((2, 8, 12, 3))
     expected = model(images)
     for block in model.blocks:
@@ -370,8 +381,14 @@ def test_cayley_string_p_per_token_equals_folded(generator):
     labels = jnp.asarray([1, 3])
     out = {}
     for fold in (True, False):
-        model = ViT(**TINY, pe="cayley_string", pe_hparams=hparams, head_zero_init=False,
-                    fold_mix=fold, rngs=nnx.Rngs(0))  # fmt: skip
+        model = ViT(
+            **TINY,
+            pe="cayley_string",
+            pe_hparams=hparams,
+            head_zero_init=False,
+            fold_mix=fold,
+            rngs=nnx.Rngs(0),
+        )
         state = model.blocks[0].attn.pe_state(model.positions(model.train_grid))
         assert (state.fold_NHH is not None) == fold
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)

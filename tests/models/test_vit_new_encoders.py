@@ -16,9 +16,13 @@ from rope_lie.models.vit import ViT
 
 TINY = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5, head_zero_init=False)
 TINY_3D = dict(
-    variant="pico", patch_size=(2, 4, 4), image_shape=(4, 8, 8), channels=2, num_classes=3,
+    variant="pico",
+    patch_size=(2, 4, 4),
+    image_shape=(4, 8, 8),
+    channels=2,
+    num_classes=3,
     head_zero_init=False,
-)  # fmt: skip
+)
 
 
 def _images(shape, seed=0):
@@ -27,14 +31,23 @@ def _images(shape, seed=0):
 
 # (pe, hparams, other): `other` differs from `hparams` in the option under test only.
 CASES_3D = [
-    ("rope_axial", dict(layout="videorope", base=1e4, temporal_scale=2.0),
-     dict(layout="videorope", base=1e4)),
-    ("rope_axial", dict(layout="mrope", sections=[2, 3, 3]),  # a list, as configs give
-     dict(layout="mrope", sections=[4, 2, 2])),
-    ("rope_axial", dict(layout="mrope_interleaved", rotary_fraction=0.75),
-     dict(layout="mrope_interleaved")),
+    (
+        "rope_axial",
+        dict(layout="videorope", base=1e4, temporal_scale=2.0),
+        dict(layout="videorope", base=1e4),
+    ),
+    (
+        "rope_axial",
+        dict(layout="mrope", sections=[2, 3, 3]),  # a list, as configs give
+        dict(layout="mrope", sections=[4, 2, 2]),
+    ),
+    (
+        "rope_axial",
+        dict(layout="mrope_interleaved", rotary_fraction=0.75),
+        dict(layout="mrope_interleaved"),
+    ),
     ("comrope", dict(variant="ld", block_size=4), dict(variant="ld", block_size=2)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("pe,hparams,other", CASES_3D)
@@ -63,8 +76,14 @@ def test_rotary_fraction_reaches_the_attention(pe):
 def test_comrope_model_is_translation_invariant_in_its_positions(share_heads):
     # Shifting every position (class token included) leaves the logits unchanged: the
     # eigenbasis fold and the pair angles together are a relative encoding.
-    model = ViT(**TINY, pe="comrope", pe_hparams=dict(block_size=4), share_pe_heads=share_heads,
-                position_convention="unit_centred", rngs=nnx.Rngs(0))  # fmt: skip
+    model = ViT(
+        **TINY,
+        pe="comrope",
+        pe_hparams=dict(block_size=4),
+        share_pe_heads=share_heads,
+        position_convention="unit_centred",
+        rngs=nnx.Rngs(0),
+    )
     images = _images((2, 8, 12, 3))
     grid = model.input_grid(images)
     pos_TA = model.positions(grid)
@@ -95,8 +114,13 @@ def test_position_augment_changes_training_positions_only():
 
 def test_position_augment_is_reseeded_by_the_train_step_key():
     images = _images((2, 8, 12, 3))
-    model = ViT(**TINY, pe="dinov3", position_convention="centred", position_augment=AUGMENT,
-                rngs=nnx.Rngs(0))  # fmt: skip
+    model = ViT(
+        **TINY,
+        pe="dinov3",
+        position_convention="centred",
+        position_augment=AUGMENT,
+        rngs=nnx.Rngs(0),
+    )
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
 
     def logits(key):
