@@ -53,6 +53,12 @@ os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 # that reads data, subprocesses included; nothing here uses tf.keras. With this variable it
 # looks for tf_keras instead, which is not installed, and skips it.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# The tests' float64 references (scipy's expm, numpy's solves) make many small BLAS/LAPACK
+# calls, and OpenBLAS wakes its worker threads for each: beside JAX's threads on 2 cores, 260
+# scipy expm calls of 8 x 8 took 2.0 s, on one OpenBLAS thread 0.003 s. Set before numpy is
+# imported (OpenBLAS reads it when loaded); JAX's own CPU linear algebra also calls LAPACK, and
+# test_lie.py's deadlock regression test runs its subprocess without this setting.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import jax  # noqa: E402  (after the environment above: jax reads it when first imported)
 import pytest  # noqa: E402
