@@ -99,15 +99,18 @@ def reference_run(tfds_dir, tmp_path_factory):
     return workdir, train.train_and_evaluate(helpers.digits_config(tfds_dir), workdir)
 
 
-# Files that start training subprocesses or share an expensive fixture, longest first: they are
-# handed to the workers first (pyproject: --dist loadfile, a file whole in one worker), so that
-# none of them is left for the end while the other worker idles.
+# The longest files, longest first (most start subprocesses or share an expensive fixture):
+# they are handed to the workers first (pyproject: --dist loadfile, a file whole in one
+# worker), so that none of them is left for the end while the other worker idles.
 FIRST = (
+    "test_device_queue.py",
     "test_multiprocess.py",
     "test_studies.py",
     "test_train.py",
-    "test_sharding.py",
+    "test_packing.py",
+    "test_explicit_sharding.py",
     "test_interop.py",
+    "test_sharding.py",
 )
 
 
