@@ -53,6 +53,12 @@ os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 # that reads data, subprocesses included; nothing here uses tf.keras. With this variable it
 # looks for tf_keras instead, which is not installed, and skips it.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# The tests' float64 references (scipy's expm, numpy's solves) make many small BLAS/LAPACK
+# calls, and OpenBLAS wakes its worker threads for each: beside JAX's threads on 2 cores, 260
+# scipy expm calls of 8 x 8 took 2.0 s, on one OpenBLAS thread 0.003 s. Set before numpy is
+# imported (OpenBLAS reads it when loaded); JAX's own CPU linear algebra also calls LAPACK, and
+# test_lie.py's deadlock regression test runs its subprocess without this setting.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import jax  # noqa: E402  (after the environment above: jax reads it when first imported)
 import pytest  # noqa: E402
@@ -93,15 +99,18 @@ def reference_run(tfds_dir, tmp_path_factory):
     return workdir, train.train_and_evaluate(helpers.digits_config(tfds_dir), workdir)
 
 
-# Files that start training subprocesses or share an expensive fixture, longest first: they are
-# handed to the workers first (pyproject: --dist loadfile, a file whole in one worker), so that
-# none of them is left for the end while the other worker idles.
+# The longest files, longest first (most start subprocesses or share an expensive fixture):
+# they are handed to the workers first (pyproject: --dist loadfile, a file whole in one
+# worker), so that none of them is left for the end while the other worker idles.
 FIRST = (
+    "test_device_queue.py",
     "test_multiprocess.py",
     "test_studies.py",
     "test_train.py",
-    "test_sharding.py",
+    "test_packing.py",
+    "test_explicit_sharding.py",
     "test_interop.py",
+    "test_sharding.py",
 )
 
 

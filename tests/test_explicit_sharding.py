@@ -2,6 +2,10 @@
 ALiBi, the ViT and a train step run on a batch split over 8 simulated CPU devices, keep the
 batch split in their outputs, and compute what they compute on one device.
 
+Every rotary family is tested on its own; the ViT and the train step once per way a state
+reaches the attention (``VIT_CALLS``), since the model treats every family of one state type
+alike.
+
 One subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must be set
 before jax is imported; tests/test_sharding.py does the same) runs every case and prints one
 JSON line; the tests read it. Each case compares against the same call outside the mesh on
@@ -19,14 +23,15 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (id, family, init hparams): every rotary family, and LieRE on each of its code paths (dense,
-# blocks, 2x2 closed form, leftover channels).
+# (id, family, init hparams): every rotary family, and LieRE on each of its code paths: 2x2
+# closed form (b = 2), the closed-form exponential of blocks up to 4 (b = 4), and the
+# Taylor-combination exponential of larger blocks with leftover channels (b = 5 of 12 channels;
+# a dense generator, b = 12, takes that exponential and block product without the leftover).
 ROTARY_CASES = [
     ("nope", "nope", {}),
     ("rope_axial", "rope_axial", {}),
     ("rope_mixed", "rope_mixed", {}),
     ("visionllama", "visionllama", {}),
-    ("liere_dense", "liere", {}),
     ("liere_b4", "liere", {"block_size": 4}),
     ("liere_b2", "liere", {"block_size": 2}),
     ("liere_b5_partial", "liere", {"block_size": 5, "partial_blocks": True}),
@@ -41,20 +46,30 @@ ROTARY_1D = [("rope", "rope", {})]
 # per-example positions whole on every device beside a split x.
 POSITIONS = ["shared", "per_example", "per_example_whole"]
 HOW = ["apply", "precompute_rotate"]
-VIT_PES = [
-    "nope",
-    "rope_axial",
-    "rope_mixed",
-    "visionllama",
-    "liere",
-    "cayley_string",
-    "circulant_string",
-    "comrope",
-    "dinov3",
-    "alibi",
-    "ape",
-]
-VIT_CALLS = ["forward", "tokens", "gradient"]
+# The ViT with one encoder per kind of state (encodings/state.py): none (NoPE), pair angles
+# (RoPE-Mixed; the fixed-frequency families and LieRE b = 2 make the same state), pair angles
+# after a P folded into the q/k projections (Cayley-STRING; ComRoPE's state is the same kind),
+# block rotations (LieRE), spectral phases (circulant STRING), a logit bias (ALiBi) and an added
+# table (APE). Each on images ("forward": shared positions) and on token batches ("tokens":
+# per-example positions and masks). The gradient where the parameters take their own way
+# back: the ViT's own (NoPE), the fold into the projections with RoPE-Mixed's angles (Cayley),
+# the spectral phases, the bias and the added table; LieRE's is the train step's
+# (TRAIN_MESHES).
+_BOTH = ("forward", "tokens")
+_WITH_GRADIENT = ("forward", "tokens", "gradient")
+VIT_CALLS = {
+    "nope": _WITH_GRADIENT,
+    "rope_mixed": _BOTH,
+    "cayley_string": _WITH_GRADIENT,
+    "liere": _BOTH,
+    "circulant_string": _WITH_GRADIENT,
+    "alibi": _WITH_GRADIENT,
+    "ape": _WITH_GRADIENT,
+}
+# One train step of rope_lie/train.py (LieRE, dropout on) on an Explicit mesh against the same
+# step on the loop's Auto mesh: a batch split over two mesh axes and parameters split over
+# fsdp (the ViT cases above split the batch over one axis, with whole parameters).
+TRAIN_MESHES = {"data2_fsdp4": (2, 4)}
 
 _SCRIPT = textwrap.dedent(
     """
@@ -121,7 +136,7 @@ _SCRIPT = textwrap.dedent(
         record("alibi", name, fn, params, pos_BTA)
 
     images = np.random.default_rng(0).normal(size=(B, 8, 12, 3)).astype(np.float32)
-    for pe in cases["vit"]:
+    for pe, wanted in cases["vit"].items():
         kw = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5,
                   head_zero_init=False)
         hp = {"liere": {"block_size": 4}, "alibi": {"learnable": True},
@@ -137,7 +152,8 @@ _SCRIPT = textwrap.dedent(
             # values are compared (its batch_axes is None).
             "gradient": (jax.grad(loss), images),
         }
-        for call, (fn, data) in calls.items():
+        for call in wanted:
+            fn, data = calls[call]
             record("vit", f"{pe}-{call}", fn, state, jax.device_put(data, split))
 
     # One train step of rope_lie/train.py on an Explicit mesh and on the loop's Auto mesh.
@@ -151,7 +167,7 @@ _SCRIPT = textwrap.dedent(
     rng = np.random.default_rng(0)
     batch = {"image": rng.normal(size=(16, 16, 16, 3)).astype(np.float32),
              "label": rng.integers(0, 5, size=16).astype(np.int32)}
-    for name, shape in (("data8", (8, 1)), ("data2_fsdp4", (2, 4))):
+    for name, shape in cases["train"].items():
         results = {}
         for kind, mesh_ in (("auto", sharding.make_mesh(dict(zip(sharding.MESH_AXES, shape)))),
                             ("explicit", jax.make_mesh(shape, sharding.MESH_AXES))):
@@ -180,7 +196,8 @@ def explicit_results():
     cases = {
         "rotary": [(i, f, hp, 2) for i, f, hp in ROTARY_CASES]
         + [(i, f, hp, 1) for i, f, hp in ROTARY_1D],
-        "vit": VIT_PES,
+        "vit": VIT_CALLS,
+        "train": TRAIN_MESHES,
     }
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     env = dict(os.environ, XLA_FLAGS=flags.strip())
@@ -228,8 +245,9 @@ def test_alibi_slope_gradient_of_split_positions(explicit_results):
     assert explicit_results["alibi"]["slope_gradient"]["rel_err"] < 1e-5
 
 
-@pytest.mark.parametrize("call", VIT_CALLS)
-@pytest.mark.parametrize("pe", VIT_PES)
+@pytest.mark.parametrize(
+    "pe, call", [(pe, call) for pe, calls in VIT_CALLS.items() for call in calls]
+)
 def test_vit_under_explicit_axes(explicit_results, pe, call):
     row = explicit_results["vit"][f"{pe}-{call}"]
     assert "error" not in row, row["error"]
@@ -238,7 +256,7 @@ def test_vit_under_explicit_axes(explicit_results, pe, call):
     assert row["rel_err"] < 1e-5, row
 
 
-@pytest.mark.parametrize("mesh", ["data8", "data2_fsdp4"])
+@pytest.mark.parametrize("mesh", list(TRAIN_MESHES))
 def test_train_step_on_explicit_axes_matches_auto(explicit_results, mesh):
     auto, explicit = (explicit_results["train"][mesh][k] for k in ("auto", "explicit"))
     assert "error" not in auto and "error" not in explicit, (auto, explicit)

@@ -1,8 +1,12 @@
 """The encoder contract (docs/encoders.md), checked for every rotary family in ROTARY.
 
+One test per case (family, example settings, position rank) checks the properties together:
+its transformations (jit, vmap, gradients, precompute) run in one jitted program, compiled
+once, beside the user's eager calls, and each assertion names the property that failed.
 Family-specific math (references, reductions, init) lives in the per-module test files.
 """
 
+import functools
 import pathlib
 
 import chex
@@ -35,10 +39,15 @@ def _grid(rank):
 def _setup(name, hparams, rank, seed=0):
     module = encodings.ROTARY[name]
     params = module.init(jax.random.key(seed), num_heads=N, head_dim=H, num_axes=rank, **hparams)
-    pos_TA = positions.grid_positions(_grid(rank), "integer", num_prefix=1)
-    x_BTNH = jax.random.normal(jax.random.key(seed + 1), (B, pos_TA.shape[0], N, H))
+    pos_TA = np.asarray(positions.grid_positions(_grid(rank), "integer", num_prefix=1))
+    # Inputs from numpy: the family's operations are what the test compiles, not the inputs'.
+    x_BTNH = _normal((B, pos_TA.shape[0], N, H), seed + 1)
     apply_kw = {k: hparams[k] for k in module.APPLY_HPARAMS if k in hparams}
     return module, params, x_BTNH, pos_TA, apply_kw
+
+
+def _normal(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def _each_rank():
@@ -76,101 +85,142 @@ def test_apply_defaults_are_the_defaults_of_init(name):
         assert init_defaults[setting] == default, (name, setting)
 
 
+def _folded(pe, x_BTNH):
+    """What the attention does with a state's fold_NHH: P x per head, before the rotation."""
+    if pe.fold_NHH is None:
+        return x_BTNH
+    return jnp.einsum("NHG,BTNG->BTNH", pe.fold_NHH, x_BTNH)
+
+
+def _at_zero(name, hparams, params, kw, x_BTNH):
+    """R(0) x: x, except where R(0) is an orthogonal P != I, which it returns with P x."""
+    if name == "cayley_string":  # R(0) = RoPE(0) P = P
+        p_NHH = np.asarray(cayley_string.orthogonal(params, **kw))
+        return np.einsum("NHG,BTNG->BTNH", p_NHH, x_BTNH)
+    if name == "comrope" and hparams["block_size"] > 2:  # R'(0) = P, the eigenbases
+        q_NKbb = np.asarray(comrope.spectra(params, **kw)[1])
+        blocks = x_BTNH.reshape(*x_BTNH.shape[:3], -1, hparams["block_size"])
+        return np.einsum("NKji,BTNKj->BTNKi", q_NKbb, blocks).reshape(x_BTNH.shape)
+    return x_BTNH
+
+
+def _scores(q_BTNH, k_BTNH):
+    return np.einsum("BTNH,BSNH->BNTS", np.asarray(q_BTNH, np.float64), np.asarray(k_BTNH))
+
+
+def _transformed(module, kw):
+    """The case's transformed computations in one jitted program (one compilation, where eager
+    transformations would compile every operation apart): apply under jit and vmap, each
+    example alone (vmapped over examples and their positions), precompute under jit (the
+    family's state and the model's, for shared and per-example positions), the gradients of a
+    loss of the attention scores, and one head's parameters on every head."""
+    apply = functools.partial(module.apply, **kw)
+
+    def precompute(params, pos, num_heads=N):
+        return module.precompute(params, pos, num_heads=num_heads, head_dim=H, num_prefix=1, **kw)
+
+    def states(params, x_BTNH, pos):
+        pe = precompute(params, pos)
+        model_pe = pe.to_fold()  # P left to fold into the q/k projections, when there is one
+        return pe, pe.rotate(x_BTNH), model_pe.rotate(_folded(model_pe, x_BTNH))
+
+    def loss(params, q_BTNH, k_BTNH, pos_TA):
+        # The model's path: one state rotates q and k; the scores are what attention sees.
+        pe = precompute(params, pos_TA).to_fold()
+        q, k = (pe.rotate(_folded(pe, v)) for v in (q_BTNH, k_BTNH))
+        return jnp.sum(jnp.sin(jnp.einsum("BTNH,BSNH->BNTS", q, k)))
+
+    def one_example(params, x_TNH, pos_TA):
+        return apply(params, x_TNH[None], pos_TA)[0]
+
+    @jax.jit
+    def run(params, params_1, x_BTNH, k_BTNH, pos_TA, pos_BTA):
+        got = {
+            "vmap": jax.vmap(one_example, (None, 0, None))(params, x_BTNH, pos_TA),
+            "alone": jax.vmap(one_example, (None, 0, 0))(params, x_BTNH, pos_BTA),
+            "shared": states(params, x_BTNH, pos_TA),
+            "per_example": states(params, x_BTNH, pos_BTA),
+            "grads": jax.grad(loss)(params, x_BTNH, k_BTNH, pos_TA),
+        }
+        if params_1 is not None:
+            pe_1 = precompute(params_1, pos_TA, num_heads=1)
+            got["one_head"] = pe_1.rotate(_folded(pe_1, x_BTNH))
+            # Each head alone: the heads as examples of one head, at the same positions.
+            heads_XT1H = jnp.swapaxes(x_BTNH, 1, 2).reshape(B * N, -1, 1, H)
+            alone_XT1H = apply(params_1, heads_XT1H, pos_TA)
+            got["each_head"] = jnp.swapaxes(alone_XT1H.reshape(B, N, -1, H), 1, 2)
+        return got
+
+    return run
+
+
 @pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
-def test_shapes_norms_jit(name, hparams, rank):
+def test_the_contract(name, hparams, rank):
+    """The contract for one case; each assertion names the property it checks."""
     module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
+    k_BTNH = _normal(x_BTNH.shape, 7)
+    pos_BTA = np.stack([pos_TA + b for b in range(B)])  # example b at pos_TA + b
+    params_1 = None  # one head's parameters for every head (heads sharing them), in 2D
+    if rank == 2:
+        params_1 = module.init(jax.random.key(5), num_heads=1, head_dim=H, num_axes=2, **hparams)
+    got = _transformed(module, kw)(params, params_1, x_BTNH, k_BTNH, pos_TA, pos_BTA)
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5)
+
+    # The user's path, eager: the shape and dtype kept, rotations that keep the norm of every
+    # (token, head) vector, the same under jit and vmap.
     out = module.apply(params, x_BTNH, pos_TA, **kw)
     chex.assert_shape(out, x_BTNH.shape)
     chex.assert_type(out, jnp.float32)
     chex.assert_tree_all_finite(out)
-    # Rotations preserve the norm of every (token, head) vector.
-    np.testing.assert_allclose(
-        jnp.linalg.norm(out, axis=-1), jnp.linalg.norm(x_BTNH, axis=-1), rtol=2e-5, atol=1e-5
-    )
-    jitted = jax.jit(lambda p, x, q: module.apply(p, x, q, **kw))(params, x_BTNH, pos_TA)
-    np.testing.assert_allclose(jitted, out, rtol=1e-5, atol=1e-5)
+    norm = functools.partial(np.linalg.norm, axis=-1)
+    np.testing.assert_allclose(norm(out), norm(x_BTNH), rtol=2e-5, atol=1e-5, err_msg="norms")
+    close(got["vmap"], out, err_msg="apply under jit and vmap")
 
+    # bfloat16 in, bfloat16 out: only the input and output rounding (~4e-3 relative each)
+    # shows, the phases staying in float32.
+    bf16 = module.apply(params, x_BTNH.astype(jnp.bfloat16), pos_TA, **kw)
+    chex.assert_type(bf16, jnp.bfloat16)
+    np.testing.assert_allclose(bf16.astype(np.float32), out, rtol=0, atol=2e-2, err_msg="bf16")
 
-@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
-def test_vmap_and_per_example_positions(name, hparams, rank):
-    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
-    shared = module.apply(params, x_BTNH, pos_TA, **kw)
-    one = jax.vmap(lambda x: module.apply(params, x[None], pos_TA, **kw)[0])(x_BTNH)
-    np.testing.assert_allclose(one, shared, rtol=1e-5, atol=1e-5)
-    # Per-example positions: example b at pos_TA + b must equal applying it alone.
-    pos_BTA = jnp.stack([pos_TA + b for b in range(B)])
-    per_example = module.apply(params, x_BTNH, pos_BTA, **kw)
-    for b in range(B):
-        alone = module.apply(params, x_BTNH[b : b + 1], pos_BTA[b], **kw)
-        np.testing.assert_allclose(per_example[b : b + 1], alone, rtol=1e-5, atol=1e-5)
+    # R(0) = I, or the orthogonal P != I of Cayley-STRING and of ComRoPE's eigenbases.
+    at_zero = _at_zero(name, hparams, params, kw, x_BTNH)
+    if at_zero is not x_BTNH:
+        assert not np.allclose(at_zero, x_BTNH, atol=1e-3), "P = I: init_std > 0 gives P != I"
+    zero = module.apply(params, x_BTNH, np.zeros_like(pos_TA), **kw)
+    close(zero, at_zero, err_msg="the rotation at position 0")
 
-
-@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
-def test_bfloat16_in_bfloat16_out(name, hparams, rank):
-    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
-    ref = module.apply(params, x_BTNH, pos_TA, **kw)
-    out = module.apply(params, x_BTNH.astype(jnp.bfloat16), pos_TA, **kw)
-    chex.assert_type(out, jnp.bfloat16)
-    # Only the input and output rounding (~4e-3 relative each) shows: phases stay in float32.
-    np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=0, atol=2e-2)
-
-
-@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
-def test_zero_position_is_identity_or_p(name, hparams, rank):
-    module, params, x_BTNH, _, kw = _setup(name, hparams, rank)
-    zeros_TA = jnp.zeros((x_BTNH.shape[1], rank))
-    out = module.apply(params, x_BTNH, zeros_TA, **kw)
-    if name == "cayley_string":  # R(0) = RoPE(0) P = P
-        p_NHH = cayley_string.orthogonal(params, **kw)
-        expected = jnp.einsum("NHG,BTNG->BTNH", p_NHH, x_BTNH)
-        assert not np.allclose(expected, x_BTNH, atol=1e-3)  # P != I with init_std > 0
-    elif name == "comrope" and hparams["block_size"] > 2:  # R'(0) = P, the eigenbases
-        _, q_NKbb = comrope.spectra(params, **kw)
-        expected = jnp.einsum(
-            "NKji,BTNKj->BTNKi",
-            q_NKbb,
-            x_BTNH.reshape(*x_BTNH.shape[:3], -1, hparams["block_size"]),
-        ).reshape(x_BTNH.shape)
-        assert not np.allclose(expected, x_BTNH, atol=1e-3)
+    # Translation invariance where the math gives it: not for 2D/3D LieRE with blocks larger
+    # than 2, whose generators do not commute.
+    shift_1A = np.asarray([[1.5, -2.0, 0.75][:rank]], np.float32)
+    base = _scores(out, module.apply(params, k_BTNH, pos_TA, **kw))
+    moved_pos = pos_TA + shift_1A
+    moved = _scores(*(module.apply(params, v, moved_pos, **kw) for v in (x_BTNH, k_BTNH)))
+    if name in RELATIVE or rank == 1 or hparams.get("block_size") == 2:
+        np.testing.assert_allclose(moved, base, rtol=1e-4, atol=2e-4, err_msg="translation")
     else:
-        expected = x_BTNH
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        assert float(np.max(np.abs(moved - base))) > 1e-2, "non-commuting, yet invariant"
 
-
-def _scores(module, params, kw, q_BTNH, k_BTNH, pos_q_TA, pos_k_TA):
-    q = module.apply(params, q_BTNH, pos_q_TA, **kw)
-    k = module.apply(params, k_BTNH, pos_k_TA, **kw)
-    return jnp.einsum("BTNH,BSNH->BNTS", q, k)
-
-
-@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
-def test_translation_invariance_where_the_math_gives_it(name, hparams, rank):
-    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
-    k_BTNH = jax.random.normal(jax.random.key(7), x_BTNH.shape)
-    shift_1A = jnp.asarray([[1.5, -2.0, 0.75][:rank]])
-    base = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA, pos_TA)
-    moved = _scores(module, params, kw, x_BTNH, k_BTNH, pos_TA + shift_1A, pos_TA + shift_1A)
-    commuting = name in RELATIVE or rank == 1 or hparams.get("block_size") == 2
-    if commuting:
-        np.testing.assert_allclose(moved, base, rtol=1e-4, atol=2e-4)
-    else:  # 2D/3D LieRE with blocks > 2: generators do not commute, so no invariance.
-        assert float(jnp.max(jnp.abs(moved - base))) > 1e-2
-
-
-@pytest.mark.parametrize("name,hparams,rank", [c for c in _each_rank() if c.values[0] != "nope"])
-def test_gradients_reach_every_parameter(name, hparams, rank):
-    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
-    if not params:
-        pytest.skip(f"{name} has no learnable parameters")
-    k_BTNH = jax.random.normal(jax.random.key(3), x_BTNH.shape)
-
-    def loss(p):
-        return jnp.sum(jnp.sin(_scores(module, p, kw, x_BTNH, k_BTNH, pos_TA, pos_TA)))
-
-    grads = jax.grad(loss)(params)
-    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+    # The gradients of the attention scores reach every parameter.
+    for path, g in jax.tree_util.tree_leaves_with_path(got["grads"]):
         chex.assert_tree_all_finite(g)
-        assert float(jnp.max(jnp.abs(g))) > 0, f"zero gradient for {name} {path}"
+        assert np.max(np.abs(g)) > 0, f"zero gradient for {name} {path}"
+
+    # The model's path (precompute once, fold, rotate q and k) and the user's (apply) agree, for
+    # shared and per-example positions; the state is a pytree that crosses jit.
+    pe = module.precompute(params, pos_TA, num_heads=N, head_dim=H, num_prefix=1, **kw)
+    jitted, rotated, model_rotated = got["shared"]
+    chex.assert_trees_all_close(jitted, pe, rtol=1e-5, atol=1e-5)
+    close(rotated, out, err_msg="precompute then rotate, shared positions")
+    close(model_rotated, out, err_msg="fold then rotate (the model's), shared positions")
+    jitted, per_example, model_rotated = got["per_example"]
+    close(per_example, got["alone"], err_msg="per-example positions: each example alone")
+    close(model_rotated, got["alone"], err_msg="fold then rotate, per-example positions")
+    for each in (pe, jitted):
+        assert isinstance(each, state.State.__args__) and each.bias_BNTS is None
+        assert each.fold_NHH is None, "the family's state is the whole encoding, P included"
+
+    if params_1 is not None:
+        close(got["one_head"], got["each_head"], err_msg="one head's state on every head")
 
 
 @pytest.mark.parametrize("name,hparams,ranks", CASES, ids=IDS)
@@ -191,47 +241,6 @@ def test_bad_inputs_name_the_value(name, hparams, ranks):
         wrong = jnp.concatenate([pos_TA, pos_TA[:, :1]], axis=-1)
         with pytest.raises(ValueError, match=f"A={rank + 1}"):
             module.apply(params, x_BTNH, wrong, **kw)
-
-
-def _folded(pe, x_BTNH):
-    """What the attention does with a state's fold_NHH: P x per head, before the rotation."""
-    if pe.fold_NHH is None:
-        return x_BTNH
-    return jnp.einsum("NHG,BTNG->BTNH", pe.fold_NHH, x_BTNH)
-
-
-@pytest.mark.parametrize("name,hparams,rank", list(_each_rank()))
-def test_precompute_then_rotate_equals_apply(name, hparams, rank):
-    # The model's path (precompute once, fold, rotate q and k) and the user's (apply) agree, for
-    # shared and per-example positions, and the state is a pytree that crosses jit.
-    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
-    pos_BTA = jnp.stack([pos_TA + b for b in range(B)])
-    for pos in (pos_TA, pos_BTA):
-        pe = module.precompute(params, pos, num_heads=N, head_dim=H, num_prefix=1, **kw)
-        assert isinstance(pe, state.State.__args__) and pe.bias_BNTS is None
-        want = module.apply(params, x_BTNH, pos, **kw)
-        # The family's state is the whole encoding (Cayley-STRING's P included) ...
-        assert pe.fold_NHH is None
-        np.testing.assert_allclose(pe.rotate(x_BTNH), want, rtol=1e-5, atol=1e-5)
-        # ... and the model's (P left to fold, when there is one) gives the same.
-        model_pe = pe.to_fold()
-        got = model_pe.rotate(_folded(model_pe, x_BTNH))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        jitted = jax.jit(lambda p, q: module.precompute(p, q, num_heads=N, head_dim=H, **kw))
-        chex.assert_trees_all_close(jitted(params, pos), pe, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("name,hparams,rank", [c for c in _each_rank() if c.values[2] == 2])
-def test_a_one_head_state_rotates_every_head_alike(name, hparams, rank):
-    # Heads sharing parameters: one head's state broadcasts over the N heads of q and k.
-    module = encodings.ROTARY[name]
-    params = module.init(jax.random.key(5), num_heads=1, head_dim=H, num_axes=rank, **hparams)
-    _, _, x_BTNH, pos_TA, kw = _setup(name, hparams, rank)
-    pe = module.precompute(params, pos_TA, num_heads=1, head_dim=H, **kw)
-    out = pe.rotate(_folded(pe, x_BTNH))
-    for n in range(N):
-        alone = module.apply(params, x_BTNH[:, :, n : n + 1], pos_TA, **kw)
-        np.testing.assert_allclose(out[:, :, n : n + 1], alone, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name,hparams,ranks", CASES, ids=IDS)

@@ -74,7 +74,9 @@ def test_cayley_of_many_layers_in_one_program_does_not_deadlock():
         "    jax.block_until_ready(f(s))\n"
         "print('done')\n"
     )
-    env = {**os.environ, "XLA_FLAGS": ""}
+    # As users run it: XLA's default flags and OpenBLAS's default threads (conftest sets both).
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env["XLA_FLAGS"] = ""
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env
     )

@@ -110,9 +110,16 @@ def test_token_batches_give_each_images_features_alone():
     rng = np.random.default_rng(1)
     images = [rng.normal(size=(2 * g[0], 2 * g[1], 3)).astype(np.float32) for g in grids]
     batch = tokens.Tokens(*map(jnp.asarray, tokens.pack(images, (2, 2), 24)))
-    feats = model.features(batch, layers=(0, 2), norm=True)
-    for b, image in enumerate(images):
-        alone = model.features(jnp.asarray(image)[None], layers=(0, 2), norm=True)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit  # the batch and each image alone in one program, not eagerly op by op
+    def features(s, batch, images):
+        m = nnx.merge(graphdef, s)
+        each = [m.features(im[None], layers=(0, 2), norm=True) for im in images]
+        return m.features(batch, layers=(0, 2), norm=True), each
+
+    feats, each_alone = features(state, batch, [jnp.asarray(im) for im in images])
+    for b, alone in enumerate(each_alone):
         count = int(np.prod(grids[b]))
         for layer in range(2):
             np.testing.assert_allclose(

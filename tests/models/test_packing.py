@@ -33,15 +33,28 @@ def _packed(model, batch, method="classify_tokens", **kwargs):
 def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
     images = _images(grids, patch)
     batch, place = tokens.pack_images(images, patch, max_tokens, max_images)
-    logits_BUV = np.asarray(_packed(model, batch))
-    assert logits_BUV.shape == (batch.segment_BT.shape[0], max_images, 5)
-    packed = logits_BUV[place[:, 0], place[:, 1]]
-    np.testing.assert_allclose(packed, _logits_alone(model, images), rtol=1e-5, atol=2e-5)
-    # Other values (large, different per slot) in the padded slots change nothing.
+    # Other values (large, different per slot) in the padded slots, to change nothing.
     noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTC.shape)
     padded = batch.segment_BT[..., None] == 0
     changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
-    again = np.asarray(_packed(model, changed))[place[:, 0], place[:, 1]]
+    graphdef, state = nnx.split(model)
+
+    # One program (one compilation) for the packed rows, the rows with other padding, and each
+    # image alone at its own size.
+    @jax.jit
+    def logits(s, batch, changed, images):
+        m = nnx.merge(graphdef, s)
+        alone = jnp.concatenate([m(im[None]) for im in images])
+        return m.classify_tokens(batch), m.classify_tokens(changed), alone
+
+    as_jax = lambda b: tokens.Packed(*map(jnp.asarray, b))  # noqa: E731
+    logits_BUV, again_BUV, alone = logits(
+        state, as_jax(batch), as_jax(changed), [jnp.asarray(im) for im in images]
+    )
+    assert logits_BUV.shape == (batch.segment_BT.shape[0], max_images, 5)
+    packed = np.asarray(logits_BUV)[place[:, 0], place[:, 1]]
+    np.testing.assert_allclose(packed, alone, rtol=1e-5, atol=2e-5)
+    again = np.asarray(again_BUV)[place[:, 0], place[:, 1]]
     np.testing.assert_allclose(again, packed, rtol=1e-6, atol=1e-6)
     return batch, place
 
@@ -196,10 +209,18 @@ def test_packed_features_equal_each_image_alone():
     model = _model("liere", num_registers=1, additive="ape")
     images = _images(GRIDS_2D, PATCH_2D)
     batch, place = tokens.pack_images(images, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
-    feats = _packed(model, batch, method="features", layers=(0, 1), norm=True)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit  # the packed rows and each image alone in one program
+    def features(s, batch, images):
+        m = nnx.merge(graphdef, s)
+        packed = m.features(batch, layers=(0, 1), norm=True)
+        return packed, [m.features(im[None], layers=(0, 1), norm=True) for im in images]
+
+    packed = tokens.Packed(*map(jnp.asarray, batch))
+    feats, each_alone = features(state, packed, [jnp.asarray(im) for im in images])
     segment = batch.segment_BT
-    for n, image in enumerate(images):
-        alone = model.features(jnp.asarray(image)[None], layers=(0, 1), norm=True)
+    for n, alone in enumerate(each_alone):
         row, slot = place[n]
         for layer in range(2):
             got = np.asarray(feats.patch[layer][row])[segment[row] == slot + 1]

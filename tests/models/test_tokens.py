@@ -80,13 +80,25 @@ def _check_padded_equals_alone(model, grids, patch, max_tokens):
     images = _images(grids, patch)
     batch = tokens.pack(images, patch, max_tokens)
     assert (batch.mask_BT.sum(1) < max_tokens).all()  # every example has padding
-    packed = _logits_packed(model, batch)
-    np.testing.assert_allclose(packed, _logits_alone(model, images), rtol=1e-5, atol=2e-5)
-    # Other values (large, different per slot) in the padded slots change nothing.
+    # Other values (large, different per slot) in the padded slots, to change nothing.
     noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTC.shape)
     padded = batch.mask_BT[..., None] == 0
     changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
-    np.testing.assert_allclose(_logits_packed(model, changed), packed, rtol=1e-6, atol=1e-6)
+    graphdef, state = nnx.split(model)
+
+    # One program (one compilation) for the batch, the batch with other padding, and each image
+    # alone at its own size; the padded logits are each example's own rows, so the batch and
+    # the changed batch are one batch of twice the examples.
+    @jax.jit
+    def logits(s, images, both):
+        m = nnx.merge(graphdef, s)
+        return m.classify_tokens(both), jnp.concatenate([m(im[None]) for im in images])
+
+    both = tokens.Tokens(*(np.concatenate([a, c]) for a, c in zip(batch, changed, strict=True)))
+    packed_2B, alone = logits(state, [jnp.asarray(im) for im in images], both)
+    packed, packed_changed = np.split(np.asarray(packed_2B), 2)
+    np.testing.assert_allclose(packed, alone, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(packed_changed, packed, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("pe", [p for p in _pe_values() if p != "rope"])
@@ -275,16 +287,22 @@ def test_image_tokens_path_equals_the_image_path():
     """Patch dropout on fixed-size batches goes through ``image_tokens``: no change without it."""
     model = _model("cayley_string", additive="sincos")
     images = jnp.asarray(np.stack(_images([(4, 3), (4, 3)], PATCH_2D)))
-    np.testing.assert_allclose(
-        model.classify_tokens(model.image_tokens(images)), model(images), rtol=1e-5, atol=1e-5
-    )
+    graphdef, state = nnx.split(model)
+
+    @jax.jit  # both paths in one program: eager calls would compile every operation apart
+    def both(s, x):
+        m = nnx.merge(graphdef, s)
+        return m.classify_tokens(m.image_tokens(x)), m(x)
+
+    np.testing.assert_allclose(*both(state, images), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("pe", ["alibi", "rope_mixed"])
 def test_padded_batch_of_four_through_the_cpu_attention_chunks(pe):
-    """An even batch of 4 through the "xla_cpu" backend is attended in two concurrent chunks
-    (``cpu_chunks``): the mask (and ALiBi's per-example bias) is chunked with its examples."""
-    assert xla_attention.cpu_chunks(4, 2, 21, 21)[1] == 2
+    """An even batch through the "xla_cpu" backend is attended in two concurrent chunks
+    (``cpu_chunks``): the mask (and ALiBi's per-example bias) is chunked with its examples. The
+    check runs 4 images and their copy with other padding as one batch of 8."""
+    assert xla_attention.cpu_chunks(8, 2, 21, 21)[1] == 2
     model = _model(pe, attention="xla_cpu")
     _check_padded_equals_alone(model, GRIDS_2D[:2] * 2, PATCH_2D, MAX_TOKENS)
 
