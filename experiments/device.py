@@ -735,17 +735,7 @@ def skipped_attentions(q: Queue, platform: str) -> list[dict]:
             message = f"not run on {platform}"
         except ValueError as e:
             message = str(e)
-        rows.append(
-            dict(
-                encoder="*",
-                attention=attention,
-                batch=q.shapes["batch"],
-                step_ms=None,
-                images_per_s=None,
-                mfu=None,
-                skipped=message,
-            )
-        )
+        rows.append(empty_row("*", attention, q.shapes["batch"], skipped=message))
     return rows
 
 
@@ -813,6 +803,12 @@ def flops_per_image(q: Queue) -> float:
     return flops.matmul_train_flops(config.model.to_dict(), 1)
 
 
+def empty_row(encoder: str, attention: str, batch: int, **note) -> dict:
+    """A row of the step table with nothing timed, and why (``skipped=`` or ``error=``)."""
+    timed = dict(step_ms=None, images_per_s=None, mfu=None)
+    return dict(encoder=encoder, attention=attention, batch=batch, **timed, **note)
+
+
 def time_case(q: Queue, key: tuple, case: dict) -> dict:
     """Time one compiled step; its row."""
     import jax
@@ -820,15 +816,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
     from experiments.benchmarks import device as bench
 
     encoder, attention, batch, product = key
-    row = dict(
-        encoder=encoder,
-        attention=attention,
-        batch=batch,
-        step_ms=None,
-        images_per_s=None,
-        mfu=None,
-        case="fixed_batch",
-    )
+    row = empty_row(encoder, attention, batch, case="fixed_batch")
     if encoder.startswith("liere"):
         row["block_product"] = product or default_product(q.data["platform"])
         row["platform_default_product"] = product is None
@@ -878,29 +866,13 @@ def stage_steps(q: Queue) -> str:
         case = q.compiled.get(key, {"skipped": "not compiled"})
         if q.left("steps") <= 0:
             q.data["rows"].append(
-                dict(
-                    encoder=key[0],
-                    attention=key[1],
-                    batch=key[2],
-                    step_ms=None,
-                    images_per_s=None,
-                    mfu=None,
-                    skipped="no time left in the steps stage",
-                )
+                empty_row(key[0], key[1], key[2], skipped="no time left in the steps stage")
             )
             continue
         try:
             row = time_case(q, key, case)
         except Exception as e:
-            row = dict(
-                encoder=key[0],
-                attention=key[1],
-                batch=key[2],
-                step_ms=None,
-                images_per_s=None,
-                mfu=None,
-                error=f"{type(e).__name__}: {e}"[:2000],
-            )
+            row = empty_row(key[0], key[1], key[2], error=f"{type(e).__name__}: {e}"[:2000])
         q.data["rows"].append(row)
         timed += row.get("step_ms") is not None
         q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])
@@ -1334,24 +1306,15 @@ def stage_largest_batch(q: Queue) -> str:
             try:
                 case = lowered[b].result()
             except Exception as e:
-                result = dict(
-                    encoder=encoder,
-                    attention=row["attention"],
-                    batch=b,
-                    step_ms=None,
-                    images_per_s=None,
-                    mfu=None,
-                    error=f"compile: {type(e).__name__}: {e}"[:1000],
+                result = empty_row(
+                    encoder, row["attention"], b, error=f"compile: {type(e).__name__}: {e}"[:1000]
                 )
                 continue
             if limit and case["memory"] and case["memory"]["peak"] > limit:
-                result = dict(
-                    encoder=encoder,
-                    attention=row["attention"],
-                    batch=b,
-                    step_ms=None,
-                    images_per_s=None,
-                    mfu=None,
+                result = empty_row(
+                    encoder,
+                    row["attention"],
+                    b,
                     skipped=f"peak {case['memory']['peak']} B > {limit} B",
                 )
                 continue
@@ -1359,14 +1322,8 @@ def stage_largest_batch(q: Queue) -> str:
             try:
                 result = time_case(q, key, case)
             except Exception as e:  # out of memory at run time: try the half
-                result = dict(
-                    encoder=encoder,
-                    attention=row["attention"],
-                    batch=b,
-                    step_ms=None,
-                    images_per_s=None,
-                    mfu=None,
-                    error=f"{type(e).__name__}: {e}"[:1000],
+                result = empty_row(
+                    encoder, row["attention"], b, error=f"{type(e).__name__}: {e}"[:1000]
                 )
                 continue
             finally:

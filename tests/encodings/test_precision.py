@@ -45,8 +45,8 @@ def test_every_contraction_asks_for_float32(name, hparams, rank):
         loose = _dots_without_highest(enc.bias, params, pos_TA, pos_TA)
     else:
         loose = _dots_without_highest(enc.apply, params, x_BTNH, pos_TA)
-        loose += _dots_without_highest(lambda p, x, pos: enc.precompute(p, pos).rotate(x),
-                                       params, x_BTNH, pos_TA)  # fmt: skip
+        rotate = lambda p, x, pos: enc.precompute(p, pos).rotate(x)  # noqa: E731
+        loose += _dots_without_highest(rotate, params, x_BTNH, pos_TA)
     assert not loose, "\n".join(loose[:3])
 
 
