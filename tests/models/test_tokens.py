@@ -230,14 +230,22 @@ def test_patch_dropout_keeps_the_rotations_of_the_kept_tokens_positions(pe):
     kept = tokens.patch_dropout(jax.random.key(3), full, 5)
     slot_BT = np.ravel_multi_index(tuple(np.moveaxis(np.asarray(kept.index_BTA), -1, 0)), grid)
     slot_BT = np.concatenate([np.zeros((2, 1), int), 1 + slot_BT], axis=1)  # class token first
-    full_state = model.precompute_pe(grid)[0]
-    kept_state = model.pe_states(model.token_positions(kept))[0]
     x_BTNH = jnp.asarray(np.random.default_rng(0).normal(size=(2, 1 + full.mask_BT.shape[1], 2, 8)))
-    x_kept = jnp.take_along_axis(x_BTNH, jnp.asarray(slot_BT)[..., None, None], axis=1)
-    rotated_full = jnp.take_along_axis(
-        full_state.rotate(x_BTNH), jnp.asarray(slot_BT)[..., None, None], axis=1
+    graphdef, params = nnx.split(model)
+
+    @jax.jit  # one program, not the states and rotations op by op
+    def states_and_rotations(params, kept, slot_BT):
+        m = nnx.merge(graphdef, params)
+        full_state = m.precompute_pe(grid)[0]
+        kept_state = m.pe_states(m.token_positions(kept))[0]
+        x_kept = jnp.take_along_axis(x_BTNH, slot_BT[..., None, None], axis=1)
+        rotated_full = jnp.take_along_axis(full_state.rotate(x_BTNH), slot_BT[..., None, None], 1)
+        return full_state, kept_state, kept_state.rotate(x_kept), rotated_full
+
+    full_state, kept_state, rotated_kept, rotated_full = states_and_rotations(
+        params, kept, jnp.asarray(slot_BT)
     )
-    np.testing.assert_allclose(kept_state.rotate(x_kept), rotated_full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rotated_kept, rotated_full, rtol=1e-5, atol=1e-5)
     if full_state.bias_BNTS is not None:  # ALiBi: the bias between kept tokens
         for b in range(2):
             expected = full_state.bias_BNTS[0][:, slot_BT[b]][:, :, slot_BT[b]]
