@@ -227,15 +227,20 @@ def test_attend_is_jax_dot_product_attention(dtype, with_bias):
     def loss(f, q, k, v):
         return jnp.sum(w * f(q, k, v, bias=bias).astype(jnp.float32))
 
-    ours = xla_attention.attend(q, k, v, bias)
-    theirs = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
+    @jax.jit  # one program, not the values and gradients op by op
+    def values_and_grads(q, k, v):
+        ours = xla_attention.attend(q, k, v, bias)
+        theirs = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
+        g_ours = jax.grad(lambda *a: loss(xla_attention.attend, *a), argnums=(0, 1, 2))(q, k, v)
+        g_theirs = jax.grad(lambda *a: loss(jax.nn.dot_product_attention, *a), argnums=(0, 1, 2))(
+            q, k, v
+        )
+        return ours, theirs, g_ours, g_theirs
+
+    ours, theirs, g_ours, g_theirs = values_and_grads(q, k, v)
     assert ours.dtype == theirs.dtype == dtype
     tol = 1e-6 if dtype == jnp.float32 else 1e-2
     np.testing.assert_allclose(np.float32(ours), np.float32(theirs), atol=tol, rtol=tol)
-    g_ours = jax.grad(lambda *a: loss(xla_attention.attend, *a), argnums=(0, 1, 2))(q, k, v)
-    g_theirs = jax.grad(lambda *a: loss(jax.nn.dot_product_attention, *a), argnums=(0, 1, 2))(
-        q, k, v
-    )
     for a, b in zip(g_ours, g_theirs, strict=True):
         np.testing.assert_allclose(np.float32(a), np.float32(b), atol=10 * tol, rtol=10 * tol)
 
