@@ -8,6 +8,8 @@ TPU kernel in its interpret mode); "cudnn" refuses packed batches.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,6 +152,14 @@ def test_packed_rows_through_every_backend_that_takes_segments(backend, pe):
         )
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _values_and_grads(f, g, q, k, v):
+    """f's and g's outputs and the gradients of sum(out ** 2) in q, k, v: one program, not
+    the values and gradients op by op."""
+    loss = lambda h: lambda *a: jnp.sum(h(*a) ** 2)
+    return [(h(q, k, v), jax.grad(loss(h), (0, 1, 2))(q, k, v)) for h in (f, g)]
+
+
 def test_chunked_segments_in_small_key_blocks_values_and_gradients():
     """Segments compared per key block (blocks of 3 keys, a row of 11): values and gradients
     equal "xla"'s segment bias, with and without a bias."""
@@ -164,13 +174,9 @@ def test_chunked_segments_in_small_key_blocks_values_and_gradients():
         chunked = lambda q, k, v, b=b: backends.attend_chunked(
             q, k, v, b, block=3, segment_BS=segment_BS
         )
-        np.testing.assert_allclose(chunked(q, k, v), xla(q, k, v), rtol=1e-5, atol=1e-5)
-        loss = lambda f: lambda *a: jnp.sum(f(*a) ** 2)
-        for got, want in zip(
-            jax.grad(loss(chunked), (0, 1, 2))(q, k, v),
-            jax.grad(loss(xla), (0, 1, 2))(q, k, v),
-            strict=True,
-        ):
+        (out, grads), (want_out, want_grads) = _values_and_grads(chunked, xla, q, k, v)
+        np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+        for got, want in zip(grads, want_grads, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -184,11 +190,10 @@ def test_pallas_segments_values_and_gradients():
         q, k, v, xla_attention.with_segments(None, segment_BS)
     )
     pallas = lambda q, k, v: backends.attend_pallas(q, k, v, segment_BS=segment_BS)
-    loss = lambda f: lambda *a: jnp.sum(f(*a) ** 2)
     with pltpu.force_tpu_interpret_mode():
-        np.testing.assert_allclose(pallas(q, k, v), xla(q, k, v), rtol=1e-5, atol=1e-5)
-        grads = jax.grad(loss(pallas), (0, 1, 2))(q, k, v)
-    for got, want in zip(grads, jax.grad(loss(xla), (0, 1, 2))(q, k, v), strict=True):
+        (out, grads), (want_out, want_grads) = _values_and_grads(pallas, xla, q, k, v)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, want_grads, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
