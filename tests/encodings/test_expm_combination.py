@@ -94,7 +94,9 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
         f = lambda c, g: jnp.sum(w * expm_combination.expm_skew_combination(c, g))  # noqa: E731
         return expm_combination.expm_skew_combination(coef, gen), jax.grad(f, (0, 1))(coef, gen)
 
-    whole, (gc_whole, gg_whole) = value_and_grads()
+    # One program each time, not op by op; a fresh lambda each time, so that the second one is
+    # traced again (with the patched exponential) rather than taken from jit's cache.
+    whole, (gc_whole, gg_whole) = jax.jit(lambda: value_and_grads())()
     monkeypatch.setattr(expm_combination, "_GROUP_BYTES", 8 * 2 * h * h * 4)
     # The exponential reads _GROUP_BYTES when traced, and jit and custom_vjp cache their traces
     # per function: fresh ones trace it again (jax.clear_caches() would do it too, but then
@@ -102,7 +104,7 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
     fresh = jax.custom_vjp(expm_combination._combination_impl, nondiff_argnums=(2,))
     fresh.defvjp(expm_combination._combination_fwd, expm_combination._combination_bwd)
     monkeypatch.setattr(expm_combination, "_combination_jit", jax.jit(fresh, static_argnums=2))
-    grouped, (gc, gg) = value_and_grads()
+    grouped, (gc, gg) = jax.jit(lambda: value_and_grads())()
     np.testing.assert_allclose(grouped, whole, rtol=0, atol=1e-6)
     np.testing.assert_allclose(gc, gc_whole, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gg, gg_whole, rtol=1e-5, atol=1e-5)
