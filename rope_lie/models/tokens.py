@@ -113,6 +113,21 @@ def patchify(images_BXC: jax.Array, patch: Sequence[int]) -> jax.Array:
     return _sharding.reshape(blocks, (batch, num_tokens, math.prod(blocks.shape[1 + len(patch) :])))
 
 
+def patchified(
+    images: Sequence[np.ndarray], patch: Sequence[int]
+) -> list[tuple[np.ndarray, np.ndarray, tuple[int, ...]]]:
+    """Each image (*spatial, C) as (patches (T, C'), grid indices (T, A), grid), numpy; the
+    patches in ``patchify``'s layout."""
+    patch = tuple(patch)
+    examples = []
+    for image in images:
+        image = np.asarray(image)
+        grid = token_grid(image.shape[:-1], patch, "image spatial shape")
+        patches = patch_blocks(image[None], patch).reshape(math.prod(grid), -1)
+        examples.append((patches, positions.grid_indices(grid), grid))
+    return examples
+
+
 def pack(images: Sequence[np.ndarray], patch: Sequence[int], max_tokens: int) -> Tokens:
     """Images of different sizes as one padded ``Tokens`` batch (numpy).
 
@@ -124,13 +139,7 @@ def pack(images: Sequence[np.ndarray], patch: Sequence[int], max_tokens: int) ->
     Returns:
       ``Tokens`` of numpy arrays; the mask is float32 0/1.
     """
-    patch = tuple(patch)
-    rows = []
-    for image in images:
-        image = np.asarray(image)
-        grid = token_grid(image.shape[:-1], patch, "image spatial shape")
-        patches = patch_blocks(image[None], patch).reshape(math.prod(grid), -1)  # patchify's
-        rows.append((patches, positions.grid_indices(grid), grid))
+    rows = patchified(images, patch)
     if any(len(r[0]) > max_tokens for r in rows):
         raise ValueError(
             f"max_tokens={max_tokens} < the {max(len(r[0]) for r in rows)} patches of an image"
@@ -300,14 +309,7 @@ def pack_images(
     row_multiple: int = 1,
 ) -> tuple[Packed, np.ndarray]:
     """Images of different sizes (*spatial, C) patchified and packed (``pack_rows``)."""
-    patch = tuple(patch)
-    examples = []
-    for image in images:
-        image = np.asarray(image)
-        grid = token_grid(image.shape[:-1], patch, "image spatial shape")
-        patches = patch_blocks(image[None], patch).reshape(math.prod(grid), -1)  # patchify's
-        examples.append((patches, positions.grid_indices(grid), grid))
-    return pack_rows(examples, max_tokens, max_images, row_multiple=row_multiple)
+    return pack_rows(patchified(images, patch), max_tokens, max_images, row_multiple=row_multiple)
 
 
 def slot_grids(batch: Packed) -> jax.Array:
