@@ -22,15 +22,17 @@ goes on:
    first four encoders on the others, at batch 64: lowered one after the other and compiled by
    ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
    until the stage's deadline (the steps not compiled by then are recorded as skipped). LieRE
-   8x8 is compiled a second time with the block product its platform does not use by default
-   (``lie.BLOCK_PRODUCTS``).
+   8x8 is compiled again with what its platform does not use by default (``VARIANTS``): the
+   other block product (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla", and the other layer plan
+   (``position_hook.LAYER_PLANS``: one precompute per layer, or one for all) on the first
+   backend.
 4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
    warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``
    is the min.
 5. ``rotations``: ``lie.apply_blocks``'s two block products alone at ViT-B/16's shapes (LieRE
    8x8 and dense; forward, and forward plus backward), and each one's error against float64.
-6. ``profile``: the LieRE 8x8 (with each block product) and RoPE-Mixed steps, on their
-   fastest backend, traced by ``jax.profiler``: the top operations by device time per step
+6. ``profile``: the LieRE 8x8 (with each block product and layer plan) and RoPE-Mixed steps,
+   on their fastest backend, traced by ``jax.profiler``: the top operations by device time per step
    (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),
    beside the compiled program's instruction counts and XLA's cost analysis.
 7. ``packing``: NaFlex train steps (issue 45) of ``PACKED_ENCODERS`` on "xla", on one batch of
@@ -304,7 +306,8 @@ def markdown(data: dict) -> str:
     for r in data.get("rows", []):
         note = r.get("error") or r.get("skipped") or ""
         if r.get("block_product"):
-            note = f"block product {r['block_product']}" + (f"; {note}" if note else "")
+            plan = f", layers {r['layer_plan']}" if r.get("layer_plan") else ""
+            note = f"block product {r['block_product']}{plan}" + (f"; {note}" if note else "")
         ms = (
             f"{r['step_ms']:.2f} / {r['step_ms_median']:.2f}"
             if r.get("step_ms") is not None
@@ -397,7 +400,7 @@ class Queue:
         self.args, self.shapes, self.results = args, shapes, results
         self.start = time.monotonic()
         self.recipes = read_recipes(args.recipes)
-        self.compiled: dict[tuple, dict] = {}  # (encoder, attention, batch, product) -> info
+        self.compiled: dict[tuple, dict] = {}  # (encoder, attention, batch, variant) -> info
         self.cases: list[tuple] = []  # the keys of stage 3, in the order they are timed
         self.states: dict[str, Any] = {}  # encoder -> future of (state, other)
         self.background: dict[str, Any] = {}
@@ -633,6 +636,47 @@ def jax_clear_caches() -> None:
     jax.clear_caches()
 
 
+@contextlib.contextmanager
+def layer_plan(name: str):
+    """Trace with ``position_hook.LAYER_PLANS`` set to ``name`` on every platform; JAX's caches
+    are cleared on entry and exit, as the plan is read when tracing."""
+    from rope_lie.models import position_hook
+
+    saved = dict(position_hook.LAYER_PLANS)
+    position_hook.LAYER_PLANS.update({k: name for k in saved})
+    jax_clear_caches()
+    try:
+        yield
+    finally:
+        position_hook.LAYER_PLANS.clear()
+        position_hook.LAYER_PLANS.update(saved)
+        jax_clear_caches()
+
+
+# LieRE 8x8's variants, each what its platform does not use by default: a block product
+# (``lie.BLOCK_PRODUCTS``) or a layer plan, "layers=" and the plan (``LAYER_PLANS``).
+LAYERS = "layers="
+
+
+def variant(name: str | None):
+    """The context a variant is traced in (None: the platform's defaults)."""
+    if name is None:
+        return contextlib.nullcontext()
+    if name.startswith(LAYERS):
+        return layer_plan(name.removeprefix(LAYERS))
+    return block_product(name)
+
+
+def default_layer_plan(platform: str) -> str:
+    from rope_lie.models import position_hook
+
+    return position_hook.layer_plan(platform)
+
+
+def other_layer_plan(platform: str) -> str:
+    return LAYERS + ("batched" if default_layer_plan(platform) == "each" else "each")
+
+
 def default_product(platform: str) -> str:
     from rope_lie.encodings import lie
 
@@ -695,9 +739,9 @@ def memory_bytes(compiled) -> dict | None:
 
 
 def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
-    """(encoder, attention, product) of stage 3, in the order they are compiled and timed:
+    """(encoder, attention, variant) of stage 3, in the order they are compiled and timed:
     every encoder on the first backend, then the next; LieRE 8x8 with the other block product
-    after each backend's rows."""
+    after each backend's rows, and with the other layer plan after the first backend's."""
     from rope_lie.models.backends import BACKENDS
 
     encoders = [e for e in ENCODERS if not q.args.encoders or e in q.args.encoders.split(",")]
@@ -715,6 +759,8 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         cases += [(e, attention, None) for e in encoders[:limit]]
         if "liere" in encoders and attention in ("cudnn", "xla"):
             cases.append(("liere", attention, other_product(platform)))
+        if "liere" in encoders and i == 0:
+            cases.append(("liere", attention, other_layer_plan(platform)))
     return cases
 
 
@@ -748,20 +794,20 @@ def stage_compile(q: Queue) -> str:
     cases = step_cases(q, platform)
     q.cases = [(e, a, batch, p) for e, a, p in cases]
     lowered: list[tuple[tuple, dict]] = []
-    # The other block product first, before any other thread traces (the product is read when
-    # tracing, and switching it clears JAX's caches).
-    for encoder, attention, product in [c for c in cases if c[2] is not None]:
-        key = (encoder, attention, batch, product)
+    # The variants first, before any other thread traces (a block product and a layer plan are
+    # read when tracing, and switching them clears JAX's caches).
+    for encoder, attention, name in [c for c in cases if c[2] is not None]:
+        key = (encoder, attention, batch, name)
         try:
-            with block_product(product):
+            with variant(name):
                 lowered.append((key, lower_case(q, encoder, attention, batch)))
         except Exception as e:
             q.compiled[key] = {"error": f"lowering: {type(e).__name__}: {e}"[:2000]}
     futures = {}
     for key, case in lowered:
         futures[q.pool.submit(_compile, case)] = key
-    for encoder, attention, product in cases:
-        if product is not None:
+    for encoder, attention, name in cases:
+        if name is not None:
             continue
         key = (encoder, attention, batch, None)
         if q.left("compile") <= 0:
@@ -815,11 +861,15 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
 
     from experiments.benchmarks import device as bench
 
-    encoder, attention, batch, product = key
+    encoder, attention, batch, name = key
     row = empty_row(encoder, attention, batch, case="fixed_batch")
     if encoder.startswith("liere"):
-        row["block_product"] = product or default_product(q.data["platform"])
-        row["platform_default_product"] = product is None
+        platform = q.data["platform"]
+        plan = name.removeprefix(LAYERS) if name and name.startswith(LAYERS) else None
+        product = name if name and not plan else None
+        row["block_product"] = product or default_product(platform)
+        row["layer_plan"] = plan or default_layer_plan(platform)
+        row["platform_default"] = name is None
     if "error" in case or "skipped" in case:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
     state, other = q.states[encoder].result()
@@ -885,14 +935,14 @@ def stage_steps(q: Queue) -> str:
 
 
 def best_rows(rows: list[dict], batch: int | None) -> dict[str, dict]:
-    """Per encoder, its fastest timed row (default block product) at ``batch`` (None: any)."""
+    """Per encoder, its fastest timed row (the platform's defaults) at ``batch`` (None: any)."""
     best = {}
     for r in rows:
         if r.get("step_ms") is None or r["encoder"] == "*":
             continue
         if batch is not None and r["batch"] != batch:
             continue
-        if not r.get("platform_default_product", True):
+        if not r.get("platform_default", r.get("platform_default_product", True)):
             continue
         if r["encoder"] not in best or r["step_ms"] < best[r["encoder"]]["step_ms"]:
             best[r["encoder"]] = r
@@ -1115,13 +1165,17 @@ def stage_profile(q: Queue) -> str:
         if encoder in best:
             row = best[encoder]
             targets[encoder] = (encoder, row["attention"], row["batch"], None)
-    if "liere" in targets:  # LieRE 8x8 with the other block product: on the same backend
-        other = other_product(q.data["platform"])  # when it was compiled there (cudnn, xla),
-        for attention in (targets["liere"][1], "cudnn", "xla"):  # else where it was
-            key = ("liere", attention, q.shapes["batch"], other)
-            if "compiled" in q.compiled.get(key, {}):
-                targets[f"liere ({other} block product)"] = key
-                break
+    if "liere" in targets:  # LieRE 8x8's variants: on the same backend when compiled there,
+        platform = q.data["platform"]  # else where they were
+        for other, label in (
+            (other_product(platform), "block product"),
+            (other_layer_plan(platform), "layer plan"),
+        ):
+            for attention in (targets["liere"][1], *ATTENTIONS):
+                key = ("liere", attention, q.shapes["batch"], other)
+                if "compiled" in q.compiled.get(key, {}):
+                    targets[f"liere ({other.removeprefix(LAYERS)} {label})"] = key
+                    break
     for name, key in targets.items():
         if q.left("profile") <= 0:
             break

@@ -102,13 +102,18 @@ def test_dry_run_times_every_encoder_on_every_cpu_backend(dry_run):
     assert all("needs platform" in message for message in refused.values())
 
 
-def test_dry_run_times_liere_with_both_block_products(dry_run):
-    products = {
-        (r["attention"], r["block_product"], r["platform_default_product"])
+def test_dry_run_times_liere_with_both_block_products_and_layer_plans(dry_run):
+    variants = {
+        (r["attention"], r["block_product"], r["layer_plan"], r["platform_default"])
         for r in dry_run["rows"]
         if r["encoder"] == "liere" and r.get("case") == "fixed_batch"
     }
-    assert ("xla", "einsum", True) in products and ("xla", "broadcast", False) in products
+    assert variants == {
+        ("xla", "einsum", "each", True),  # the CPU's defaults, on every backend
+        ("chunked", "einsum", "each", True),
+        ("xla", "broadcast", "each", False),
+        ("xla", "einsum", "batched", False),
+    }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
     assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
     for r in rotations.values():
@@ -124,7 +129,11 @@ def test_dry_run_largest_batch(dry_run):
 
 
 def test_dry_run_profiles_read_the_trace(dry_run):
-    assert set(dry_run["profiles"]) == {*device.PROFILED, "liere (broadcast block product)"}
+    assert set(dry_run["profiles"]) == {
+        *device.PROFILED,
+        "liere (broadcast block product)",
+        "liere (batched layer plan)",
+    }
     for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
         assert "error" not in profile, profile

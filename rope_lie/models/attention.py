@@ -72,6 +72,11 @@ def project(x_BTD: jax.Array, w_DNH: jax.Array, b_NH: jax.Array) -> jax.Array:
     return jnp.einsum("BTD,DNH->BTNH", x_BTD, w_DNH) + b_NH[None, None]
 
 
+def _arrays(params: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """Encoder parameters (``PositionParam`` variables or arrays) as a dict of arrays."""
+    return {name: jnp.asarray(value[...]) for name, value in params.items()}
+
+
 def xavier_uniform(in_axis, out_axis) -> jax.nn.initializers.Initializer:
     """Glorot-uniform init over the given fan-in/fan-out axes (the ViT reference's init)."""
     return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis, out_axis)
@@ -159,6 +164,10 @@ class Attention(nnx.Module):
         if own_pe:
             self.pe_params = init_pe_params(self.encoder, rngs.params())
 
+    def pe_arrays(self) -> dict[str, jax.Array]:
+        """This layer's own encoder parameters as arrays (empty without own parameters)."""
+        return {} if self.pe_params is None else _arrays(self.pe_params)
+
     def pe_state(
         self,
         pos: jax.Array,
@@ -187,8 +196,7 @@ class Attention(nnx.Module):
                 f"(own_pe=True) or pe_params passed to __call__; own={self.pe_params is not None}, "
                 f"passed={pe_params is not None}"
             )
-        params = self.pe_params if pe_params is None else pe_params
-        params = {name: jnp.asarray(value[...]) for name, value in params.items()}
+        params = self.pe_arrays() if pe_params is None else _arrays(pe_params)
         return precompute_pe(
             self.encoder,
             params,

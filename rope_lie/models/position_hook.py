@@ -11,12 +11,14 @@ goes through one contract (``docs/encoders.md``, ``encodings/state.py``):
   folded into the q/k projection weights; the attention then applies ``state.rotate`` to q and
   k and adds ``state.bias_BNTS`` to the logits, the same calls for every family;
 - ``init_pe_params``: the encoder's parameters as ``PositionParam`` variables (a ``NoDecay``
-  parameter type, so that the optimiser excludes them from weight decay by type).
+  parameter type, so that the optimiser excludes them from weight decay by type);
+- ``layer_states``: every layer's state, one precompute per layer or one vmapped over the
+  stacked layers, by platform (``LAYER_PLANS``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -161,3 +163,65 @@ def fold_projection(
     w = jnp.einsum(f"{heads}ij,dnj->dni", p, w_DNH.astype(jnp.float32), precision=hi)
     b = jnp.einsum(f"{heads}ij,nj->ni", p, b_NH.astype(jnp.float32), precision=hi)
     return w, b
+
+
+# How the states of layers with their own parameters are computed, by platform
+# (``jax.default_backend()``, read when a program is traced; "default" for platforms not named):
+# - "each": one precompute per layer. The CPU's: its programs, and so its numbers, stay as
+#   they were measured (the goldens, the quickstart table, the studies).
+# - "batched": the layers' parameters stacked and one ``jax.vmap``-ed precompute. One program
+#   instead of one per layer: LieRE's squaring loop runs once per step, not once per layer
+#   (its trip count is read on the host each iteration on a GPU), and its small products are
+#   one kernel each for all layers (Cayley-STRING's solve and ComRoPE's eigendecomposition
+#   alike). Equal to "each" to float32 rounding. Chosen for GPUs and TPUs from the lowered
+#   programs (``tests/models/test_layer_plans.py``), before a measurement:
+#   ``python -m experiments.device`` times LieRE both ways on the device it runs on.
+# An export for another platform (``jax.export``) uses this process's plan: set it here first.
+LAYER_PLANS: dict[str, str] = {"cpu": "each", "default": "batched"}
+_PLANS = ("each", "batched")
+
+
+def layer_plan(platform: str | None = None) -> str:
+    """``LAYER_PLANS``' entry for ``platform`` (None: ``jax.default_backend()``)."""
+    platform = jax.default_backend() if platform is None else platform
+    plan = LAYER_PLANS.get(platform, LAYER_PLANS["default"])
+    if plan not in _PLANS:
+        raise ValueError(f"LAYER_PLANS[{platform!r}]={plan!r}; expected one of {list(_PLANS)}")
+    return plan
+
+
+def layer_states(
+    encoder: encodings.Encoder,
+    params_per_layer: Sequence[Mapping[str, jax.Array]],
+    pos: jax.Array,
+    *,
+    num_prefix: int,
+    fold: bool = True,
+    scaling: extrapolation.Scaling | None = None,
+    plan: str | None = None,
+) -> list[State]:
+    """``precompute_pe`` for every layer, each with its own parameters of one encoder.
+
+    Args:
+      encoder: the layers' encoder (the same settings in every layer).
+      params_per_layer: each layer's parameters, mappings of arrays of equal shapes.
+      pos, num_prefix, fold, scaling: as ``precompute_pe``'s.
+      plan: "each" or "batched" (``LAYER_PLANS``); None: this platform's (``layer_plan()``).
+
+    Returns:
+      one state per layer, in order.
+    """
+    plan = layer_plan() if plan is None else plan
+    if plan not in _PLANS:
+        raise ValueError(f"plan={plan!r}; expected one of {list(_PLANS)}")
+
+    def precompute(params):
+        return precompute_pe(
+            encoder, params, pos, num_prefix=num_prefix, fold=fold, scaling=scaling
+        )
+
+    if plan == "each" or len(params_per_layer) < 2 or not params_per_layer[0]:
+        return [precompute(params) for params in params_per_layer]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *map(dict, params_per_layer))
+    states = jax.vmap(precompute)(stacked)
+    return [jax.tree.map(lambda x, i=i: x[i], states) for i in range(len(params_per_layer))]

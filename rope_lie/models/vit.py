@@ -644,14 +644,24 @@ class ViT(nnx.Module):
     ) -> list[State]:
         """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
         Layers that share parameters share one state, so shared generators cost one exponential
-        per step, not one per layer. ``scaling``: an extrapolation tool (``precompute_pe``);
+        per step, not one per layer; layers with their own parameters are computed one by one
+        or together, by platform (``position_hook.LAYER_PLANS``). ``scaling``: an
+        extrapolation tool (``precompute_pe``);
         ``num_prefix``: the prefix tokens when not the model's (a packed row's, U of them per
         image slot)."""
         kwargs = dict(scaling=scaling, num_prefix=num_prefix)
         if self.pe_params is not None:  # shared across layers
             state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params, **kwargs)
             return [state] * len(self.blocks)
-        return [block.attn.pe_state(pos_TA, **kwargs) for block in self.blocks]
+        attn = self.blocks[0].attn
+        return position_hook.layer_states(
+            attn.encoder,
+            [block.attn.pe_arrays() for block in self.blocks],
+            pos_TA,
+            num_prefix=attn.num_prefix if num_prefix is None else num_prefix,
+            fold=attn.fold_mix,
+            scaling=scaling,
+        )
 
     def precompute_pe(self, grid: Sequence[int], extrapolation: str | None = None) -> list[State]:
         """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
