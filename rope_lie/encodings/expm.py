@@ -59,9 +59,9 @@ _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 class Host(NamedTuple):
     """The facts about the machine that shape the exponentials' program (static under jit).
 
-    Thresholds: on CPU, broadcast products up to 32 x 32 and one chunk per core were measured
-    (benchmarks README, section 14); on GPU and TPU the 16 x 16 threshold and a single chunk are
-    *assumed*: no accelerator has measured them yet.
+    Thresholds: on CPU, broadcast products up to 32 x 32, one chunk per core and row groups
+    were measured (benchmarks README, section 14); on GPU and TPU the 16 x 16 threshold, a
+    single chunk and no row groups are *assumed*: no accelerator has measured them yet.
     """
 
     platform: str  # jax.default_backend(): "cpu", "gpu" or "tpu"
@@ -71,6 +71,14 @@ class Host(NamedTuple):
     def broadcast_max(self) -> int:
         """Largest H whose H x H products are fused broadcast multiply-adds."""
         return 32 if self.platform == "cpu" else 16
+
+    @property
+    def groups_rows(self) -> bool:
+        """Whether ``expm_combination`` runs its rows in cache-sized groups (``lax.map``, one
+        group after another): on a CPU, where a group stays in cache through its squarings.
+        Elsewhere all rows at once: on a GPU each group would be its own squaring loop, one
+        after another, every iteration's trip count read on the host."""
+        return self.platform == "cpu"
 
     def chunks(self, batch: int) -> int:
         """Independent chunks a batch of ``batch`` dot products is split into."""

@@ -140,9 +140,10 @@ def _taylor_rows(b_XA: jax.Array, basis_MYHH: jax.Array, degree: int) -> jax.Arr
     return e.reshape(-1, h, h)
 
 
-# Rows per group (their Taylor rows and squarings): about 4 MiB of rotations, so a group stays
-# in cache through its squarings. Broadcast products (b <= 8) are grouped only in the backward
-# pass, where grouping helps; in the forward pass it does not (benchmarks README, section 14).
+# Rows per group on a CPU (their Taylor rows and squarings): about 4 MiB of rotations, so a
+# group stays in cache through its squarings. Broadcast products (b <= 8) are grouped only in
+# the backward pass, where grouping helps; in the forward pass it does not (benchmarks README,
+# section 14).
 _GROUP_BYTES = 4 * 2**20
 
 
@@ -150,12 +151,14 @@ def _map_row_groups(
     fn, matrix_shape: tuple[int, int], host: Host, *arrays_X, group_broadcasts: bool = False
 ):
     """``fn`` on groups of rows (``lax.map``, padded with zero rows), each row holding
-    ``num_gen`` H x H matrices (``matrix_shape = (H, num_gen)``); on all rows at once where the
-    products are broadcasts (unless ``group_broadcasts``) or the rows fit in one group."""
+    ``num_gen`` H x H matrices (``matrix_shape = (H, num_gen)``); on all rows at once off CPU
+    (``Host.groups_rows``), where the products are broadcasts (unless ``group_broadcasts``), or
+    where the rows fit in one group."""
     h, num_gen = matrix_shape
     rows = arrays_X[0].shape[0]
     most = max(1, _GROUP_BYTES // (num_gen * h * h * 4))
-    if (expm.broadcasts(h, host) and not group_broadcasts) or rows <= most:
+    ungrouped = not host.groups_rows or (expm.broadcasts(h, host) and not group_broadcasts)
+    if ungrouped or rows <= most:
         return fn(*arrays_X)
     groups = -(-rows // most)
     group = -(-rows // groups)  # as even as possible: little padding

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from rope_lie.encodings import expm_combination
+from rope_lie.encodings import expm, expm_combination
 from tests.encodings.reference import random_skew
 
 
@@ -108,3 +108,21 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
     np.testing.assert_allclose(grouped, whole, rtol=0, atol=1e-6)
     np.testing.assert_allclose(gc, gc_whole, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gg, gg_whole, rtol=1e-5, atol=1e-5)
+
+
+def test_row_groups_run_on_a_cpu_host_only():
+    # Dense 24 x 24 generators are dot products on every host; with 600 rows of 4 matrices
+    # (36 KiB a row) the backward pass's rows exceed one 4 MiB group: a CPU host maps over the
+    # groups (a scan around the squarings), a GPU host takes every row at once.
+    rng = np.random.default_rng(3)
+    gen = jnp.asarray(np.stack([random_skew(rng, 4, 24, 1.0)]), jnp.float32)
+    coef = jnp.asarray(rng.uniform(-1.0, 1.0, size=(600, 1)), jnp.float32)
+
+    def scans(host):
+        def f(c, g):
+            return jnp.sum(expm_combination.expm_skew_combination(c, g, host=host))
+
+        return str(jax.make_jaxpr(jax.grad(f, (0, 1)))(coef, gen)).count(" scan[")
+
+    assert scans(expm.Host("cpu", 1)) > 0 and scans(expm.Host("gpu", 1)) == 0
+    assert expm.Host("cpu", 2).groups_rows and not expm.Host("tpu", 1).groups_rows
