@@ -175,10 +175,14 @@ def pair_rotation_blocks(angle_XF: jax.Array) -> jax.Array:
 # - "broadcast": ``sum_j r[..., i, j] x[..., j]`` as a broadcast multiply and a sum over j,
 #   elementwise work that XLA fuses with x's load and conversion into one loop (no
 #   ``dot_general``, no layout copies of x). On a GPU the einsum is a batched product of
-#   T x N x K tiny matrices with the batch axis moved inside. Chosen for GPUs and TPUs without a
-#   measurement yet: ``python -m experiments.device`` times both on the device it runs on.
+#   T x N x K tiny matrices with the batch axis moved inside.
+# - "by_size": the broadcast for blocks up to ``BROADCAST_MAX_BLOCK``, the einsum above. GPUs'
+#   and TPUs': on an H100 at ViT-B/16's shapes the two tied at 8 x 8 blocks, and at 64 x 64
+#   (dense LieRE) the broadcast took 6x the einsum's time (benchmarks README, section 13; the
+#   einsum then ran in TF32, and ``python -m experiments.device`` times it in float32).
 # Read when a program is traced: a change needs ``jax.clear_caches()`` to reach ``apply_blocks``.
-BLOCK_PRODUCTS: dict[str, str] = {"cpu": "einsum", "default": "broadcast"}
+BLOCK_PRODUCTS: dict[str, str] = {"cpu": "einsum", "default": "by_size"}
+BROADCAST_MAX_BLOCK = 16
 
 
 def _blocks_einsum(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
@@ -197,7 +201,18 @@ def _blocks_broadcast(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
     return jnp.sum(r_XTNKbb * xb_BTNKb[..., None, :], axis=-1)
 
 
-_BLOCK_PRODUCT_FNS = {"einsum": _blocks_einsum, "broadcast": _blocks_broadcast}
+def _blocks_by_size(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
+    """The broadcast for blocks up to ``BROADCAST_MAX_BLOCK``, the einsum above."""
+    if r32.shape[-1] <= BROADCAST_MAX_BLOCK:
+        return _blocks_broadcast(r32, xb_BTNKb)
+    return _blocks_einsum(r32, xb_BTNKb)
+
+
+_BLOCK_PRODUCT_FNS = {
+    "einsum": _blocks_einsum,
+    "broadcast": _blocks_broadcast,
+    "by_size": _blocks_by_size,
+}
 
 
 def block_product(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
