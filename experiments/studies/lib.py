@@ -14,9 +14,11 @@ arm share its runs. The runner:
 4. otherwise starts (or resumes, from the run's last checkpoint) ``python -m rope_lie.main`` in
    a subprocess, then collects it. Before it starts, the run's workdir gets ``provenance.json``:
    the code tree (commit, "+dirty" with uncommitted changes to rope_lie/ or configs/) and the
-   CPU kind (model and AVX2/AVX-512), which become the ``tree`` and ``cpu`` columns (empty for
-   runs recorded before they were kept; "+resumed" when a run was resumed on another tree or
-   CPU).
+   machine (the CPU's model and AVX2/AVX-512, or the GPU's name where ``nvidia-smi`` names
+   one), which become the ``tree`` and ``cpu`` columns (empty for runs recorded before they
+   were kept; "+resumed" when a run was resumed on another tree or machine). ``jobs`` runs
+   train side by side (for a GPU, which one small run leaves mostly idle); by default one at a
+   time.
 
 An arm with an ``eval_suffix`` trains nothing of its own: it reads the evaluations named
 ``<eval><suffix>`` (``EVAL_SUFFIX`` "@", e.g. ``px56@yarn``: an extrapolation tool applied at
@@ -284,11 +286,36 @@ def cpu_kind() -> str:
     return f"{model} {vector}"
 
 
+def gpu_kind() -> str | None:
+    """The first GPU's name as ``nvidia-smi`` gives it ("NVIDIA H100 80GB HBM3"), or None
+    where there is none (no JAX here: the runner does not import it)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return names[0] if names else None
+
+
+def machine_kind() -> str:
+    """Where a run computes: the GPU's name where there is one (JAX's default backend then),
+    else ``cpu_kind()``."""
+    gpu = gpu_kind()
+    return f"{gpu} gpu" if gpu else cpu_kind()
+
+
 def record_provenance(workdir: str) -> dict:
-    """Writes the code tree and CPU kind into the run's workdir when the run starts (a resumed
-    run keeps the first record: say "+resumed" if the tree or CPU changed); returns it."""
+    """Writes the code tree and machine kind into the run's workdir when the run starts (a
+    resumed run keeps the first record: say "+resumed" if the tree or machine changed);
+    returns it."""
     path = os.path.join(workdir, PROVENANCE)
-    now = {"tree": code_tree(), "cpu": cpu_kind()}
+    now = {"tree": code_tree(), "cpu": machine_kind()}
     if os.path.exists(path):
         with open(path) as f:
             first = json.load(f)
@@ -490,22 +517,32 @@ def run_study(
     extra_flags: Sequence[str] = (),
     arms: Sequence[str] | None = None,
     others: Sequence[tuple[Study, str]] = (),
+    jobs: int = 1,
     log=print,
 ) -> list[tuple[str, int]]:
-    """Run every missing (arm, seed) of `study` in order, one at a time.
+    """Run every missing (arm, seed) of `study` in order, ``jobs`` at a time.
 
     Seeds are 0..seeds-1, taken seed-major (every arm's seed 0 before any seed 1), so a study
     cut short still has every arm. A run that one of `others` ((study, its results directory)
-    pairs) has recorded is copied from there, not trained again. Returns the (arm, seed) pairs
-    that were run, copied or collected.
+    pairs) has recorded is copied from there, not trained again. Each run is recorded as it
+    finishes. Returns the (arm, seed) pairs that were run, copied or collected.
     """
     if scale not in ("cpu", "paper"):
         raise ValueError(f"scale={scale!r}; expected 'cpu' or 'paper'")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r}; expected a positive int (runs trained at once)")
     selected = [study.arm(a) for a in arms] if arms else list(study.arms)
     done = {(r["arm"], r["seed"]) for r in read_results(study_dir)}
     todo = [(arm, s) for s in range(seeds) for arm in selected if (arm.name, s) not in done]
     log(f"{study.name}: {len(done)} runs recorded, {len(todo)} to do ({scale} scale)")
     handled = []
+
+    def record(arm: Arm, seed: int, workdir: str) -> None:
+        rows, examples = collect(study, arm, seed, workdir)
+        append_results(study_dir, rows, examples)
+        handled.append((arm.name, seed))
+
+    to_train = []
     for i, (arm, seed) in enumerate(todo, 1):
         workdir = run_dir(root, arm, seed, scale)
         cmd = command(arm, seed, scale, workdir, extra_flags)
@@ -522,15 +559,55 @@ def run_study(
                 log(f"# {arm.name} seed {seed}: the {arm.eval_suffix} evaluations of")
             log(" ".join(cmd))
             continue
-        if not is_finished(workdir):
-            log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: {workdir}")
-            record_provenance(workdir)
-            start = time.perf_counter()
-            subprocess.run(cmd, check=True, cwd=REPO)
-            log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: {time.perf_counter() - start:.0f} s")
+        if is_finished(workdir):
+            record(arm, seed, workdir)
+            continue
+        # Tool arms read their base arm's run: trained once, recorded for each.
+        same = [t for t in to_train if t[3] == workdir]
+        if same:
+            same[0][4].append((arm, seed))
+            continue
+        to_train.append((f"[{i}/{len(todo)}]", arm, seed, workdir, [(arm, seed)], cmd))
+    _train(to_train, jobs, record, log)
+    return handled
+
+
+def _train(runs: list, jobs: int, record, log) -> None:
+    """Train ``runs`` (label, arm, seed, workdir, [(arm, seed) to record], command), ``jobs`` at
+    once, recording each as it finishes. A failed run stops the rest (SIGTERM: each saves its
+    next step and exits, to be resumed) and raises."""
+    env = dict(os.environ)
+    if jobs > 1:  # XLA:GPU would give the first process 75 % of the memory
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    pending, running = list(runs), {}
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                label, arm, seed, workdir, readers, cmd = pending.pop(0)
+                log(f"{label} {arm.name} seed {seed}: {workdir}")
+                record_provenance(workdir)
+                proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+                running[proc] = (label, arm, seed, workdir, readers, time.perf_counter())
+            proc = _wait_any(running)
+            label, arm, seed, workdir, readers, start = running.pop(proc)
+            if proc.returncode != 0:
+                raise subprocess.CalledProcessError(proc.returncode, proc.args)
+            log(f"{label} {arm.name} seed {seed}: {time.perf_counter() - start:.0f} s")
             if not is_finished(workdir):  # preempted (SIGTERM): the rerun resumes it
                 raise RuntimeError(f"{workdir} stopped before the end; rerun to resume it")
-        rows, examples = collect(study, arm, seed, workdir)
-        append_results(study_dir, rows, examples)
-        handled.append((arm.name, seed))
-    return handled
+            for reader, reader_seed in readers:
+                record(reader, reader_seed, workdir)
+    finally:
+        for proc in running:
+            proc.terminate()
+        for proc in running:
+            proc.wait()
+
+
+def _wait_any(running: Mapping) -> subprocess.Popen:
+    """The first of the running processes to exit (polled every 0.2 s)."""
+    while True:
+        for proc in running:
+            if proc.poll() is not None:
+                return proc
+        time.sleep(0.2)

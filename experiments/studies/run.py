@@ -9,8 +9,15 @@ Every (arm, seed) is one ``rope_lie.main`` run in ``<root>/runs/<scale>/...`` (d
 ``workdirs/studies``, kept out of git); results go to ``experiments/studies/<study>/``
 (``results.csv``, ``examples.npz``, ``summary.md``, ``accuracy.png``, and ``curves.png`` or
 ``scaling.png`` for a study that defines them). Kill it at any time and
-rerun: finished runs are never redone and the run in progress resumes from its checkpoint.
-One run at a time (the machine has 2 cores).
+rerun: finished runs are never redone and the runs in progress resume from their checkpoints.
+One run at a time by default (a 2-core CPU has no room for more); ``--jobs N`` trains N at
+once, for a GPU, which one small run leaves mostly idle:
+
+    python -m experiments.studies.run fashion_plateau --jobs 8 \
+        --flag=--config.input=memory --flag=--config.tensorboard=False   # a GPU without TensorFlow
+
+(``input=memory`` draws other batches than the default TFDS input, from the same distribution:
+the ``cpu`` column of ``results.csv`` says where each run trained.)
 """
 
 from __future__ import annotations
@@ -67,11 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--flag", action="append", default=[], help="extra rope_lie.main flag for every run"
     )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs trained at once (default 1; more on a GPU)"
+    )
     args = parser.parse_args(argv)
     study = STUDIES[args.study]
     seeds = args.seeds if args.seeds is not None else study.default_seeds
     if seeds < 1:
         parser.error(f"--seeds={seeds}; expected at least 1")
+    if args.jobs < 1:
+        parser.error(f"--jobs={args.jobs}; expected at least 1")
     directory = study_dir(study.name, args.results, args.scale)
     others = [
         (other, study_dir(other.name, args.results, args.scale))
@@ -89,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             extra_flags=args.flag,
             arms=[a for a in args.arms.split(",") if a] or None,
             others=others,
+            jobs=args.jobs,
         )
     if not args.dry_run:
         print(write_report(study.at_scale(args.scale), directory, args.scale))
