@@ -39,26 +39,29 @@ def plateau_stand_in(monkeypatch):
         monkeypatch.setattr(fashion_mnist, "PLATEAU_EPOCHS", 20.0)
 
 
-def test_the_plateau_arms_wait_for_the_measurement_then_reuse_its_run(monkeypatch):
+def test_the_plateau_arms_wait_for_the_measurement_and_read_the_data_from_memory(monkeypatch):
     from configs import fashion_mnist
     from experiments.studies.definitions import fashion
 
     monkeypatch.setattr(fashion_mnist, "PLATEAU_EPOCHS", None)
     with pytest.raises(ValueError, match="PLATEAU_EPOCHS .* is None \\(not measured yet\\)"):
         fashion_mnist.get_config(fashion.at_plateau(fashion.F_APE).arg)
-    # Once set, the arm spells its epochs out: the plateau-length run at that length is its
-    # seed 0 (one workdir name), which the runner copies instead of training again.
+    # Once set, the arm spells its epochs out, on the in-memory input (so that it can run on
+    # a GPU without TensorFlow, with the same batches on any machine): not the plateau-length
+    # run at that length (TFDS input), which it does not copy.
     monkeypatch.setattr(fashion_mnist, "PLATEAU_EPOCHS", 20.0)
     arm, measured = (
         fashion.at_plateau(fashion.F_LIERE_B8),
         fashion.at_epochs(fashion.F_LIERE_B8, 20),
     )
-    assert arm.name == "liere_b8" and lib.run_dir("/r", arm, 0, "cpu") == lib.run_dir(
+    assert arm.name == "liere_b8" and lib.run_dir("/r", arm, 0, "cpu") != lib.run_dir(
         "/r", measured, 0, "cpu"
     )
+    assert arm.arg == f"{measured.arg},input=memory"
     assert measured in definitions.STUDIES["fashion_plateau_length"].arms
     config = fashion_mnist.get_config(arm.arg)
     assert config.num_epochs == 20 and config.optim.warmup_steps == 200
+    assert config.input == "memory" and fashion_mnist.get_config(measured.arg).input == "tfds"
     assert config.eval_every_epochs == 1.0 and set(config.evals) == set(fashion.PLATEAU_EVALS)
     assert [n for n, e in config.evals.items() if not e.final_only] == ["test"]
 

@@ -207,7 +207,8 @@ def own_evals(arm: Arm, names) -> dict[str, str]:
 
 
 def run_dir(root: str, arm: Arm, seed: int, scale: str) -> str:
-    """The run's workdir: readable name plus a hash of everything that defines the run."""
+    """The run's workdir: readable name plus a hash of everything that defines the run (not the
+    runner's extra flags, which must not change what a run computes: a data directory, say)."""
     arg = arm.argument(scale)
     overrides = arm.all_overrides(scale)
     recipe = arm.recipe_for(scale)

@@ -13,11 +13,11 @@ rerun: finished runs are never redone and the runs in progress resume from their
 One run at a time by default (a 2-core CPU has no room for more); ``--jobs N`` trains N at
 once, for a GPU, which one small run leaves mostly idle:
 
-    python -m experiments.studies.run fashion_plateau --jobs 8 \
-        --flag=--config.input=memory --flag=--config.tensorboard=False   # a GPU without TensorFlow
+    python -m experiments.studies.run fashion_plateau --jobs 8     # its arms read from memory
 
-(``input=memory`` draws other batches than the default TFDS input, from the same distribution:
-the ``cpu`` column of ``results.csv`` says where each run trained.)
+(the ``cpu`` column of ``results.csv`` says where each run trained). ``--flag`` passes a
+``rope_lie.main`` flag to every run that must not change what the run computes (a data
+directory, say): runs are named without it.
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="only write the summary")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument(
-        "--flag", action="append", default=[], help="extra rope_lie.main flag for every run"
+        "--flag",
+        action="append",
+        default=[],
+        help="extra rope_lie.main flag for every run, one that does not change what it computes",
     )
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs trained at once (default 1; more on a GPU)"

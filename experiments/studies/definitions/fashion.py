@@ -337,8 +337,7 @@ PLATEAU_LENGTHS = (10, 20, 40, 80)  # epochs; 80 only if 20 -> 40 still adds >= 
 
 def at_epochs(base: Arm, epochs: float, name: str | None = None) -> Arm:
     """`base` trained for `epochs` (the recipe's 200 warm-up steps kept), evaluated on
-    PLATEAU_EVALS with the held-out curve. The arm at the plateau's epochs is the same run in
-    `fashion_plateau_length` and `fashion_plateau` (same workdir name), so it trains once."""
+    PLATEAU_EVALS with the held-out curve."""
     arg = f"{base.arg},epochs={epochs:g},{PLATEAU_EVAL_ARG}"
     return dataclasses.replace(
         base,
@@ -367,22 +366,31 @@ FASHION_PLATEAU_LENGTH_STUDY = Study(
 )
 
 
+# fashion_plateau's input: the data in memory, augmented in JAX (rope_lie/in_memory.py), which
+# runs where TensorFlow does not (a lent GPU: at 80 epochs the study is ~60 CPU-hours here). All
+# its runs use it, on any machine, so seed k of every arm sees the same batches wherever it
+# trained (TFDS's input draws other ones).
+PLATEAU_INPUT = "input=memory"
+
+
 def at_plateau(base: Arm) -> Arm:
-    """`base` trained at the plateau schedule (configs/fashion_mnist.py's PLATEAU_EPOCHS): its
-    epochs spelled out, so that `fashion_plateau_length`'s run at that length is this arm's
-    seed 0 (one workdir name); while PLATEAU_EPOCHS is None (not measured yet), the recipe's
-    `plateau` argument, which refuses to build until it is set."""
+    """`base` trained at the plateau schedule (configs/fashion_mnist.py's PLATEAU_EPOCHS), its
+    epochs spelled out, on ``PLATEAU_INPUT``; while PLATEAU_EPOCHS is None (not measured yet),
+    the recipe's `plateau` argument, which refuses to build until it is set. Not the same runs
+    as `fashion_plateau_length`'s (TFDS input): every seed is trained here."""
     if fashion_mnist.PLATEAU_EPOCHS is None:
-        arg = f"{base.arg},plateau,{PLATEAU_EVAL_ARG}"
+        arg = f"{base.arg},plateau,{PLATEAU_EVAL_ARG},{PLATEAU_INPUT}"
         label = f"{base.label}, at the plateau"
         return dataclasses.replace(base, label=label, arg=arg, paper_arg=arg)
-    return at_epochs(base, fashion_mnist.PLATEAU_EPOCHS, name=base.name)
+    arm = at_epochs(base, fashion_mnist.PLATEAU_EPOCHS, name=base.name)
+    arg = f"{arm.arg},{PLATEAU_INPUT}"
+    return dataclasses.replace(arm, arg=arg, paper_arg=arg)
 
 
-# 5 seeds of the four main arms (APE and LieRE 8x8 first: their seed 0 may be the plateau
-# measurement's run), then DINOv3 and ComRoPE-LD at 3 if the budget allows. Every arm draws its
-# data order from its seed (no data_stream): seed k of every arm sees the same batches, and the
-# arms are compared as pairs (paired t, sign-flip; steps_to on the held-out curves).
+# 5 seeds of the four main arms, then DINOv3 and ComRoPE-LD at 3 if the budget allows. Every
+# arm draws its data order from its seed (no data_stream): seed k of every arm sees the same
+# batches, and the arms are compared as pairs (paired t, sign-flip; steps_to on the held-out
+# curves).
 FASHION_PLATEAU_STUDY = Study(
     name="fashion_plateau",
     title="Fashion-MNIST trained to the plateau: accuracy, shuffled patches, 2x the pixels",
