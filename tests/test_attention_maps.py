@@ -52,3 +52,13 @@ def test_a_model_without_a_class_token_has_no_class_token_map():
     model = ViT(**TINY, pe="rope_mixed", pool="mean", num_registers=2, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="no class token"):
         attention_maps.class_token_map(model, _image())
+
+
+def test_a_mean_pooled_model_beside_a_class_token_has_its_map():
+    """pool="mean_with_cls" (timm's "avg" with a class token) keeps a class token, unpooled."""
+    model = ViT(**TINY, pe="rope_mixed", pool="mean_with_cls", rngs=nnx.Rngs(0))
+    image = _image()
+    row = np.asarray(model.attention_maps(jnp.asarray(image[None])))[-1, 0, :, 0, 1:].mean(0)
+    np.testing.assert_allclose(
+        attention_maps.class_token_map(model, image), row.reshape(2, 3), rtol=1e-6
+    )

@@ -59,7 +59,7 @@ def class_token_map(model, image_HWC: np.ndarray, layer: int = -1) -> np.ndarray
     """
     import jax.numpy as jnp
 
-    if model.pool != "cls":
+    if model.cls_1D is None:
         raise ValueError(
             f"the model has no class token (pool={model.pool!r}; its {model.num_prefix} prefix "
             "tokens are registers)"
