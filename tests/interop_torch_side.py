@@ -45,6 +45,10 @@ AVG_CASES = {
         "vit_small_patch16_rope_mixed_224",
         dict(TINY_TIMM, global_pool="avg", dynamic_img_size=True),
     ),
+    "rope_axial_avg_no_class_token": (
+        "vit_small_patch16_rope_224",
+        dict(TINY_TIMM, global_pool="avg", class_token=False, dynamic_img_size=True),
+    ),
 }
 GAINS = dict(attention_gain=8.0, embed_gain=4.0)
 LIERE_CASES = {  # case: (block size b, per_layer, per_head)
@@ -299,6 +303,9 @@ def _errors(out: str) -> dict[str, str]:
     )
     max_pool = timm_eva.create("vit_small_patch16_rope_224", global_pool="max", **TINY_TIMM)
     record("max_pool", lambda: timm_eva.model_config(max_pool))
+    no_token = dict(TINY_TIMM, global_pool="max", class_token=False)
+    max_without_one = timm_eva.create("vit_small_patch16_rope_224", **no_token)
+    record("max_pool_without_a_class_token", lambda: timm_eva.model_config(max_without_one))
     both_eps = timm_eva.create(DINOV3_CASES["dinov3"], use_fc_norm=True, **TINY_TIMM)
     both_eps.fc_norm.eps = 1e-6  # the blocks' 1e-5: rope_lie's ViT has one epsilon
     record("fc_norm_eps", lambda: timm_eva.model_config(both_eps))

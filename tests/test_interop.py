@@ -176,6 +176,15 @@ def test_timm_avg_pooling_gives_the_same_logits_at_two_resolutions(
     assert min(_max_diffs(converted, case, TIMM_SIDES, model).values()) > 10 * TOL
 
 
+def test_timm_avg_pooling_without_a_class_token_is_the_mean_pool(converted):
+    """class_token=False with global_pool="avg": rope_lie's pool="mean", no class token; equal
+    logits at 32 px and 48 px."""
+    model, config = rope_lie.load(os.path.join(converted, "rope_axial_avg_no_class_token"))
+    assert config.model.pool == "mean" and model.cls_1D is None and model.num_prefix == 0
+    diffs = _max_diffs(converted, "rope_axial_avg_no_class_token", TIMM_SIDES, model)
+    assert max(diffs.values()) < TOL, diffs
+
+
 def test_a_headless_dinov3_converts_with_an_identity_head(converted):
     """DINOv3's released weights have no classifier: converted without a class count, the model
     returns timm's pooled features (width 64), and the config says so. A pretrained tag's input
@@ -260,6 +269,10 @@ def test_conversion_errors_name_the_problem(converted):
     assert "'blocks.0.attn.qkv.weight': ((192, 64), (96, 32))" in errors["width_differs"]
     assert "vit_large_patch16_rope_mixed_ape_224" in errors["name"]  # lists the supported
     assert "global_pool='max', expected one of ['token', 'avg']" in errors["max_pool"]
+    assert (
+        "global_pool='max', expected one of ['avg'] (without a class token"
+        in errors["max_pool_without_a_class_token"]
+    )
     assert "fc_norm=LayerNorm((64,), eps=1e-06" in errors["fc_norm_eps"]
     assert "expected Identity or a timm LayerNorm with eps=1e-05" in errors["fc_norm_eps"]
     assert "'vit_small_plus_patch16_dinov3' is not supported" in errors["dinov3_swiglu"]

@@ -55,7 +55,8 @@ Pooling (``Eva.forward_head``: ``pool``, then ``fc_norm``, then the head): ``"to
 the class token (rope_lie's ``pool="cls"``); ``"avg"``, the default of timm's DINOv3 models,
 the mean of the tokens after the ``num_prefix_tokens`` class and register tokens
 (``global_pool_nlc``) beside a class token that is not pooled (``pool="mean_with_cls"``;
-upstream DINOv3 uses the class token: ``--overrides=global_pool=token``). The state_dict does
+upstream DINOv3 uses the class token: ``--overrides=global_pool=token``), and with
+``class_token=False`` that mean alone (``pool="mean"``). The state_dict does
 not record which of the two a model was fine-tuned with, so the overrides say it. timm's final
 ``norm`` (every token, before pooling) and ``fc_norm`` (the pooled feature) are each a
 LayerNorm or an Identity: with ``"avg"`` timm turns ``fc_norm`` on and ``norm`` off unless told
@@ -93,6 +94,7 @@ SUPPORTED = NAVER + DINOV3
 # timm's global_pool -> rope_lie's pool: the class token, or the patch tokens' mean (timm's
 # global_pool_nlc: tokens after the num_prefix_tokens class and register tokens) beside it
 POOLS = {"token": "cls", "avg": "mean_with_cls"}
+NO_CLASS_TOKEN_POOLS = {"avg": "mean"}  # class_token=False: the patch tokens' mean alone
 DINOV3_CONVENTIONS = {"separate": "centred", "max": "centred_max", "min": "centred_min"}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # timm.data.IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)  # timm.data.IMAGENET_DEFAULT_STD
@@ -357,12 +359,14 @@ def model_config(model) -> dict[str, Any]:
     from torch import nn
 
     _require(type(model) is Eva, "model", type(model).__name__, "timm.models.eva.Eva")
-    _require(model.cls_token is not None, "class_token", False, "True (a class token)")
+    pools = POOLS if model.cls_token is not None else NO_CLASS_TOKEN_POOLS
     _require(
-        model.global_pool in POOLS,
+        model.global_pool in pools,
         "global_pool",
         model.global_pool,
-        f"one of {list(POOLS)} (the class token, or the patch tokens' mean)",
+        f"one of {list(pools)} (the class token, or the patch tokens' mean)"
+        if model.cls_token is not None
+        else f"one of {list(pools)} (without a class token, the patch tokens' mean)",
     )
     for name in ("norm_pre", "head_drop"):
         module = getattr(model, name)
@@ -415,7 +419,7 @@ def model_config(model) -> dict[str, Any]:
         image_shape=tuple(int(s) for s in embed.img_size),
         channels=int(embed.proj.in_channels),
         num_classes=int(head.out_features) if isinstance(head, nn.Linear) else width,
-        pool=POOLS[model.global_pool],
+        pool=pools[model.global_pool],
         final_norm=not isinstance(model.norm, nn.Identity),
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
         num_registers=0 if model.reg_token is None else int(model.reg_token.shape[1]),
@@ -518,10 +522,11 @@ def convert_params(model) -> dict[str, Any]:
             "kernel": w_DCpp.transpose(2, 3, 1, 0).reshape(-1, w_DCpp.shape[0]),
             "bias": state.pop("patch_embed.proj.bias"),
         },
-        "cls_1D": state.pop("cls_token").reshape(1, -1),
         "head": _head(state, cfg["num_classes"]),
         "blocks": {},
     }
+    if model.cls_token is not None:  # class_token=False: none, and pool="mean"
+        params["cls_1D"] = state.pop("cls_token").reshape(1, -1)
     for name, present in (("norm", cfg["final_norm"]), ("fc_norm", cfg["fc_norm"])):
         if present:
             params[name] = _norm(state, name)
