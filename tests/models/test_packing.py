@@ -42,18 +42,19 @@ def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
     graphdef, state = nnx.split(model)
 
     # One program (one compilation) for the packed rows, the rows with other padding, and each
-    # image alone at its own size.
+    # image alone at its own size; a row's logits are its own images', so the rows and the
+    # changed rows are one batch of twice the rows.
     @jax.jit
-    def logits(s, batch, changed, images):
+    def logits(s, both, images):
         m = nnx.merge(graphdef, s)
-        alone = jnp.concatenate([m(im[None]) for im in images])
-        return m.classify_tokens(batch), m.classify_tokens(changed), alone
+        return m.classify_tokens(both), jnp.concatenate([m(im[None]) for im in images])
 
-    as_jax = lambda b: tokens.Packed(*map(jnp.asarray, b))  # noqa: E731
-    logits_BUV, again_BUV, alone = logits(
-        state, as_jax(batch), as_jax(changed), [jnp.asarray(im) for im in images]
+    both = tokens.Packed(*(np.concatenate([a, c]) for a, c in zip(batch, changed, strict=True)))
+    both_2BUV, alone = logits(
+        state, tokens.Packed(*map(jnp.asarray, both)), [jnp.asarray(im) for im in images]
     )
-    assert logits_BUV.shape == (batch.segment_BT.shape[0], max_images, 5)
+    assert both_2BUV.shape == (2 * batch.segment_BT.shape[0], max_images, 5)
+    logits_BUV, again_BUV = np.split(np.asarray(both_2BUV), 2)
     packed = np.asarray(logits_BUV)[place[:, 0], place[:, 1]]
     np.testing.assert_allclose(packed, alone, rtol=1e-5, atol=2e-5)
     again = np.asarray(again_BUV)[place[:, 0], place[:, 1]]
