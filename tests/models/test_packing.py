@@ -32,7 +32,10 @@ def _packed(model, batch, method="classify_tokens", **kwargs):
     return fn(state, tokens.Packed(*map(jnp.asarray, batch)))
 
 
-def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
+def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images, alone_model=None):
+    """``model``'s logits of packed rows (and of the rows with other values in their padding)
+    equal each image's alone; ``alone_model``: each image alone through its graph (another
+    attention backend, say) with ``model``'s parameters."""
     images = _images(grids, patch)
     batch, place = tokens.pack_images(images, patch, max_tokens, max_images)
     # Other values (large, different per slot) in the padded slots, to change nothing.
@@ -40,14 +43,15 @@ def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
     padded = batch.segment_BT[..., None] == 0
     changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
     graphdef, state = nnx.split(model)
+    alone_graphdef = graphdef if alone_model is None else nnx.graphdef(alone_model)
 
     # One program (one compilation) for the packed rows, the rows with other padding, and each
     # image alone at its own size; a row's logits are its own images', so the rows and the
     # changed rows are one batch of twice the rows.
     @jax.jit
     def logits(s, both, images):
-        m = nnx.merge(graphdef, s)
-        return m.classify_tokens(both), jnp.concatenate([m(im[None]) for im in images])
+        m, alone_m = nnx.merge(graphdef, s), nnx.merge(alone_graphdef, s)
+        return m.classify_tokens(both), jnp.concatenate([alone_m(im[None]) for im in images])
 
     both = tokens.Packed(*(np.concatenate([a, c]) for a, c in zip(batch, changed, strict=True)))
     both_2BUV, alone = logits(
@@ -144,12 +148,18 @@ def test_without_segments_images_would_see_each_other():
 @pytest.mark.parametrize("pe", ["alibi", "rope_mixed"])
 def test_packed_rows_through_every_backend_that_takes_segments(backend, pe):
     """ALiBi's per-row bias beside the segments: the same logits on every backend that keeps
-    segments apart (Pallas in its TPU interpret mode)."""
+    segments apart (Pallas in its TPU interpret mode) as each image alone through "xla" (the
+    backends without segments: test_attention_backends.py)."""
     from jax.experimental.pallas import tpu as pltpu
 
     with pltpu.force_tpu_interpret_mode():
         _check_packed_equals_alone(
-            _model(pe, attention=backend), GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES
+            _model(pe, attention=backend),
+            GRIDS_2D,
+            PATCH_2D,
+            MAX_TOKENS,
+            MAX_IMAGES,
+            alone_model=_model(pe),
         )
 
 
