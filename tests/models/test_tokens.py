@@ -71,12 +71,6 @@ def _images(grids, patch, seed=0):
     ]
 
 
-def _logits_alone(model, images):
-    graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
-    return np.concatenate([np.asarray(forward(state, jnp.asarray(im)[None])) for im in images])
-
-
 def _logits_packed(model, batch, **kwargs):
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, b: nnx.merge(graphdef, s).classify_tokens(b, **kwargs))
