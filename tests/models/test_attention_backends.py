@@ -50,11 +50,17 @@ def _values_and_grads(fn, q, k, v, bias, examples=None):
     w = jnp.asarray(w, jnp.float32)
     args = (q, k, v) if bias is None else (q, k, v, bias)
 
-    def loss(*a):
-        return jnp.sum(w * fn(*a[:3], a[3] if len(a) > 3 else None).astype(jnp.float32))
+    def out(*a):
+        return fn(*a[:3], a[3] if len(a) > 3 else None)
 
-    out = jax.jit(fn)(q, k, v, bias)
-    return out, jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
+    def loss(*a):
+        return jnp.sum(w * out(*a).astype(jnp.float32))
+
+    @jax.jit  # the output and the gradients in one program
+    def values_and_grads(*a):
+        return out(*a), jax.grad(loss, argnums=tuple(range(len(a))))(*a)
+
+    return values_and_grads(*args)
 
 
 @pytest.mark.parametrize("bias_kind", sorted(BIAS_SHAPES))

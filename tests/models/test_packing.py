@@ -3,7 +3,10 @@
 The core property, for every ``pe=`` value the recipes accept: every image of a packed row gets
 the logits (and features) it gets alone at its own size (``ViT.__call__``), to float32
 rounding, on every backend that takes segments ("xla", "xla_cpu", "chunked", and the Pallas
-TPU kernel in its interpret mode); "cudnn" refuses packed batches.
+TPU kernel in its interpret mode); "cudnn" refuses packed batches. The "xla" checks of every
+``pe=`` value (in 1D, 2D and 3D, with registers and every pool, under the conventions that
+depend on the image's grid) share their programs with the padded batches' in test_tokens.py
+(``_check_padded_equals_alone``): the same images alone, compiled once for both.
 """
 
 from __future__ import annotations
@@ -17,48 +20,40 @@ import pytest
 from flax import nnx
 
 from rope_lie.models import backends, tokens, xla_attention
-from tests.models.test_tokens import _images, _logits_alone, _model, _pe_values
+from tests.models.test_tokens import (  # GRIDS_PACKED_2D: rows of 1, 2 and 3 images
+    GRIDS_PACKED_2D,
+    MAX_IMAGES,
+    MAX_TOKENS,
+    PATCH_2D,
+    _images,
+    _model,
+    _with_other_padding,
+)
 
-# Six grids packed into rows of 20 tokens, at most 3 images a row: first-fit decreasing puts
-# 16+4, 12+3+3 and 10 in three rows, so rows have 1, 2 and 3 images, empty slots and padding.
-GRIDS_2D = ((3, 4), (2, 2), (1, 3), (4, 4), (2, 5), (3, 1))
-PATCH_2D = (2, 2)
-MAX_TOKENS, MAX_IMAGES = 20, 3
 
-
-def _packed(model, batch, method="classify_tokens", **kwargs):
+def _check_packed_equals_alone(model, alone_model):
+    """``model``'s logits of the packed rows of GRIDS_PACKED_2D's images (and of the rows
+    with other values in their padding) equal each image's alone through ``alone_model``'s
+    graph (another attention backend) with ``model``'s parameters."""
+    images = _images(GRIDS_PACKED_2D, PATCH_2D)
+    batch, place = tokens.pack_images(images, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
+    both = _with_other_padding(batch, batch.segment_BT == 0)
     graphdef, state = nnx.split(model)
-    fn = jax.jit(lambda s, b: getattr(nnx.merge(graphdef, s), method)(b, **kwargs))
-    return fn(state, tokens.Packed(*map(jnp.asarray, batch)))
+    alone_graphdef = nnx.graphdef(alone_model)
 
+    @jax.jit  # one program (one compilation) for the rows, their copy and each image alone
+    def logits(s, both, images):
+        m, alone_m = nnx.merge(graphdef, s), nnx.merge(alone_graphdef, s)
+        return m.classify_tokens(both), jnp.concatenate([alone_m(im[None]) for im in images])
 
-def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
-    images = _images(grids, patch)
-    batch, place = tokens.pack_images(images, patch, max_tokens, max_images)
-    # Other values (large, different per slot) in the padded slots, to change nothing.
-    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTC.shape)
-    padded = batch.segment_BT[..., None] == 0
-    changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
-    graphdef, state = nnx.split(model)
-
-    # One program (one compilation) for the packed rows, the rows with other padding, and each
-    # image alone at its own size.
-    @jax.jit
-    def logits(s, batch, changed, images):
-        m = nnx.merge(graphdef, s)
-        alone = jnp.concatenate([m(im[None]) for im in images])
-        return m.classify_tokens(batch), m.classify_tokens(changed), alone
-
-    as_jax = lambda b: tokens.Packed(*map(jnp.asarray, b))  # noqa: E731
-    logits_BUV, again_BUV, alone = logits(
-        state, as_jax(batch), as_jax(changed), [jnp.asarray(im) for im in images]
+    both_2BUV, alone = logits(
+        state, tokens.Packed(*map(jnp.asarray, both)), [jnp.asarray(im) for im in images]
     )
-    assert logits_BUV.shape == (batch.segment_BT.shape[0], max_images, 5)
-    packed = np.asarray(logits_BUV)[place[:, 0], place[:, 1]]
+    assert both_2BUV.shape == (2 * batch.segment_BT.shape[0], MAX_IMAGES, 5)
+    logits_BUV, again_BUV = np.split(np.asarray(both_2BUV), 2)
+    packed = logits_BUV[place[:, 0], place[:, 1]]
     np.testing.assert_allclose(packed, alone, rtol=1e-5, atol=2e-5)
-    again = np.asarray(again_BUV)[place[:, 0], place[:, 1]]
-    np.testing.assert_allclose(again, packed, rtol=1e-6, atol=1e-6)
-    return batch, place
+    np.testing.assert_allclose(again_BUV[place[:, 0], place[:, 1]], packed, rtol=1e-6, atol=1e-6)
 
 
 def test_greedy_rows_first_fit_decreasing():
@@ -74,82 +69,56 @@ def test_greedy_rows_first_fit_decreasing():
 
 
 def test_pack_images_layout():
-    images = _images(GRIDS_2D, PATCH_2D)
+    images = _images(GRIDS_PACKED_2D, PATCH_2D)
     batch, place = tokens.pack_images(images, PATCH_2D, MAX_TOKENS, MAX_IMAGES, row_multiple=2)
     assert batch.patches_BTC.shape == (4, MAX_TOKENS, 12)  # 3 rows rounded up to 4
     assert (batch.segment_BT[3] == 0).all() and (batch.grid_BUA[3] == 0).all()
     for n, (row, slot) in enumerate(place):
         own = batch.segment_BT[row] == slot + 1
-        assert own.sum() == np.prod(GRIDS_2D[n])
-        np.testing.assert_array_equal(batch.grid_BUA[row, slot], GRIDS_2D[n])
+        assert own.sum() == np.prod(GRIDS_PACKED_2D[n])
+        np.testing.assert_array_equal(batch.grid_BUA[row, slot], GRIDS_PACKED_2D[n])
         expected = tokens.patchify(images[n][None], PATCH_2D)[0]
         np.testing.assert_array_equal(batch.patches_BTC[row][own], expected)
     grid_BTA = np.asarray(tokens.slot_grids(tokens.Packed(*map(jnp.asarray, batch))))
     assert (grid_BTA[batch.segment_BT == 0] == 1).all()
 
 
-@pytest.mark.parametrize("pe", [p for p in _pe_values() if p != "rope"])
-def test_packed_rows_equal_each_image_alone(pe):
-    _check_packed_equals_alone(_model(pe), GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
-
-
-def test_packed_rows_equal_alone_1d_rope():
-    grids = ((3,), (5,), (2,), (4,))
-    _check_packed_equals_alone(_model("rope", rank=1), grids, (2,), 8, 2)
-
-
-def test_packed_rows_equal_alone_3d():
-    """LieRE's 3D rotations and a trilinear APE table per image."""
-    model = _model("liere", rank=3, additive="ape")
-    grids = ((2, 1, 3), (1, 3, 2), (2, 2, 2), (1, 1, 2))
-    _check_packed_equals_alone(model, grids, (2, 2, 2), 16, 3)
-
-
-@pytest.mark.parametrize("pool", ["cls", "mean", "mean_with_cls"])
-def test_packed_rows_with_registers_every_pool(pool):
-    """Every image's own class token and registers (their APE rows too), pooled per image."""
-    model = _model("rope_axial", pool=pool, num_registers=2, additive="ape")
-    _check_packed_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
-
-
-@pytest.mark.parametrize("convention", ["centred", "normalized", "autoscale", "sequential"])
-def test_packed_rows_every_grid_convention(convention):
-    """Conventions whose positions depend on the image's grid: each token's own image's."""
-    model = _model(
-        "rope_mixed",
-        pool="mean",
-        additive="ape",
-        additive_prefix=False,
-        position_convention=convention,
-    )
-    _check_packed_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
-
-
 def test_without_segments_images_would_see_each_other():
-    """The equality sees the segments: attending across a row's images moves the logits."""
+    """The equality sees the segments: attending across a row's images moves the logits of
+    its images, from those they get with the segments (each image's own alone, test_tokens.py's
+    packed check)."""
     model = _model("rope_mixed")
-    images = _images(GRIDS_2D, PATCH_2D)
+    images = _images(GRIDS_PACKED_2D, PATCH_2D)
     batch, place = tokens.pack_images(images, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
-    expected = _logits_alone(model, images)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(xla_attention, "with_segments", lambda bias, segments: bias)
-        patch.setattr(backends, "with_segments", lambda bias, segments: bias)
-        leaky = np.asarray(_packed(model, batch))[place[:, 0], place[:, 1]]
+    graphdef, state = nnx.split(model)
+
+    @jax.jit  # one program; the segments are dropped while the second call is traced
+    def with_and_without_segments(s, batch):
+        m = nnx.merge(graphdef, s)
+        kept = m.classify_tokens(batch)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(xla_attention, "with_segments", lambda bias, segments: bias)
+            patch.setattr(backends, "with_segments", lambda bias, segments: bias)
+            return kept, m.classify_tokens(batch)
+
+    kept, leaky = (
+        np.asarray(logits_BUV)[place[:, 0], place[:, 1]]
+        for logits_BUV in with_and_without_segments(state, tokens.Packed(*map(jnp.asarray, batch)))
+    )
     shared = [n for n, (row, _) in enumerate(place) if (place[:, 0] == row).sum() > 1]
-    assert np.abs(leaky[shared] - expected[shared]).max() > 1e-3
+    assert np.abs(leaky[shared] - kept[shared]).max() > 1e-3
 
 
 @pytest.mark.parametrize("backend", ["xla_cpu", "chunked", "pallas"])
 @pytest.mark.parametrize("pe", ["alibi", "rope_mixed"])
 def test_packed_rows_through_every_backend_that_takes_segments(backend, pe):
     """ALiBi's per-row bias beside the segments: the same logits on every backend that keeps
-    segments apart (Pallas in its TPU interpret mode)."""
+    segments apart (Pallas in its TPU interpret mode) as each image alone through "xla" (the
+    backends without segments: test_attention_backends.py)."""
     from jax.experimental.pallas import tpu as pltpu
 
     with pltpu.force_tpu_interpret_mode():
-        _check_packed_equals_alone(
-            _model(pe, attention=backend), GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES
-        )
+        _check_packed_equals_alone(_model(pe, attention=backend), alone_model=_model(pe))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -212,7 +181,7 @@ def test_cudnn_refuses_packed_batches():
 
 def test_packed_features_equal_each_image_alone():
     model = _model("liere", num_registers=1, additive="ape")
-    images = _images(GRIDS_2D, PATCH_2D)
+    images = _images(GRIDS_PACKED_2D, PATCH_2D)
     batch, place = tokens.pack_images(images, PATCH_2D, MAX_TOKENS, MAX_IMAGES)
     graphdef, state = nnx.split(model)
 
@@ -237,6 +206,8 @@ def test_packed_features_equal_each_image_alone():
 
 def test_packed_training_refuses_patch_dropout():
     model = _model("nope", patch_dropout=0.5)
-    batch, _ = tokens.pack_images(_images(GRIDS_2D, PATCH_2D), PATCH_2D, MAX_TOKENS, MAX_IMAGES)
+    batch, _ = tokens.pack_images(
+        _images(GRIDS_PACKED_2D, PATCH_2D), PATCH_2D, MAX_TOKENS, MAX_IMAGES
+    )
     with pytest.raises(ValueError, match="patch_dropout=0.5 is not available on packed"):
         model.classify_tokens(tokens.Packed(*map(jnp.asarray, batch)), train=True)

@@ -3,7 +3,9 @@
 The core property, for every family the recipes accept (every ``pe=`` value of
 ``config_lib``, with the position convention of its reference): the logits of a padded batch
 of images of different grids equal those of each image alone at its own size (``ViT.__call__``)
-to float32 rounding, and the values in padded slots change nothing.
+to float32 rounding, and the values in padded slots change nothing. The same images packed
+into rows (``tokens.Packed``, test_packing.py) are checked against the same images alone, in
+the same program: one compilation of each image alone serves both.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from rope_lie.models.vit import ViT
 GRIDS_2D = ((3, 4), (5, 2), (4, 4))
 PATCH_2D = (2, 2)
 MAX_TOKENS = 20
+# Six grids (GRIDS_2D among them), padded, and packed into rows of 20 tokens, at most 3 images
+# a row: first-fit decreasing puts 16+4, 12+3+3 and 10 in three rows, so rows have 1, 2 and 3
+# images, empty slots and padding.
+GRIDS_PACKED_2D = ((3, 4), (2, 2), (1, 3), (4, 4), (5, 2), (3, 1))
+MAX_IMAGES = 3
 # Tiny, with two layers: padding that leaked into a real token would spread in the second.
 DIMS = dict(width=16, depth=2, num_heads=2, mlp_dim=32)
 # Each family's first example (its FAMILY): valid at head_dim 8, the non-default structure.
@@ -64,56 +71,82 @@ def _images(grids, patch, seed=0):
     ]
 
 
-def _logits_alone(model, images):
-    graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
-    return np.concatenate([np.asarray(forward(state, jnp.asarray(im)[None])) for im in images])
-
-
 def _logits_packed(model, batch, **kwargs):
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, b: nnx.merge(graphdef, s).classify_tokens(b, **kwargs))
     return np.asarray(forward(state, tokens.Tokens(*map(jnp.asarray, batch))))
 
 
-def _check_padded_equals_alone(model, grids, patch, max_tokens):
+def _with_other_padding(batch, padded_BT):
+    """The batch and, after it, a copy with other values (large, different per slot) in its
+    padded slots: one batch of twice the rows, whose second half must give the first's logits
+    (a row's logits are its own)."""
+    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTC.shape)
+    changed = batch._replace(patches_BTC=np.where(padded_BT[..., None], noise, batch.patches_BTC))
+    return type(batch)(*(np.concatenate([a, c]) for a, c in zip(batch, changed, strict=True)))
+
+
+def _check_padded_equals_alone(model, grids, patch, max_tokens, packed=None):
+    """The padded batch of the images (``tokens.pack`` to ``max_tokens``) gives each image's
+    logits alone at its own size (``ViT.__call__``), and other values in its padded slots
+    change nothing. ``packed=(row_tokens, max_images)``: the images packed into rows
+    (``tokens.pack_images``) as well, each image's logits in its slot equal to its own alone,
+    the padding again changing nothing (test_packing.py: packed batches)."""
     images = _images(grids, patch)
     batch = tokens.pack(images, patch, max_tokens)
     assert (batch.mask_BT.sum(1) < max_tokens).all()  # every example has padding
-    # Other values (large, different per slot) in the padded slots, to change nothing.
-    noise = np.random.default_rng(1).normal(scale=100.0, size=batch.patches_BTC.shape)
-    padded = batch.mask_BT[..., None] == 0
-    changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
+    both = _with_other_padding(batch, batch.mask_BT == 0)
+    rows = None
+    if packed is not None:
+        rows, place = tokens.pack_images(images, patch, *packed)
+        rows = _with_other_padding(rows, rows.segment_BT == 0)
     graphdef, state = nnx.split(model)
 
-    # One program (one compilation) for the batch, the batch with other padding, and each image
-    # alone at its own size; the padded logits are each example's own rows, so the batch and
-    # the changed batch are one batch of twice the examples.
+    # One program (one compilation) for the batch and its copy with other padding, the packed
+    # rows and theirs, and each image alone at its own size.
     @jax.jit
-    def logits(s, images, both):
+    def logits(s, images, both, rows):
         m = nnx.merge(graphdef, s)
-        return m.classify_tokens(both), jnp.concatenate([m(im[None]) for im in images])
+        packed_rows = None if rows is None else m.classify_tokens(rows)
+        alone = jnp.concatenate([m(im[None]) for im in images])
+        return m.classify_tokens(both), packed_rows, alone
 
-    both = tokens.Tokens(*(np.concatenate([a, c]) for a, c in zip(batch, changed, strict=True)))
-    packed_2B, alone = logits(state, [jnp.asarray(im) for im in images], both)
-    packed, packed_changed = np.split(np.asarray(packed_2B), 2)
-    np.testing.assert_allclose(packed, alone, rtol=1e-5, atol=2e-5)
-    np.testing.assert_allclose(packed_changed, packed, rtol=1e-6, atol=1e-6)
+    as_jax = lambda b: None if b is None else type(b)(*map(jnp.asarray, b))  # noqa: E731
+    padded_2B, rows_2RUV, alone = logits(
+        state, [jnp.asarray(im) for im in images], as_jax(both), as_jax(rows)
+    )
+    padded, padded_changed = np.split(np.asarray(padded_2B), 2)
+    np.testing.assert_allclose(padded, alone, rtol=1e-5, atol=2e-5, err_msg="padded")
+    np.testing.assert_allclose(padded_changed, padded, rtol=1e-6, atol=1e-6, err_msg="padding")
+    if packed is not None:
+        assert rows_2RUV.shape == (rows.segment_BT.shape[0], packed[1], 5)
+        in_rows, in_changed = np.split(np.asarray(rows_2RUV), 2)
+        in_rows, in_changed = (r[place[:, 0], place[:, 1]] for r in (in_rows, in_changed))
+        np.testing.assert_allclose(in_rows, alone, rtol=1e-5, atol=2e-5, err_msg="packed")
+        np.testing.assert_allclose(in_changed, in_rows, rtol=1e-6, atol=1e-6, err_msg="rows")
 
 
 @pytest.mark.parametrize("pe", [p for p in _pe_values() if p != "rope"])
-def test_padded_mixed_batch_equals_each_example_alone(pe):
-    _check_padded_equals_alone(_model(pe), GRIDS_2D, PATCH_2D, MAX_TOKENS)
+def test_padded_and_packed_batches_equal_each_image_alone(pe):
+    _check_padded_equals_alone(
+        _model(pe), GRIDS_PACKED_2D, PATCH_2D, MAX_TOKENS, (MAX_TOKENS, MAX_IMAGES)
+    )
 
 
-def test_padded_mixed_batch_equals_alone_1d_rope():
-    """RoPE encodes 1D positions: sequences of 3, 5 and 2 patches padded to 7."""
-    _check_padded_equals_alone(_model("rope", rank=1), ((3,), (5,), (2,)), (2,), 7)
+def test_padded_and_packed_batches_equal_alone_1d_rope():
+    """RoPE encodes 1D positions: sequences of 3, 5, 2 and 4 patches padded to 7, and packed
+    into rows of 8, at most 2 a row."""
+    _check_padded_equals_alone(_model("rope", rank=1), ((3,), (5,), (2,), (4,)), (2,), 7, (8, 2))
+
+
+# Conventions whose positions depend on the image's grid: packed, each token's own image's.
+_PACKED_CONVENTIONS = ("centred", "normalized", "autoscale", "sequential")
 
 
 @pytest.mark.parametrize("convention", positions.CONVENTIONS)
 def test_padded_equals_alone_every_convention_mean_pool(convention):
-    """Mean pooling over real tokens only; APE outside the class token (timm's no_embed_class)."""
+    """Mean pooling over real tokens only; APE outside the class token (timm's no_embed_class).
+    Packed rows too for the conventions of ``_PACKED_CONVENTIONS``."""
     model = _model(
         "rope_mixed",
         pool="mean",
@@ -121,15 +154,21 @@ def test_padded_equals_alone_every_convention_mean_pool(convention):
         additive_prefix=False,
         position_convention=convention,
     )
-    _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
+    if convention in _PACKED_CONVENTIONS:
+        packed = (MAX_TOKENS, MAX_IMAGES)
+        _check_padded_equals_alone(model, GRIDS_PACKED_2D, PATCH_2D, MAX_TOKENS, packed)
+    else:
+        _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean", "mean_with_cls"])
-def test_padded_equals_alone_with_registers(pool):
+def test_padded_and_packed_equal_alone_with_registers(pool):
     """Registers (prefix tokens at 0, unpooled) in the padded path as in the image path; with an
-    APE table holding their rows."""
+    APE table holding their rows. Packed: every image's own class token and registers (their
+    APE rows too), pooled per image."""
     model = _model("rope_axial", pool=pool, num_registers=2, additive="ape")
-    _check_padded_equals_alone(model, GRIDS_2D, PATCH_2D, MAX_TOKENS)
+    packed = (MAX_TOKENS, MAX_IMAGES)
+    _check_padded_equals_alone(model, GRIDS_PACKED_2D, PATCH_2D, MAX_TOKENS, packed)
 
 
 def test_padded_equals_alone_with_timms_avg_head():
@@ -152,10 +191,12 @@ def test_padded_equals_alone_3d_diagonal(spacing):
     _check_padded_equals_alone(model, ((2, 1, 3), (1, 3, 2), (2, 2, 2)), (2, 2, 2), 10)
 
 
-def test_padded_mixed_batch_equals_alone_3d():
-    """Trilinear APE resized per example, and LieRE's 3D rotations."""
+def test_padded_and_packed_batches_equal_alone_3d():
+    """Trilinear APE resized per example, and LieRE's 3D rotations: padded to 10 tokens, and
+    packed into rows of 16, at most 3 a row."""
     model = _model("liere", rank=3, additive="ape")
-    _check_padded_equals_alone(model, ((2, 1, 3), (1, 3, 2), (2, 2, 2)), (2, 2, 2), 10)
+    grids = ((2, 1, 3), (1, 3, 2), (2, 2, 2), (1, 1, 2))
+    _check_padded_equals_alone(model, grids, (2, 2, 2), 10, (16, 3))
 
 
 def test_changing_a_real_token_changes_its_example_only():

@@ -46,9 +46,9 @@ def _config_for(pe, **overrides):
     return {**config, **overrides}
 
 
-# Every family alone through the ViT: tests/models/test_tokens.py (each family's logits at three
-# grids, equal to the padded batch's) and test_bfloat16.py (float32 logits of every family);
-# here every additive table beside a rotary family, the dtype and the shape.
+# Every family alone through the ViT: tests/models/test_tokens.py (each family's logits at six
+# grids, equal to the padded and the packed batch's) and test_bfloat16.py (float32 logits of
+# every family); here every additive table beside a rotary family, the dtype and the shape.
 @pytest.mark.parametrize("additive", ["none", "ape", "sincos"])
 def test_forward_2d_with_every_additive_table(additive):
     config = _config_for("liere", additive=additive)
