@@ -107,7 +107,7 @@ FIRST = (
     "test_multiprocess.py",
     "test_studies.py",
     "test_train.py",
-    "test_packing.py",
+    "test_tokens.py",
     "test_explicit_sharding.py",
     "test_interop.py",
     "test_sharding.py",
