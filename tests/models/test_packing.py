@@ -32,7 +32,9 @@ def _packed(model, batch, method="classify_tokens", **kwargs):
     return fn(state, tokens.Packed(*map(jnp.asarray, batch)))
 
 
-def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
+def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images, alone=None):
+    """``model``'s packed rows give each image its logits alone at its own size (``alone``, or
+    ``model``'s own, in the same program); other values in the padded slots change nothing."""
     images = _images(grids, patch)
     batch, place = tokens.pack_images(images, patch, max_tokens, max_images)
     # Other values (large, different per slot) in the padded slots, to change nothing.
@@ -40,19 +42,22 @@ def _check_packed_equals_alone(model, grids, patch, max_tokens, max_images):
     padded = batch.segment_BT[..., None] == 0
     changed = batch._replace(patches_BTC=np.where(padded, noise, batch.patches_BTC))
     graphdef, state = nnx.split(model)
-
-    # One program (one compilation) for the packed rows, the rows with other padding, and each
-    # image alone at its own size.
-    @jax.jit
-    def logits(s, batch, changed, images):
-        m = nnx.merge(graphdef, s)
-        alone = jnp.concatenate([m(im[None]) for im in images])
-        return m.classify_tokens(batch), m.classify_tokens(changed), alone
-
     as_jax = lambda b: tokens.Packed(*map(jnp.asarray, b))  # noqa: E731
-    logits_BUV, again_BUV, alone = logits(
-        state, as_jax(batch), as_jax(changed), [jnp.asarray(im) for im in images]
-    )
+    if alone is None:
+        # One program (one compilation) for the packed rows, the rows with other padding, and
+        # each image alone at its own size.
+        @jax.jit
+        def logits(s, batch, changed, images):
+            m = nnx.merge(graphdef, s)
+            alone = jnp.concatenate([m(im[None]) for im in images])
+            return m.classify_tokens(batch), m.classify_tokens(changed), alone
+
+        logits_BUV, again_BUV, alone = logits(
+            state, as_jax(batch), as_jax(changed), [jnp.asarray(im) for im in images]
+        )
+    else:
+        rows = jax.jit(lambda s, *bs: [nnx.merge(graphdef, s).classify_tokens(b) for b in bs])
+        logits_BUV, again_BUV = rows(state, as_jax(batch), as_jax(changed))
     assert logits_BUV.shape == (batch.segment_BT.shape[0], max_images, 5)
     packed = np.asarray(logits_BUV)[place[:, 0], place[:, 1]]
     np.testing.assert_allclose(packed, alone, rtol=1e-5, atol=2e-5)
@@ -139,16 +144,28 @@ def test_without_segments_images_would_see_each_other():
     assert np.abs(leaky[shared] - expected[shared]).max() > 1e-3
 
 
+@functools.cache
+def _xla_logits_alone(pe):
+    """Each image of ``GRIDS_2D`` alone through ``_model(pe)`` on the "xla" backend, once per
+    ``pe`` for every backend's packed rows (the same parameters: the backend holds none)."""
+    return _logits_alone(_model(pe), _images(GRIDS_2D, PATCH_2D))
+
+
 @pytest.mark.parametrize("backend", ["xla_cpu", "chunked", "pallas"])
 @pytest.mark.parametrize("pe", ["alibi", "rope_mixed"])
 def test_packed_rows_through_every_backend_that_takes_segments(backend, pe):
-    """ALiBi's per-row bias beside the segments: the same logits on every backend that keeps
-    segments apart (Pallas in its TPU interpret mode)."""
+    """ALiBi's per-row bias beside the segments: every backend that keeps segments apart
+    (Pallas in its TPU interpret mode) gives each packed image the logits "xla" gives it alone."""
     from jax.experimental.pallas import tpu as pltpu
 
     with pltpu.force_tpu_interpret_mode():
         _check_packed_equals_alone(
-            _model(pe, attention=backend), GRIDS_2D, PATCH_2D, MAX_TOKENS, MAX_IMAGES
+            _model(pe, attention=backend),
+            GRIDS_2D,
+            PATCH_2D,
+            MAX_TOKENS,
+            MAX_IMAGES,
+            alone=_xla_logits_alone(pe),
         )
 
 
