@@ -56,8 +56,8 @@ blocked); nothing has to be carried in as wheels. ``--write-recipes`` (which nee
 ml_collections) regenerates the recipes from ``configs/imagenet.py``.
 
 On a CPU (``--dry-run``, automatic where the platform is "cpu") every stage runs at tiny shapes:
-ViT-pico with 16 px patches on 32 x 32 images, batch 2, one step, batches up to 8, and a few
-fast tests in stage 2.
+one layer of ViT-pico with 16 px patches on 32 x 32 images, batch 2, one step, batches up to 8,
+and a few fast tests in stage 2.
 """
 
 from __future__ import annotations
@@ -172,7 +172,9 @@ DRY = dict(
     warmup=1,
     max_batch=8,
     largest_encoders=2,
-    overrides=dict(variant="pico", patch_size=16, image_shape=(32, 32)),
+    # One layer: the dry run checks each stage's path, which a second layer only makes longer
+    # to trace and compile.
+    overrides=dict(variant="pico", dims=dict(depth=1), patch_size=16, image_shape=(32, 32)),
     rotation_shape=(2, 2),
     other_backend_encoders=2,
     packing_batch=8,

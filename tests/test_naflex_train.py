@@ -117,14 +117,17 @@ def test_a_packed_train_step_is_the_padded_one(tfds_dir):
 
 
 def test_naflex_digits_packed_trains_and_evaluates(tfds_dir, tmp_path):
-    """The training job end to end on packed batches (patch dropout refused with them)."""
+    """The training job end to end on packed batches (patch dropout refused with them). The
+    evaluations are not packed: one of each kind, image and tokens (every kind at every size is
+    test_naflex_digits_smoke_trains_and_evaluates_at_every_size's)."""
     import pytest
 
     config = _digits_naflex(tfds_dir)
     config.naflex.pack = True
     config.total_steps = 3
+    config.evals = {name: config.evals[name] for name in ("size8", "naflex_s06")}
     result = train.train_and_evaluate(config, str(tmp_path / "run"))
-    assert result["step"] == 3
+    assert result["step"] == 3 and set(result["evals"]) == {"size8", "naflex_s06"}
     for res in result["evals"].values():
         assert res["num_examples"] == 360 and np.isfinite(res["loss"])
     config.model.patch_dropout = 0.25
