@@ -220,7 +220,7 @@ def layer_states(
             encoder, params, pos, num_prefix=num_prefix, fold=fold, scaling=scaling
         )
 
-    if plan == "each" or len(params_per_layer) < 2 or not params_per_layer[0]:
+    if plan == "each" or not params_per_layer or not params_per_layer[0]:
         return [precompute(params) for params in params_per_layer]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *map(dict, params_per_layer))
     states = jax.vmap(precompute)(stacked)
