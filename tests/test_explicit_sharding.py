@@ -62,6 +62,9 @@ VIT_CALLS = {
     "rope_mixed": _BOTH,
     "cayley_string": _WITH_GRADIENT,
     "liere": _BOTH,
+    # the accelerators' layer plan: every layer's state from one vmapped precompute
+    # (position_hook.LAYER_PLANS "batched"; the CPU's own is "each")
+    "liere_batched": _WITH_GRADIENT,
     "circulant_string": _WITH_GRADIENT,
     "alibi": _WITH_GRADIENT,
     "ape": _WITH_GRADIENT,
@@ -79,7 +82,7 @@ _SCRIPT = textwrap.dedent(
     from jax.sharding import NamedSharding, PartitionSpec as P
     from rope_lie import encodings, sharding, train
     from rope_lie.encodings import positions
-    from rope_lie.models import ViT
+    from rope_lie.models import ViT, position_hook
 
     cases = json.loads(sys.argv[1])
     mesh = jax.make_mesh((8,), ("data",))  # the default axis types: Explicit
@@ -136,7 +139,9 @@ _SCRIPT = textwrap.dedent(
         record("alibi", name, fn, params, pos_BTA)
 
     images = np.random.default_rng(0).normal(size=(B, 8, 12, 3)).astype(np.float32)
-    for pe, wanted in cases["vit"].items():
+    for case, wanted in cases["vit"].items():
+        pe = case.removesuffix("_batched")
+        position_hook.LAYER_PLANS["cpu"] = "batched" if case.endswith("_batched") else "each"
         kw = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5,
                   head_zero_init=False)
         hp = {"liere": {"block_size": 4}, "alibi": {"learnable": True},
@@ -154,7 +159,8 @@ _SCRIPT = textwrap.dedent(
         }
         for call in wanted:
             fn, data = calls[call]
-            record("vit", f"{pe}-{call}", fn, state, jax.device_put(data, split))
+            record("vit", f"{case}-{call}", fn, state, jax.device_put(data, split))
+    position_hook.LAYER_PLANS["cpu"] = "each"
 
     # One train step of rope_lie/train.py on an Explicit mesh and on the loop's Auto mesh.
     config = mc.ConfigDict(dict(
