@@ -34,8 +34,10 @@ def _setup(backend: str, platform: str, **model: str):
     config.model.update(model)
     options.check_model_attention(config.model, platform)
     mesh = sharding.make_mesh(config.mesh)
-    setup, abstract_state, _, _ = train.create_setup_and_state(config, mesh, 4)
     model = nnx.eval_shape(lambda: train.build_model(config.model, jax.random.key(0)))
+    setup, abstract_state, _, _ = train.create_setup_and_state(
+        config, mesh, 4, abstract_model=model
+    )
     other = nnx.split(model, nnx.Param, ...)[2]
     return setup, abstract_state, other, jax.eval_shape(lambda: jax.random.key(1))
 

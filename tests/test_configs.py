@@ -203,8 +203,13 @@ def test_topk_recipes_start_from_a_random_generator(dataset):
     """From S = 0, top_k would keep the first k entries forever: the recipes draw S."""
     hparams = get_config("cayley", f"dataset={dataset},generator=topk").model.pe_hparams
     assert hparams["init_std"] > 0
-    params = cayley_string.init(jax.random.key(0), num_heads=4, head_dim=12, num_axes=2, **hparams)
-    mask = np.asarray(cayley_string.generator(params, k=hparams["k"])) != 0
+
+    @jax.jit  # one program, not dozens of single ops
+    def generator(key):
+        params = cayley_string.init(key, num_heads=4, head_dim=12, num_axes=2, **hparams)
+        return cayley_string.generator(params, k=hparams["k"])
+
+    mask = np.asarray(generator(jax.random.key(0))) != 0
     assert mask[0].sum() >= hparams["k"]  # k entries kept, and their transposes
     first_k = np.zeros(12 * 12, bool)  # what top_k picks from all-equal scores
     first_k[np.flatnonzero(~np.eye(12, dtype=bool).ravel())[: hparams["k"]]] = True

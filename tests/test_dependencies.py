@@ -24,6 +24,7 @@ stayed green on a machine that had it installed by hand.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import pathlib
@@ -70,12 +71,25 @@ def declared(pyproject: dict, extras: tuple[str, ...] = ()) -> set[str]:
     return names
 
 
+@functools.cache
+def _parse(source: str, filename: str) -> ast.Module:
+    """``ast.parse``, once per source text: the guards below read the same files again."""
+    return ast.parse(source, filename=filename)
+
+
+@functools.cache
+def _providers() -> dict[str, list[str]]:
+    """``metadata.packages_distributions()``, read once: it lists every installed
+    distribution's files (~0.2 s a call), and nothing installs a package during the tests."""
+    return metadata.packages_distributions()
+
+
 def import_sites(path: pathlib.Path) -> list[tuple[str, int, bool]]:
     """(top-level module, line, at_import_time) for every absolute import in a file.
 
     ``at_import_time`` is False inside function bodies and ``if TYPE_CHECKING:`` blocks.
     """
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _parse(path.read_text(), str(path))
     sites = []
 
     def visit(node: ast.AST, eager: bool) -> None:
@@ -122,7 +136,7 @@ def imported_modules(path: pathlib.Path, eager_only: bool = False) -> list[str]:
         for child in ast.iter_child_nodes(node):
             visit(child, eager)
 
-    visit(ast.parse(path.read_text()), True)
+    visit(_parse(path.read_text(), str(path)), True)
     return names
 
 
@@ -146,7 +160,7 @@ def with_first_party_imports(
 def undeclared(files: list[pathlib.Path], allowed: set[str], allowed_lazily: set[str]) -> list[str]:
     """Third-party imports not provided by a distribution in `allowed` (`allowed_lazily` for
     imports inside functions), as 'module (file:line): why' strings."""
-    providers = metadata.packages_distributions()
+    providers = _providers()
     problems = []
     for path in files:
         for module, line, eager in import_sites(path):
@@ -253,7 +267,7 @@ def test_markers_and_extras_are_read_from_pyproject():
 # user with only the core install (`pip install rope_lie`) gets. Every rotary family and ALiBi
 # is initialised and applied once, and the demo's per-family check runs.
 _CORE_ONLY = """
-import importlib.abc, sys
+import functools, importlib.abc, sys
 BLOCKED = set(sys.argv[1].split(","))
 assert not BLOCKED & set(sys.modules), sorted(BLOCKED & set(sys.modules))
 
@@ -271,13 +285,15 @@ from rope_lie.encodings import positions
 
 pos_TA = positions.grid_positions((2, 3), "integer", num_prefix=1)
 x_BTNH = jax.random.normal(jax.random.key(0), (1, pos_TA.shape[0], 2, 8))
+
+def norms(module, x_BTNH, pos_TA):  # one program per family, not dozens of single ops
+    params = module.init(jax.random.key(1), num_heads=2, head_dim=8, num_axes=pos_TA.shape[1])
+    return jnp.linalg.norm(module.apply(params, x_BTNH, pos_TA), axis=-1)
+
 for name, module in encodings.ROTARY.items():
     pos = pos_TA[:, :1] if name == "rope" else pos_TA  # rope is 1D only
-    params = module.init(jax.random.key(1), num_heads=2, head_dim=8, num_axes=pos.shape[1])
-    out = module.apply(params, x_BTNH, pos)
-    np.testing.assert_allclose(
-        jnp.linalg.norm(out, axis=-1), jnp.linalg.norm(x_BTNH, axis=-1), rtol=1e-5, err_msg=name
-    )
+    got = jax.jit(functools.partial(norms, module))(x_BTNH, pos)
+    np.testing.assert_allclose(got, jnp.linalg.norm(x_BTNH, axis=-1), rtol=1e-5, err_msg=name)
 alibi = encodings.BIAS["alibi"]
 params = alibi.init(jax.random.key(2), num_heads=2, head_dim=8, num_axes=2)
 assert alibi.bias(params, pos_TA, pos_TA, num_heads=2, num_prefix=1).shape == (2, 7, 7)
@@ -290,7 +306,7 @@ def _train_only_modules(pyproject: dict) -> set[str]:
     """Top-level modules installed here by the distributions of the train extra that the core
     does not declare (flax, optax, orbax, tensorflow, ...)."""
     train_only = declared(pyproject, ("train",)) - declared(pyproject)
-    providers = metadata.packages_distributions()
+    providers = _providers()
     return {m for m, dists in providers.items() if {_norm(d) for d in dists} & train_only}
 
 
