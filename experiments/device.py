@@ -613,46 +613,39 @@ def wait_for_encoder_tests(q: Queue) -> None:
 
 
 @contextlib.contextmanager
-def block_product(name: str | None):
-    """Trace with ``lie.BLOCK_PRODUCTS`` set to ``name`` on every platform (None: unchanged);
-    JAX's caches are cleared on entry and exit, as the product is read when tracing."""
-    from rope_lie.encodings import lie
-
-    if name is None:
-        yield
-        return
-    saved = dict(lie.BLOCK_PRODUCTS)
-    lie.BLOCK_PRODUCTS.update({k: name for k in saved})
+def every_platform(table: dict, name: str):
+    """Trace with every entry of ``table`` (a per-platform choice read when a program is
+    traced: ``lie.BLOCK_PRODUCTS``, ``position_hook.LAYER_PLANS``) set to ``name``; JAX's
+    caches are cleared on entry and exit, so that programs are traced again."""
+    saved = dict(table)
+    table.update({k: name for k in saved})
     jax_clear_caches()
     try:
         yield
     finally:
-        lie.BLOCK_PRODUCTS.clear()
-        lie.BLOCK_PRODUCTS.update(saved)
+        table.clear()
+        table.update(saved)
         jax_clear_caches()
+
+
+def block_product(name: str | None):
+    """Trace with ``lie.BLOCK_PRODUCTS`` set to ``name`` on every platform (None: unchanged)."""
+    from rope_lie.encodings import lie
+
+    return contextlib.nullcontext() if name is None else every_platform(lie.BLOCK_PRODUCTS, name)
+
+
+def layer_plan(name: str):
+    """Trace with ``position_hook.LAYER_PLANS`` set to ``name`` on every platform."""
+    from rope_lie.models import position_hook
+
+    return every_platform(position_hook.LAYER_PLANS, name)
 
 
 def jax_clear_caches() -> None:
     import jax
 
     jax.clear_caches()
-
-
-@contextlib.contextmanager
-def layer_plan(name: str):
-    """Trace with ``position_hook.LAYER_PLANS`` set to ``name`` on every platform; JAX's caches
-    are cleared on entry and exit, as the plan is read when tracing."""
-    from rope_lie.models import position_hook
-
-    saved = dict(position_hook.LAYER_PLANS)
-    position_hook.LAYER_PLANS.update({k: name for k in saved})
-    jax_clear_caches()
-    try:
-        yield
-    finally:
-        position_hook.LAYER_PLANS.clear()
-        position_hook.LAYER_PLANS.update(saved)
-        jax_clear_caches()
 
 
 # LieRE 8x8's variants, each what its platform does not use by default: a block product
