@@ -22,7 +22,7 @@ goes on:
    first four encoders on the others, at batch 64: lowered one after the other and compiled by
    ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
    until the stage's deadline (the steps not compiled by then are recorded as skipped). LieRE
-   8x8 is compiled again with what its platform does not use by default (``VARIANTS``): the
+   8x8 is compiled again with what its platform does not use by default (``variant``): the
    other block product (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla", and the other layer plan
    (``position_hook.LAYER_PLANS``: one precompute per layer, or one for all) on the first
    backend.
@@ -653,13 +653,17 @@ def jax_clear_caches() -> None:
 LAYERS = "layers="
 
 
+def split_variant(name: str | None) -> tuple[str | None, str | None]:
+    """(block product, layer plan) a variant names; None for what it leaves at the default."""
+    if name is not None and name.startswith(LAYERS):
+        return None, name.removeprefix(LAYERS)
+    return name, None
+
+
 def variant(name: str | None):
     """The context a variant is traced in (None: the platform's defaults)."""
-    if name is None:
-        return contextlib.nullcontext()
-    if name.startswith(LAYERS):
-        return layer_plan(name.removeprefix(LAYERS))
-    return block_product(name)
+    product, plan = split_variant(name)
+    return block_product(product) if plan is None else layer_plan(plan)
 
 
 def default_layer_plan(platform: str) -> str:
@@ -860,8 +864,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
     row = empty_row(encoder, attention, batch, case="fixed_batch")
     if encoder.startswith("liere"):
         platform = q.data["platform"]
-        plan = name.removeprefix(LAYERS) if name and name.startswith(LAYERS) else None
-        product = name if name and not plan else None
+        product, plan = split_variant(name)
         row["block_product"] = product or default_product(platform)
         row["layer_plan"] = plan or default_layer_plan(platform)
         row["platform_default"] = name is None
@@ -937,7 +940,7 @@ def best_rows(rows: list[dict], batch: int | None) -> dict[str, dict]:
             continue
         if batch is not None and r["batch"] != batch:
             continue
-        if not r.get("platform_default", r.get("platform_default_product", True)):
+        if not r.get("platform_default", True):
             continue
         if r["encoder"] not in best or r["step_ms"] < best[r["encoder"]]["step_ms"]:
             best[r["encoder"]] = r

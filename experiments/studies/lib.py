@@ -543,7 +543,7 @@ def run_study(
         append_results(study_dir, rows, examples)
         handled.append((arm.name, seed))
 
-    to_train = []
+    to_train: dict[str, _Run] = {}  # by workdir
     for i, (arm, seed) in enumerate(todo, 1):
         workdir = run_dir(root, arm, seed, scale)
         cmd = command(arm, seed, scale, workdir, extra_flags)
@@ -563,20 +563,32 @@ def run_study(
         if is_finished(workdir):
             record(arm, seed, workdir)
             continue
-        # Tool arms read their base arm's run: trained once, recorded for each.
-        same = [t for t in to_train if t[3] == workdir]
-        if same:
-            same[0][4].append((arm, seed))
-            continue
-        to_train.append((f"[{i}/{len(todo)}]", arm, seed, workdir, [(arm, seed)], cmd))
-    _train(to_train, jobs, record, log)
+        if workdir in to_train:  # a tool arm of a run to train: trained once, recorded for each
+            to_train[workdir].readers.append((arm, seed))
+        else:
+            to_train[workdir] = _Run(f"[{i}/{len(todo)}]", workdir, cmd, [(arm, seed)])
+    _train(list(to_train.values()), jobs, record, log)
     return handled
 
 
-def _train(runs: list, jobs: int, record, log) -> None:
-    """Train ``runs`` (label, arm, seed, workdir, [(arm, seed) to record], command), ``jobs`` at
-    once, recording each as it finishes. A failed run stops the rest (SIGTERM: each saves its
-    next step and exits, to be resumed) and raises."""
+@dataclasses.dataclass
+class _Run:
+    """One training run: its log label, workdir and command, and the (arm, seed) pairs that
+    read it (the first is the one it is named for)."""
+
+    label: str
+    workdir: str
+    cmd: list[str]
+    readers: list[tuple[Arm, int]]
+
+    def __str__(self) -> str:
+        arm, seed = self.readers[0]
+        return f"{self.label} {arm.name} seed {seed}"
+
+
+def _train(runs: list[_Run], jobs: int, record, log) -> None:
+    """Train ``runs``, ``jobs`` at once, recording each as it finishes. A failed run stops the
+    rest (SIGTERM: each saves its next step and exits, to be resumed) and raises."""
     env = dict(os.environ)
     if jobs > 1:  # XLA:GPU would give the first process 75 % of the memory
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -584,20 +596,20 @@ def _train(runs: list, jobs: int, record, log) -> None:
     try:
         while pending or running:
             while pending and len(running) < jobs:
-                label, arm, seed, workdir, readers, cmd = pending.pop(0)
-                log(f"{label} {arm.name} seed {seed}: {workdir}")
-                record_provenance(workdir)
-                proc = subprocess.Popen(cmd, cwd=REPO, env=env)
-                running[proc] = (label, arm, seed, workdir, readers, time.perf_counter())
+                run = pending.pop(0)
+                log(f"{run}: {run.workdir}")
+                record_provenance(run.workdir)
+                proc = subprocess.Popen(run.cmd, cwd=REPO, env=env)
+                running[proc] = (run, time.perf_counter())
             proc = _wait_any(running)
-            label, arm, seed, workdir, readers, start = running.pop(proc)
+            run, start = running.pop(proc)
             if proc.returncode != 0:
                 raise subprocess.CalledProcessError(proc.returncode, proc.args)
-            log(f"{label} {arm.name} seed {seed}: {time.perf_counter() - start:.0f} s")
-            if not is_finished(workdir):  # preempted (SIGTERM): the rerun resumes it
-                raise RuntimeError(f"{workdir} stopped before the end; rerun to resume it")
-            for reader, reader_seed in readers:
-                record(reader, reader_seed, workdir)
+            log(f"{run}: {time.perf_counter() - start:.0f} s")
+            if not is_finished(run.workdir):  # preempted (SIGTERM): the rerun resumes it
+                raise RuntimeError(f"{run.workdir} stopped before the end; rerun to resume it")
+            for arm, seed in run.readers:
+                record(arm, seed, run.workdir)
     finally:
         for proc in running:
             proc.terminate()
