@@ -216,6 +216,13 @@ def cayley_hparams(generator: str, bandwidth: int, k: int) -> dict[str, Any]:
     return hparams
 
 
+def data_seed(config: mc.ConfigDict) -> int:
+    """The seed of the training data's order and augmentation: ``config.data_seed``, or
+    ``config.seed`` where it is None or absent (every run before data_seed existed)."""
+    value = config.get("data_seed")
+    return config.seed if value is None else value
+
+
 def base_config() -> mc.ConfigDict:
     """Defaults shared by every recipe; recipes fill `dataset`, `model`, `evals`."""
     c = mc.ConfigDict()

@@ -1,7 +1,7 @@
 """A run's data held in memory (numpy) and augmented in JAX: training without TensorFlow.
 
 ``config.input = "memory"`` (``configs/fashion_mnist.py:...,input=memory``) makes the training
-job read its data here instead of through tf.data and TFDS (``rope_lie/data/run_inputs.py``), so
+job read its data here instead of through tf.data and TFDS (``rope_lie/run_inputs.py``), so
 it runs on a machine that has JAX but no TensorFlow, such as an accelerator image with jax,
 flax, optax and orbax only (set ``tensorboard=False`` there as well: TensorBoard's events are
 written through TensorFlow). The two paths do not give the same batches; they draw from the same
@@ -42,6 +42,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rope_lie import fashion_mnist_files, sharding
+from rope_lie.config_lib import data_seed
 
 DATASET = "fashion_mnist_idx"
 CANVASES = {"plain": fashion_mnist_files.SIDE, "canvas36": 36, "canvas44": 44, "canvas56": 56}
@@ -55,27 +56,6 @@ def uses_memory(config: mc.ConfigDict) -> bool:
     if source not in ("tfds", "memory"):
         raise ValueError(f"input={source!r}; expected 'tfds' (tf.data) or 'memory' (no TF)")
     return source == "memory"
-
-
-def run_inputs(config: mc.ConfigDict):
-    """The module that reads the run's data: this one, or ``rope_lie.run_inputs`` (which
-    imports TensorFlow). Both have ``prepare_data(config)``,
-    ``data_train_batches(config, patch, start_step)`` and
-    ``eval_batches(config, entry, mesh, patch)``."""
-    if uses_memory(config):
-        import rope_lie.in_memory as module
-
-        return module
-    from rope_lie import run_inputs as module
-
-    return module
-
-
-def data_seed(config: mc.ConfigDict) -> int:
-    """The seed of the training data's order and augmentation: ``config.data_seed``, or
-    ``config.seed`` where it is None or absent (every run before data_seed existed)."""
-    value = config.get("data_seed")
-    return config.seed if value is None else value
 
 
 # --------------------------------------------------------------------------- the arrays

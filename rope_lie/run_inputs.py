@@ -27,8 +27,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rope_lie import sharding
+from rope_lie.config_lib import data_seed  # one rule for both input paths
 from rope_lie.data import catalog, naflex, pipeline
-from rope_lie.in_memory import data_seed  # one rule for both input paths
 from rope_lie.models import tokens
 
 

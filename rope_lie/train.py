@@ -346,10 +346,7 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
         attention.check_backends(model, jax.default_backend(), packed=packed)
         job.check_workdir(workdir)  # an unwritable workdir fails now, not at the first save
         sharding.check_batch_size(config.batch_size, mesh)  # eval batches padded to the mesh
-        from rope_lie import in_memory
-
-        # rope_lie.run_inputs (TFDS; imports TensorFlow only now) or rope_lie.in_memory
-        run_inputs = in_memory.run_inputs(config)
+        run_inputs = input_module(config)
 
         # Every dataset now: a missing eval dataset fails before training, not after it.
         num_train = run_inputs.prepare_data(config)
@@ -380,11 +377,23 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
     )
 
 
-def _make_run(config, workdir, p: _Prepared, other, dropout_key, writer, best) -> loop.Run:
-    """The loop's pieces: the steps, the batches and evaluations of the config, the numbers."""
+def input_module(config: mc.ConfigDict):
+    """The module that reads the run's data: ``rope_lie.run_inputs`` (tf.data and TFDS; imported
+    only now, as it imports TensorFlow) or ``rope_lie.in_memory`` (``config.input="memory"``).
+    Both have ``prepare_data(config)``, ``data_train_batches(config, patch, start_step)`` and
+    ``eval_batches(config, entry, mesh, patch)``."""
     from rope_lie import in_memory
 
-    run_inputs = in_memory.run_inputs(config)  # rope_lie.run_inputs or rope_lie.in_memory
+    if in_memory.uses_memory(config):
+        return in_memory
+    from rope_lie import run_inputs
+
+    return run_inputs
+
+
+def _make_run(config, workdir, p: _Prepared, other, dropout_key, writer, best) -> loop.Run:
+    """The loop's pieces: the steps, the batches and evaluations of the config, the numbers."""
+    run_inputs = input_module(config)
     setup, mesh, patch = p.setup, p.setup.mesh, p.setup.patch
     eval_step = make_eval_fn(setup, other)
 

@@ -453,3 +453,51 @@ def test_importing_the_package_and_encoders_loads_no_train_module():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def _room(name: str) -> str | None:
+    """The part of ``rope_lie`` a dotted name lies in (``rope_lie.models.vit`` -> ``models``,
+    ``rope_lie.train`` -> ``train``); None for the package itself and for other packages."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "rope_lie" and len(parts) > 1 else None
+
+
+def circles(arrows: dict[str, set[str]]) -> list[list[str]]:
+    """Every loop of a directed graph, once each, as the list of its nodes (depth-first)."""
+    found, state = set(), {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for after in sorted(arrows.get(node, ())):
+            if state.get(after) == "open":
+                loop = path[path.index(after) :]
+                found.add(tuple(loop[loop.index(min(loop)) :] + loop[: loop.index(min(loop))]))
+            elif after not in state:
+                visit(after, [*path, after])
+        state[node] = "done"
+
+    for node in sorted(arrows):
+        if node not in state:
+            visit(node, [node])
+    return sorted(list(c) for c in found)
+
+
+def test_the_circle_finder_finds_a_loop_and_passes_a_tree():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_package_s_modules_import_each_other_without_a_circle():
+    """Counted at the package's top level (a module, or a subpackage as one), with every import:
+    inside functions and under ``TYPE_CHECKING`` too, as a reader follows them. A circle came
+    back once through a lazy import (in_memory <-> run_inputs)."""
+    arrows: dict[str, set[str]] = {}
+    for path in _py("rope_lie"):
+        rel = path.relative_to(REPO / "rope_lie")
+        if rel == pathlib.Path("__init__.py"):
+            continue  # the package's face: it hands names on
+        room = rel.parts[0].removesuffix(".py")
+        targets = {_room(n) for n in imported_modules(path)} - {None, room}
+        arrows.setdefault(room, set()).update(targets)
+    assert "run_inputs" in arrows["train"] or "in_memory" in arrows["train"]
+    assert not circles(arrows), circles(arrows)

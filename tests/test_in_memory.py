@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from rope_lie import fashion_mnist_files, in_memory, sharding
+from rope_lie import fashion_mnist_files, in_memory, sharding, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = fashion_mnist_files.DEFAULT_DIR
@@ -85,7 +85,7 @@ def _tfds_batches(config, tfds_dir, n):
 def test_the_recipe_selects_it_and_turns_tensorboard_off():
     config = _config()
     assert config.input == "memory" and not config.tensorboard
-    assert in_memory.uses_memory(config) and in_memory.run_inputs(config) is in_memory
+    assert in_memory.uses_memory(config) and train.input_module(config) is in_memory
     from configs import fashion_mnist
 
     assert fashion_mnist.get_config("pe=ape").input == "tfds"
