@@ -23,15 +23,16 @@ goes on:
    ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
    until the stage's deadline (the steps not compiled by then are recorded as skipped). LieRE
    8x8 is compiled again with what its platform does not use by default (``variant``): the
-   other block product (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla", and the other layer plan
-   (``position_hook.LAYER_PLANS``: one precompute per layer, or one for all) on the first
-   backend.
+   other block product (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla", and on the first backend
+   the other layer plan (``position_hook.LAYER_PLANS``: one precompute per layer, or one for
+   all) and the other squaring loop (``expm.SQUARING_LOOPS``: a loop whose trip count is read
+   from the data, or a fixed count first).
 4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
    warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``
    is the min.
 5. ``rotations``: ``lie.apply_blocks``'s two block products alone at ViT-B/16's shapes (LieRE
    8x8 and dense; forward, and forward plus backward), and each one's error against float64.
-6. ``profile``: the LieRE 8x8 (with each block product and layer plan) and RoPE-Mixed steps,
+6. ``profile``: the LieRE 8x8 (and each of its variants) and RoPE-Mixed steps,
    on their fastest backend, traced by ``jax.profiler``: the top operations by device time per step
    (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),
    beside the compiled program's instruction counts and XLA's cost analysis.
@@ -308,8 +309,9 @@ def markdown(data: dict) -> str:
     for r in data.get("rows", []):
         note = r.get("error") or r.get("skipped") or ""
         if r.get("block_product"):
-            plan = f", layers {r['layer_plan']}" if r.get("layer_plan") else ""
-            note = f"block product {r['block_product']}{plan}" + (f"; {note}" if note else "")
+            choices = f"block product {r['block_product']}, layers {r.get('layer_plan')}"
+            choices += f", squarings {r.get('squaring_loop')}"
+            note = choices + (f"; {note}" if note else "")
         ms = (
             f"{r['step_ms']:.2f} / {r['step_ms_median']:.2f}"
             if r.get("step_ms") is not None
@@ -615,8 +617,8 @@ def wait_for_encoder_tests(q: Queue) -> None:
 @contextlib.contextmanager
 def every_platform(table: dict, name: str):
     """Trace with every entry of ``table`` (a per-platform choice read when a program is
-    traced: ``lie.BLOCK_PRODUCTS``, ``position_hook.LAYER_PLANS``) set to ``name``; JAX's
-    caches are cleared on entry and exit, so that programs are traced again."""
+    traced: ``lie.BLOCK_PRODUCTS``, ``position_hook.LAYER_PLANS``, ``expm.SQUARING_LOOPS``) set
+    to ``name``; JAX's caches are cleared on entry and exit, so that programs are traced again."""
     saved = dict(table)
     table.update({k: name for k in saved})
     jax_clear_caches()
@@ -628,66 +630,89 @@ def every_platform(table: dict, name: str):
         jax_clear_caches()
 
 
-def block_product(name: str | None):
-    """Trace with ``lie.BLOCK_PRODUCTS`` set to ``name`` on every platform (None: unchanged)."""
-    from rope_lie.encodings import lie
-
-    return contextlib.nullcontext() if name is None else every_platform(lie.BLOCK_PRODUCTS, name)
-
-
-def layer_plan(name: str):
-    """Trace with ``position_hook.LAYER_PLANS`` set to ``name`` on every platform."""
-    from rope_lie.models import position_hook
-
-    return every_platform(position_hook.LAYER_PLANS, name)
-
-
 def jax_clear_caches() -> None:
     import jax
 
     jax.clear_caches()
 
 
-# LieRE 8x8's variants, each what its platform does not use by default: a block product
-# (``lie.BLOCK_PRODUCTS``) or a layer plan, "layers=" and the plan (``LAYER_PLANS``).
-LAYERS = "layers="
+# LieRE 8x8's variants, each one choice its platform does not make by default, named
+# "<kind>=<choice>": kind "product" a block product (``lie.BLOCK_PRODUCTS``), "layers" a layer
+# plan (``position_hook.LAYER_PLANS``), "squarings" a squaring loop (``expm.SQUARING_LOOPS``).
+# Each is a per-platform table read when a program is traced; a variant sets it everywhere.
+VARIANT_KINDS = {"product": "block product", "layers": "layer plan", "squarings": "squaring loop"}
 
 
-def split_variant(name: str | None) -> tuple[str | None, str | None]:
-    """(block product, layer plan) a variant names; None for what it leaves at the default."""
-    if name is not None and name.startswith(LAYERS):
-        return None, name.removeprefix(LAYERS)
-    return name, None
+def variant_table(kind: str) -> dict:
+    from rope_lie.encodings import expm, lie
+    from rope_lie.models import position_hook
+
+    tables = {
+        "product": lie.BLOCK_PRODUCTS,
+        "layers": position_hook.LAYER_PLANS,
+        "squarings": expm.SQUARING_LOOPS,
+    }
+    return tables[kind]
+
+
+def split_variant(name: str | None) -> tuple[str, str] | None:
+    """(kind, choice) of a variant's name; None for None (the platform's defaults)."""
+    if name is None:
+        return None
+    kind, sep, choice = name.partition("=")
+    if not sep or kind not in VARIANT_KINDS:
+        raise ValueError(
+            f"variant {name!r}: expected '<kind>=<choice>', kind in {list(VARIANT_KINDS)}"
+        )
+    return kind, choice
 
 
 def variant(name: str | None):
     """The context a variant is traced in (None: the platform's defaults)."""
-    product, plan = split_variant(name)
-    return block_product(product) if plan is None else layer_plan(plan)
+    split = split_variant(name)
+    return (
+        contextlib.nullcontext()
+        if split is None
+        else every_platform(variant_table(split[0]), split[1])
+    )
 
 
-def default_layer_plan(platform: str) -> str:
+def platform_choice(kind: str, platform: str) -> str:
+    """What ``platform`` uses of a variant kind by default."""
+    from rope_lie.encodings import expm
     from rope_lie.models import position_hook
 
-    return position_hook.layer_plan(platform)
-
-
-def other_layer_plan(platform: str) -> str:
-    return LAYERS + ("batched" if default_layer_plan(platform) == "each" else "each")
-
-
-def default_product(platform: str) -> str:
-    from rope_lie.encodings import lie
-
+    if kind == "layers":
+        return position_hook.layer_plan(platform)
+    if kind == "squarings":
+        return "fixed" if expm.Host(platform, 1).fixed_squarings else "while"
+    table = variant_table(kind)
     # jax.default_backend()'s "gpu" is "cuda" or "rocm" to lax.platform_dependent.
     for key in {"gpu": ("cuda", "rocm")}.get(platform, (platform,)):
-        if key in lie.BLOCK_PRODUCTS:
-            return lie.BLOCK_PRODUCTS[key]
-    return lie.BLOCK_PRODUCTS["default"]
+        if key in table:
+            return table[key]
+    return table["default"]
 
 
-def other_product(platform: str) -> str:
-    return "broadcast" if default_product(platform) == "einsum" else "einsum"
+_OTHER = {
+    "product": ("einsum", "broadcast"),
+    "layers": ("each", "batched"),
+    "squarings": ("while", "fixed"),
+}
+
+
+def other_variant(kind: str, platform: str) -> str:
+    """The variant of ``kind`` that ``platform`` does not use by default ("by_size" block
+    products are the broadcast at 8 x 8, so its other is the einsum)."""
+    first, second = _OTHER[kind]
+    return f"{kind}={second if platform_choice(kind, platform) == first else first}"
+
+
+def variant_choices(name: str | None, platform: str) -> dict[str, str]:
+    """Every kind's choice in a step traced with variant ``name`` on ``platform``."""
+    choices = {kind: platform_choice(kind, platform) for kind in VARIANT_KINDS}
+    split = split_variant(name)
+    return choices if split is None else choices | dict([split])
 
 
 def lower_case(q: Queue, encoder: str, attention: str, batch: int) -> dict:
@@ -757,9 +782,11 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         limit = q.shapes.get("other_backend_encoders") if i else None
         cases += [(e, attention, None) for e in encoders[:limit]]
         if "liere" in encoders and attention in ("cudnn", "xla"):
-            cases.append(("liere", attention, other_product(platform)))
+            cases.append(("liere", attention, other_variant("product", platform)))
         if "liere" in encoders and i == 0:
-            cases.append(("liere", attention, other_layer_plan(platform)))
+            cases += [
+                ("liere", attention, other_variant(k, platform)) for k in ("layers", "squarings")
+            ]
     return cases
 
 
@@ -864,9 +891,10 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
     row = empty_row(encoder, attention, batch, case="fixed_batch")
     if encoder.startswith("liere"):
         platform = q.data["platform"]
-        product, plan = split_variant(name)
-        row["block_product"] = product or default_product(platform)
-        row["layer_plan"] = plan or default_layer_plan(platform)
+        choices = variant_choices(name, platform)
+        row["block_product"] = choices["product"]
+        row["layer_plan"] = choices["layers"]
+        row["squaring_loop"] = choices["squarings"]
         row["platform_default"] = name is None
     if "error" in case or "skipped" in case:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
@@ -1027,7 +1055,7 @@ def time_product(product: str, x, x32, r, cot, want, repeats: int) -> dict:
     def forward_backward(x, r):
         return jax.vjp(lie.apply_blocks, x, r)[1](cot)
 
-    with block_product(product):
+    with variant(f"product={product}"):
         forward = jax.jit(lie.apply_blocks).lower(x, r).compile()
         both = jax.jit(forward_backward).lower(x, r).compile()
         exact = jax.jit(lie.apply_blocks)(x32, r)
@@ -1165,14 +1193,12 @@ def stage_profile(q: Queue) -> str:
             targets[encoder] = (encoder, row["attention"], row["batch"], None)
     if "liere" in targets:  # LieRE 8x8's variants: on the same backend when compiled there,
         platform = q.data["platform"]  # else where they were
-        for other, label in (
-            (other_product(platform), "block product"),
-            (other_layer_plan(platform), "layer plan"),
-        ):
+        for kind, label in VARIANT_KINDS.items():
+            other = other_variant(kind, platform)
             for attention in (targets["liere"][1], *ATTENTIONS):
                 key = ("liere", attention, q.shapes["batch"], other)
                 if "compiled" in q.compiled.get(key, {}):
-                    targets[f"liere ({other.removeprefix(LAYERS)} {label})"] = key
+                    targets[f"liere ({split_variant(other)[1]} {label})"] = key
                     break
     for name, key in targets.items():
         if q.left("profile") <= 0:

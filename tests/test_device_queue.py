@@ -102,17 +102,19 @@ def test_dry_run_times_every_encoder_on_every_cpu_backend(dry_run):
     assert all("needs platform" in message for message in refused.values())
 
 
-def test_dry_run_times_liere_with_both_block_products_and_layer_plans(dry_run):
+def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
     variants = {
-        (r["attention"], r["block_product"], r["layer_plan"], r["platform_default"])
+        (r["attention"], r["block_product"], r["layer_plan"], r["squaring_loop"])
+        + (r["platform_default"],)
         for r in dry_run["rows"]
         if r["encoder"] == "liere" and r.get("case") == "fixed_batch"
     }
     assert variants == {
-        ("xla", "einsum", "each", True),  # the CPU's defaults, on every backend
-        ("chunked", "einsum", "each", True),
-        ("xla", "broadcast", "each", False),
-        ("xla", "einsum", "batched", False),
+        ("xla", "einsum", "each", "while", True),  # the CPU's defaults, on every backend
+        ("chunked", "einsum", "each", "while", True),
+        ("xla", "broadcast", "each", "while", False),
+        ("xla", "einsum", "batched", "while", False),
+        ("xla", "einsum", "each", "fixed", False),
     }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
     assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
@@ -133,6 +135,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         *device.PROFILED,
         "liere (broadcast block product)",
         "liere (batched layer plan)",
+        "liere (fixed squaring loop)",
     }
     for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
@@ -228,3 +231,17 @@ def test_hlo_op_counts():
         """
     )
     assert device.hlo_op_counts(text) == {"parameter": 1, "fusion": 1, "dot": 1}
+
+
+def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
+    # What the GPU run compiles beside LieRE 8x8's defaults (the dry run sees the CPU's only).
+    assert device.variant_choices(None, "gpu") == {
+        "product": "by_size",
+        "layers": "batched",
+        "squarings": "fixed",
+    }
+    others = [device.other_variant(kind, "gpu") for kind in device.VARIANT_KINDS]
+    assert others == ["product=einsum", "layers=each", "squarings=while"]
+    assert device.variant_choices("squarings=while", "gpu")["squarings"] == "while"
+    with pytest.raises(ValueError, match="variant 'broadcast': expected '<kind>=<choice>'"):
+        device.split_variant("broadcast")

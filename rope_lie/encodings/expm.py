@@ -10,8 +10,8 @@ How the exponentials are computed (scaling and squaring: Higham, SIAM J. Matrix 
   self-dual and anti-self-dual parts with (A+-)^2 = -r+-^2 I, so exp(A+-) = cos r I + sinc r A+-.
   Differentiated directly.
 - Otherwise a Taylor polynomial of exp(A / 2^s), then s squarings, s per matrix from a bound
-  on the spectral radius (the loop runs max(s) times, masked), never capped below 128, so every
-  finite input gives a finite rotation.
+  on the spectral radius (max(s) iterations, masked; how the loop runs depends on the platform:
+  ``SQUARING_LOOPS``), never capped below 128, so every finite input gives a finite rotation.
 - ``expm_skew``: degree 15 by Paterson-Stockmeyer (6 products; A^2 and A^4 also give the bound
   rho(A) <= ||A^4||_F^(1/4), within a few percent of rho). VJP: the Frechet derivative at A^T,
   in forward mode through the same computation (no stored intermediates).
@@ -56,12 +56,32 @@ _MAX_SQUARINGS = 128  # 2^128 exceeds float32's range, so every finite input is 
 _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 
 
+# How the squarings run, by platform (``Host.platform``, read when a program is traced; "default"
+# for platforms not named):
+# - "while": one loop of max(s) iterations, its trip count read from the data. The CPU's (the
+#   count costs nothing there; its programs, and so its numbers, stay as they were measured) and
+#   the TPU's (its loops run on the chip).
+# - "fixed": ``FIXED_SQUARINGS`` iterations at a trip count known when compiling (masked past
+#   each matrix's s, as every iteration is), then the "while" loop for matrices that need more.
+#   XLA:GPU runs a loop of unknown trip count by reading its condition on the host every
+#   iteration, a synchronisation that empties the GPU's queue; a known count needs none, so the
+#   usual case reads once per loop instead of s + 1 times. The same products, masked the same
+#   way. Chosen for GPUs from how XLA:GPU runs loops, before a measurement:
+#   ``python -m experiments.device`` times LieRE both ways on the GPU it runs on.
+SQUARING_LOOPS: dict[str, str] = {"cpu": "while", "tpu": "while", "default": "fixed"}
+_LOOPS = ("while", "fixed")
+# ViT-B/16 LieRE at 224 px needs s = 5-9 at initialisation (8x8 and dense blocks, init_scale 1
+# or 2 pi), the larger dense blocks and scale the more; 12 leaves the generators room to grow 8x.
+FIXED_SQUARINGS = 12
+
+
 class Host(NamedTuple):
     """The facts about the machine that shape the exponentials' program (static under jit).
 
     Thresholds: on CPU, broadcast products up to 32 x 32, one chunk per core and row groups
     were measured (benchmarks README, section 14); on GPU and TPU the 16 x 16 threshold, a
-    single chunk and no row groups are *assumed*: no accelerator has measured them yet.
+    single chunk, no row groups and the squaring loops (``SQUARING_LOOPS``) are *assumed*: no
+    accelerator has measured them yet.
     """
 
     platform: str  # jax.default_backend(): "cpu", "gpu" or "tpu"
@@ -79,6 +99,17 @@ class Host(NamedTuple):
         Elsewhere all rows at once: on a GPU each group would be its own squaring loop, one
         after another, every iteration's trip count read on the host."""
         return self.platform == "cpu"
+
+    @property
+    def fixed_squarings(self) -> int:
+        """Squarings run at a trip count known when compiling, before the data-dependent loop
+        (``SQUARING_LOOPS``): ``FIXED_SQUARINGS`` where the loop is "fixed", else 0."""
+        loop = SQUARING_LOOPS.get(self.platform, SQUARING_LOOPS["default"])
+        if loop not in _LOOPS:
+            raise ValueError(
+                f"SQUARING_LOOPS[{self.platform!r}]={loop!r}; expected one of {list(_LOOPS)}"
+            )
+        return FIXED_SQUARINGS if loop == "fixed" else 0
 
     def chunks(self, batch: int) -> int:
         """Independent chunks a batch of ``batch`` dot products is split into."""
@@ -150,13 +181,21 @@ def chunked(fn, host: Host, *arrays_Z):
 
 
 def square(host: Host, s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
-    """R <- R^2, s_z times for matrix z (masked past s_z; the loop runs max(s) times)."""
+    """R <- R^2, s_z times for matrix z (every iteration masked past s_z):
+    ``host.fixed_squarings`` iterations at a known trip count, then a loop up to max(s)."""
+
+    def step(k, r):
+        return jnp.where((k < s_Z)[:, None, None], product(r, r, host), r)
 
     def body(carry):
         k, r = carry
-        return k + 1, jnp.where((k < s_Z)[:, None, None], product(r, r, host), r)
+        return k + 1, step(k, r)
 
-    return jax.lax.while_loop(lambda c: c[0] < jnp.max(s_Z), body, (jnp.int32(0), r_ZHH))[1]
+    fixed = host.fixed_squarings
+    if fixed:
+        r_ZHH = jax.lax.fori_loop(0, fixed, step, r_ZHH)
+    init = (jnp.int32(fixed), r_ZHH)
+    return jax.lax.while_loop(lambda c: c[0] < jnp.max(s_Z), body, init)[1]
 
 
 def squarings_for(rho: jax.Array, theta: float) -> jax.Array:

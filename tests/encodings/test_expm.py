@@ -101,9 +101,11 @@ def test_num_squarings_is_tighter_than_frobenius():
     assert (s <= frobenius).all() and (s < frobenius).any()
 
 
-def test_the_host_is_decided_outside_jit_and_shapes_the_program():
+def test_the_host_is_decided_outside_jit_and_shapes_the_program(monkeypatch):
     # 256 matrices of 40 x 40 are dots (above 32 x 32): one chunk per core on CPU, so a 2-core
-    # host traces two independent copies of the squarings and a 1-core host one.
+    # host traces two independent copies of the squarings and a 1-core host one. (The GPU
+    # host's squarings as one loop, as the CPU's: its two loops have their own test below.)
+    monkeypatch.setitem(expm.SQUARING_LOOPS, "default", "while")
     a = jnp.asarray(
         np.stack([random_skew(np.random.default_rng(i), 1, 40, 1.0)[0] for i in range(256)]),
         jnp.float32,
@@ -120,3 +122,43 @@ def test_the_host_is_decided_outside_jit_and_shapes_the_program():
     assert expm.this_host().platform == jax.default_backend()
     with pytest.raises(TypeError, match="host='cpu' must be an expm.Host"):
         expm.expm_skew(a, host="cpu")
+
+
+def _loops(fn, *args) -> tuple[int, int]:
+    """(loops of known trip count FIXED_SQUARINGS, while loops) in the jaxpr of ``fn``."""
+    text = str(jax.make_jaxpr(fn)(*args))
+    return text.count(f"length={expm.FIXED_SQUARINGS}"), text.count(" while[")
+
+
+def test_a_gpu_host_squares_at_a_known_trip_count_first_and_gets_the_same_rotations():
+    # Norms from 1e-3 to 1e6: s from 0 to past FIXED_SQUARINGS, so the loop after the fixed one
+    # runs too, and every matrix keeps its own s.
+    rng = np.random.default_rng(5)
+    a = random_skew(rng, 10, 8, 1.0) * np.logspace(-3, 6, 10)[:, None, None]
+    a = jnp.asarray(a, jnp.float32)
+    assert int(expm.num_squarings(a).max()) > expm.FIXED_SQUARINGS
+    w = jnp.asarray(rng.normal(size=a.shape), jnp.float32)
+    cpu, gpu, tpu = expm.Host("cpu", 1), expm.Host("gpu", 1), expm.Host("tpu", 1)
+    assert cpu.fixed_squarings == tpu.fixed_squarings == 0
+    assert gpu.fixed_squarings == expm.FIXED_SQUARINGS
+
+    def value_and_grad(host):
+        return jax.value_and_grad(lambda x: jnp.sum(w * expm.expm_skew(x, host=host)))
+
+    # The forward pass and the VJP's (the Frechet derivative through the same squarings).
+    assert _loops(value_and_grad(cpu), a) == (0, 2)
+    assert _loops(value_and_grad(gpu), a) == (2, 2)
+    (v_cpu, g_cpu), (v_gpu, g_gpu) = (
+        jax.jit(value_and_grad(cpu))(a),
+        jax.jit(value_and_grad(gpu))(a),
+    )
+    np.testing.assert_allclose(v_gpu, v_cpu, rtol=1e-6)
+    np.testing.assert_allclose(g_gpu, g_cpu, rtol=1e-5, atol=1e-6)
+    r_cpu, r_gpu = expm.expm_skew(a, host=cpu), expm.expm_skew(a, host=gpu)
+    np.testing.assert_allclose(r_gpu, r_cpu, rtol=0, atol=1e-6)
+
+
+def test_an_unknown_squaring_loop_is_named(monkeypatch):
+    monkeypatch.setitem(expm.SQUARING_LOOPS, "default", "unrolled")
+    with pytest.raises(ValueError, match="SQUARING_LOOPS\\['gpu'\\]='unrolled'; expected one of"):
+        expm.expm_skew(jnp.zeros((1, 8, 8)), host=expm.Host("gpu", 1))

@@ -110,10 +110,12 @@ def test_expm_skew_combination_row_groups_change_nothing(h, monkeypatch):
     np.testing.assert_allclose(gg, gg_whole, rtol=1e-5, atol=1e-5)
 
 
-def test_row_groups_run_on_a_cpu_host_only():
+def test_row_groups_run_on_a_cpu_host_only(monkeypatch):
     # Dense 24 x 24 generators are dot products on every host; with 600 rows of 4 matrices
     # (36 KiB a row) the backward pass's rows exceed one 4 MiB group: a CPU host maps over the
-    # groups (a scan around the squarings), a GPU host takes every row at once.
+    # groups (a scan around the squarings), a GPU host takes every row at once. (The GPU's
+    # squarings in one loop here: its loop of fixed length is a scan too.)
+    monkeypatch.setitem(expm.SQUARING_LOOPS, "default", "while")
     rng = np.random.default_rng(3)
     gen = jnp.asarray(np.stack([random_skew(rng, 4, 24, 1.0)]), jnp.float32)
     coef = jnp.asarray(rng.uniform(-1.0, 1.0, size=(600, 1)), jnp.float32)

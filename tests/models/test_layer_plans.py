@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from rope_lie import encodings
+from rope_lie.encodings import expm
 from rope_lie.models import position_hook
 from rope_lie.models.vit import ViT
 
@@ -81,6 +82,42 @@ def test_a_train_loss_and_its_gradients_are_the_same_under_both_plans(pe, monkey
         monkeypatch.setitem(position_hook.LAYER_PLANS, "cpu", plan)
         results[plan] = jax.jit(jax.value_and_grad(loss))(params)
     _assert_close(results["each"], results["batched"], 2e-5)
+
+
+@pytest.mark.parametrize("plan", ["each", "batched"])
+def test_liere_s_squaring_loops_give_the_same_loss_and_gradients(plan, monkeypatch):
+    # A GPU host's exponentials on this CPU, with its squarings in one data-dependent loop
+    # ("while") and with a loop of fixed length first ("fixed": the GPU's), under both plans
+    # ("batched" vmaps the loops). The recipe's generators (init_scale 2 pi) need up to 5
+    # squarings at these positions: the fixed loop is cut to 2, so the loop after it runs too.
+    monkeypatch.setattr(expm, "FIXED_SQUARINGS", 2)
+    monkeypatch.setitem(position_hook.LAYER_PLANS, "cpu", plan)
+    monkeypatch.setattr(expm, "this_host", lambda: expm.Host("gpu", 1))
+    model = _model("liere", dropout=0.0, pe_hparams={"block_size": 8})
+    graphdef, params = nnx.split(model)
+    images = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, 12, 3)), jnp.float32)
+
+    def loss(p):
+        return jnp.mean(jnp.square(nnx.merge(graphdef, p)(images)))
+
+    # The host and its loop are read when a program is traced, and the encoders' jitted
+    # functions keep their traces (a process has one host): traced afresh for each loop, and
+    # once more after, for the tests that follow.
+    results = {}
+    try:
+        for loop in ("while", "fixed"):
+            monkeypatch.setitem(expm.SQUARING_LOOPS, "default", loop)
+            jax.clear_caches()
+            results[loop] = jax.jit(jax.value_and_grad(loss))(params)
+    finally:
+        jax.clear_caches()
+    # Equal to float32 rounding, judged per array by norm: the suite's fast-compile XLA flags
+    # round single elements of these ill-conditioned gradients differently (up to 2e-4 of an
+    # element, 3e-6 of the largest; the default flags give equal bits on this CPU).
+    for a, b in zip(
+        jax.tree.leaves(results["while"]), jax.tree.leaves(results["fixed"]), strict=True
+    ):
+        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(a), (np.abs(a - b).max(), a.shape)
 
 
 def _count(jaxpr: jax.extend.core.Jaxpr, primitive: str) -> int:
