@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from rope_lie import encodings
-from rope_lie.encodings import expm
+from rope_lie.encodings import expm, expm_combination, liere
 from rope_lie.models import position_hook
 from rope_lie.models.vit import ViT
 
@@ -100,17 +100,23 @@ def test_liere_s_squaring_loops_give_the_same_loss_and_gradients(plan, monkeypat
     def loss(p):
         return jnp.mean(jnp.square(nnx.merge(graphdef, p)(images)))
 
-    # The host and its loop are read when a program is traced, and the encoders' jitted
-    # functions keep their traces (a process has one host): traced afresh for each loop, and
-    # once more after, for the tests that follow.
-    results = {}
+    # The host and its loop are read when a program is traced, and LieRE's jitted functions
+    # keep their traces (a process has one host): traced afresh for each loop (the scans in the
+    # gradient's jaxpr say which loop it holds), and once more after, for the tests that follow.
+    jitted = (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit)
+    results, scans = {}, {}
     try:
         for loop in ("while", "fixed"):
             monkeypatch.setitem(expm.SQUARING_LOOPS, "default", loop)
-            jax.clear_caches()
-            results[loop] = jax.jit(jax.value_and_grad(loss))(params)
+            for fn in jitted:
+                fn.clear_cache()
+            step = jax.value_and_grad(loss)
+            scans[loop] = _count(jax.make_jaxpr(step)(params).jaxpr, "scan")
+            results[loop] = jax.jit(step)(params)
     finally:
-        jax.clear_caches()
+        for fn in jitted:
+            fn.clear_cache()
+    assert scans["while"] == 0 and scans["fixed"] > 0, scans
     # Equal to float32 rounding, judged per array by norm: the suite's fast-compile XLA flags
     # round single elements of these ill-conditioned gradients differently (up to 2e-4 of an
     # element, 3e-6 of the largest; the default flags give equal bits on this CPU).
