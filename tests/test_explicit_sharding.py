@@ -62,8 +62,9 @@ VIT_CALLS = {
     "rope_mixed": _BOTH,
     "cayley_string": _WITH_GRADIENT,
     "liere": _BOTH,
-    # the accelerators' layer plan: every layer's state from one vmapped precompute
-    # (position_hook.LAYER_PLANS "batched"; the CPU's own is "each")
+    # a GPU's choices: every layer's state from one vmapped precompute
+    # (position_hook.LAYER_PLANS "batched"; the CPU's own is "each") and the squarings' loop
+    # of fixed length first (expm.SQUARING_LOOPS "fixed"; the CPU's own is "while")
     "liere_batched": _WITH_GRADIENT,
     "circulant_string": _WITH_GRADIENT,
     "alibi": _WITH_GRADIENT,
@@ -81,7 +82,7 @@ _SCRIPT = textwrap.dedent(
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec as P
     from rope_lie import encodings, sharding, train
-    from rope_lie.encodings import positions
+    from rope_lie.encodings import expm, expm_combination, liere, positions
     from rope_lie.models import ViT, position_hook
 
     cases = json.loads(sys.argv[1])
@@ -140,8 +141,12 @@ _SCRIPT = textwrap.dedent(
 
     images = np.random.default_rng(0).normal(size=(B, 8, 12, 3)).astype(np.float32)
     for case, wanted in cases["vit"].items():
-        pe = case.removesuffix("_batched")
-        position_hook.LAYER_PLANS["cpu"] = "batched" if case.endswith("_batched") else "each"
+        pe, gpu = case.removesuffix("_batched"), case.endswith("_batched")
+        position_hook.LAYER_PLANS["cpu"] = "batched" if gpu else "each"
+        expm.SQUARING_LOOPS["cpu"] = "fixed" if gpu else "while"
+        # LieRE's jitted functions read the loop when traced: traced again for each case
+        for fn in (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit):
+            fn.clear_cache()
         kw = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5,
                   head_zero_init=False)
         hp = {"liere": {"block_size": 4}, "alibi": {"learnable": True},
@@ -161,6 +166,9 @@ _SCRIPT = textwrap.dedent(
             fn, data = calls[call]
             record("vit", f"{case}-{call}", fn, state, jax.device_put(data, split))
     position_hook.LAYER_PLANS["cpu"] = "each"
+    expm.SQUARING_LOOPS["cpu"] = "while"
+    for fn in (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit):
+        fn.clear_cache()
 
     # One train step of rope_lie/train.py on an Explicit mesh and on the loop's Auto mesh.
     config = mc.ConfigDict(dict(
