@@ -70,8 +70,8 @@ _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 #   ``python -m experiments.device`` times LieRE both ways on the GPU it runs on.
 SQUARING_LOOPS: dict[str, str] = {"cpu": "while", "tpu": "while", "default": "fixed"}
 _LOOPS = ("while", "fixed")
-# ViT-B/16 LieRE at 224 px needs s = 5-9 at initialisation (8x8 and dense blocks, init_scale 1
-# or 2 pi), the larger dense blocks and scale the more; 12 leaves the generators room to grow 8x.
+# The ImageNet recipe's LieRE at 224 px needs s <= 5 at initialisation (8x8 blocks; dense: 7),
+# and on integer positions 0-13 s <= 8 (dense: 11); 12 leaves the generators room to grow.
 FIXED_SQUARINGS = 12
 
 
