@@ -71,8 +71,10 @@ _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 SQUARING_LOOPS: dict[str, str] = {"cpu": "while", "tpu": "while", "default": "fixed"}
 _LOOPS = ("while", "fixed")
 # The ImageNet recipe's LieRE at 224 px needs s <= 5 at initialisation (8x8 blocks; dense: 7),
-# and on integer positions 0-13 s <= 8 (dense: 11); 12 leaves the generators room to grow.
-FIXED_SQUARINGS = 12
+# and on integer positions 0-13 s <= 8 (dense: 11). Every fixed iteration costs a product of the
+# whole batch, needed or not: 8 wastes at most 3 at the recipe's start and leaves its 8x8
+# generators room to grow 8x before the loop after it runs.
+FIXED_SQUARINGS = 8
 
 
 class Host(NamedTuple):
