@@ -139,14 +139,16 @@ _SCRIPT = textwrap.dedent(
     ):
         record("alibi", name, fn, params, pos_BTA)
 
+    def retrace_liere():  # LieRE's jitted functions read the squaring loop when traced
+        for fn in (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit):
+            fn.clear_cache()
+
     images = np.random.default_rng(0).normal(size=(B, 8, 12, 3)).astype(np.float32)
     for case, wanted in cases["vit"].items():
         pe, gpu = case.removesuffix("_batched"), case.endswith("_batched")
         position_hook.LAYER_PLANS["cpu"] = "batched" if gpu else "each"
         expm.SQUARING_LOOPS["cpu"] = "fixed" if gpu else "while"
-        # LieRE's jitted functions read the loop when traced: traced again for each case
-        for fn in (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit):
-            fn.clear_cache()
+        retrace_liere()
         kw = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5,
                   head_zero_init=False)
         hp = {"liere": {"block_size": 4}, "alibi": {"learnable": True},
@@ -167,8 +169,7 @@ _SCRIPT = textwrap.dedent(
             record("vit", f"{case}-{call}", fn, state, jax.device_put(data, split))
     position_hook.LAYER_PLANS["cpu"] = "each"
     expm.SQUARING_LOOPS["cpu"] = "while"
-    for fn in (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit):
-        fn.clear_cache()
+    retrace_liere()
 
     # One train step of rope_lie/train.py on an Explicit mesh and on the loop's Auto mesh.
     config = mc.ConfigDict(dict(

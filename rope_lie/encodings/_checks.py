@@ -172,3 +172,13 @@ def param(params, name: str, family: str) -> jax.Array:
             f"{family}: params have no {name!r} (keys: {sorted(params)}); expected the "
             f"parameters of {family}.init"
         ) from None
+
+
+def platform_choice(table, table_name: str, platform: str, choices) -> str:
+    """``table``'s entry for ``platform`` ("default" for a platform it does not name), one of
+    ``choices`` (a per-platform choice read when a program is traced: ``expm.SQUARING_LOOPS``,
+    ``position_hook.LAYER_PLANS``)."""
+    choice = table.get(platform, table["default"])
+    if choice not in choices:
+        raise ValueError(f"{table_name}[{platform!r}]={choice!r}; expected one of {list(choices)}")
+    return choice

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rope_lie.encodings import lie
+from rope_lie.encodings import _checks, lie
 
 __all__ = ["Host", "expm_skew", "num_squarings", "this_host"]
 
@@ -106,11 +106,7 @@ class Host(NamedTuple):
     def fixed_squarings(self) -> int:
         """Squarings run at a trip count known when compiling, before the data-dependent loop
         (``SQUARING_LOOPS``): ``FIXED_SQUARINGS`` where the loop is "fixed", else 0."""
-        loop = SQUARING_LOOPS.get(self.platform, SQUARING_LOOPS["default"])
-        if loop not in _LOOPS:
-            raise ValueError(
-                f"SQUARING_LOOPS[{self.platform!r}]={loop!r}; expected one of {list(_LOOPS)}"
-            )
+        loop = _checks.platform_choice(SQUARING_LOOPS, "SQUARING_LOOPS", self.platform, _LOOPS)
         return FIXED_SQUARINGS if loop == "fixed" else 0
 
     def chunks(self, batch: int) -> int:

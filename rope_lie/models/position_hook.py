@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_lie import encodings
-from rope_lie.encodings import extrapolation
+from rope_lie.encodings import _checks, extrapolation
 from rope_lie.encodings.state import State
 from rope_lie.models.variables import NoDecay
 
@@ -184,10 +184,7 @@ _PLANS = ("each", "batched")
 def layer_plan(platform: str | None = None) -> str:
     """``LAYER_PLANS``' entry for ``platform`` (None: ``jax.default_backend()``)."""
     platform = jax.default_backend() if platform is None else platform
-    plan = LAYER_PLANS.get(platform, LAYER_PLANS["default"])
-    if plan not in _PLANS:
-        raise ValueError(f"LAYER_PLANS[{platform!r}]={plan!r}; expected one of {list(_PLANS)}")
-    return plan
+    return _checks.platform_choice(LAYER_PLANS, "LAYER_PLANS", platform, _PLANS)
 
 
 def layer_states(

@@ -645,10 +645,9 @@ class ViT(nnx.Module):
         """One encoder state per block (``position_hook.precompute_pe``, ``encodings/state.py``).
         Layers that share parameters share one state, so shared generators cost one exponential
         per step, not one per layer; layers with their own parameters are computed one by one
-        or together, by platform (``position_hook.LAYER_PLANS``). ``scaling``: an
-        extrapolation tool (``precompute_pe``);
-        ``num_prefix``: the prefix tokens when not the model's (a packed row's, U of them per
-        image slot)."""
+        or together, by platform (``position_hook.LAYER_PLANS``). ``scaling``: an extrapolation
+        tool (``precompute_pe``); ``num_prefix``: the prefix tokens when not the model's (a
+        packed row's, U of them per image slot)."""
         kwargs = dict(scaling=scaling, num_prefix=num_prefix)
         if self.pe_params is not None:  # shared across layers
             state = self.blocks[0].attn.pe_state(pos_TA, pe_params=self.pe_params, **kwargs)
