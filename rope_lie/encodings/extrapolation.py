@@ -55,6 +55,18 @@ f_0 in the turns); a table that is not geometric per axis (RoPE-Axial's
 ``"mrope_interleaved"`` time axis) or has fewer than 2 pairs on an axis is an error. Pairs of
 frequency 0 (p-RoPE's, the LieRE-variant leftovers) stay 0.
 
+**YaRN on short axes keeps the fastest pair.** transformers clips the correction range's low
+end to pair 0, so whenever an axis's fastest pair turns fewer than ``beta_fast`` times over the
+training extent (every image grid here; in a language model it turns hundreds of times), that
+pair gets ramp 0 and keeps its frequency, however few turns it makes. ``"yarn"`` follows
+transformers; ``Scaling(yarn_clipped=False)`` (``dataclasses.replace`` on ``resolve``'s result,
+then ``ViT.pe_states(positions, scaling)``) leaves the range unrounded and unclipped, a ramp
+linear in log-turns. On RoPE-Axial at 7 tokens an axis (base 100, 4 pairs per axis at head
+dimension 16) the fastest pair makes 1.1 turns over the training extent, and keeping it is
+what leaves YaRN at the untreated model's accuracy in ``fashion_extrapolation``, where the
+ramp without the clip (linear in log-turns, as for learned tables below) does as well as
+``"pi"`` (that study's README gives the figures).
+
 **YaRN on a learned table.** The by-parts rule works by wavelength, so it applies to
 RoPE-Mixed's learned frequencies too: pair j of head n turns by sum_a p_a f[a, n, j], and
 each component f[a, n, j] is a frequency along axis a, with r = L_a |f[a, n, j]| / (2 pi)
@@ -106,6 +118,8 @@ class Scaling:
       extents: L_a per axis, the training extent in position units.
       qk_scale: q and k each times this (the logits times its square); 1.0 for none.
       beta_fast, beta_slow: YaRN's ramp ends, in turns over the training extent.
+      yarn_clipped: YaRN on fixed spectra with transformers' correction range (True) or the
+        unclipped one (False; ``yarn_inv_freq``).
     """
 
     tool: str | None
@@ -114,6 +128,7 @@ class Scaling:
     qk_scale: float = 1.0
     beta_fast: float = BETA_FAST
     beta_slow: float = BETA_SLOW
+    yarn_clipped: bool = True
 
 
 def parse(spec: str) -> tuple[str | None, bool]:
@@ -222,14 +237,18 @@ def yarn_correction_range(
     beta_fast: float = BETA_FAST,
     beta_slow: float = BETA_SLOW,
     first_freq: float = 1.0,
-) -> tuple[int, int]:
+    clipped: bool = True,
+) -> tuple[float, float]:
     """transformers' ``find_correction_range`` (``truncate=True``): the pair indices between
     which the ramp runs, floor/ceil of d ln(L f_0 / (2 pi beta)) / (2 ln base), clipped to
-    [0, d - 1]."""
+    [0, d - 1]. ``clipped=False``: the same indices unrounded and unclipped (the ramp is then
+    linear in log-turns, the learned tables' rule; see the module docstring)."""
 
     def correction_dim(turns: float) -> float:
         return dim * math.log(extent * first_freq / (turns * 2 * math.pi)) / (2 * math.log(base))
 
+    if not clipped:
+        return correction_dim(beta_fast), correction_dim(beta_slow)
     low = math.floor(correction_dim(beta_fast))
     high = math.ceil(correction_dim(beta_slow))
     return max(low, 0), min(high, dim - 1)
@@ -243,6 +262,7 @@ def yarn_inv_freq(
     beta_fast: float = BETA_FAST,
     beta_slow: float = BETA_SLOW,
     first_freq: float = 1.0,
+    clipped: bool = True,
 ) -> np.ndarray:
     """YaRN's frequencies of a 1D spectrum first_freq base^(-2i/d), as transformers'
     ``_compute_yarn_parameters`` (float64; ``first_freq`` = 1 is transformers' table).
@@ -254,11 +274,15 @@ def yarn_inv_freq(
       extent: L, the training extent in positions.
       beta_fast, beta_slow: the ramp's ends, in turns over L.
       first_freq: f_0, the highest frequency.
+      clipped: transformers' correction range (True), or the unclipped one (False), under
+        which a short axis's fastest pair is interpolated by its turns (module docstring).
 
     Returns:
       (d / 2,) frequencies.
     """
-    low, high = yarn_correction_range(dim, base, extent, beta_fast, beta_slow, first_freq)
+    low, high = yarn_correction_range(
+        dim, base, extent, beta_fast, beta_slow, first_freq, clipped=clipped
+    )
     if low == high:
         high += 0.001  # transformers' guard against a zero-width ramp
     ramp = np.clip((np.arange(dim // 2) - low) / (high - low), 0.0, 1.0)
@@ -350,7 +374,14 @@ def spectrum_multipliers(
             scaled = ntk_inv_freq(dim, base, s, first)
         else:
             scaled = yarn_inv_freq(
-                dim, base, s, extent, scaling.beta_fast, scaling.beta_slow, first
+                dim,
+                base,
+                s,
+                extent,
+                scaling.beta_fast,
+                scaling.beta_slow,
+                first,
+                clipped=scaling.yarn_clipped,
             )
         out[order] = scaled / freq_F[order]
     return out

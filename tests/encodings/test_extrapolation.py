@@ -3,6 +3,7 @@ here in float64 numpy and against HuggingFace transformers' numbers; per-axis fa
 change of positions for every family; YaRN on RoPE-Mixed's learned table; the q/k scale of
 YaRN's attention factor and of logit scaling; errors."""
 
+import dataclasses
 import math
 
 import jax
@@ -251,6 +252,36 @@ def test_rope_axial_gets_each_axis_its_own_1d_formula(tool):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     untouched = np.asarray(enc.precompute({}, pos).angle_TNF[:, 0])
     np.testing.assert_array_equal(got[:, 4:], untouched[:, 4:])
+
+
+def test_yarn_keeps_the_fastest_pair_of_a_short_axis_as_transformers_does():
+    """RoPE-Axial's axis of 7 tokens (d = 8, base 100): its fastest pair turns 7 / (2 pi) = 1.1
+    times, barely above beta_slow, yet transformers' range clipped at pair 0 keeps it whole;
+    the unclipped ramp in log-turns (the learned tables' rule) nearly interpolates it."""
+    turns = 7.0 / (2 * np.pi)
+    assert 1.0 < turns < 1.2
+    got = ex.yarn_inv_freq(8, 100.0, 2.0, 7.0)
+    assert got[0] == 1.0 and np.allclose(got[1:], 100.0 ** (-np.arange(2, 8, 2) / 8) / 2.0)
+    learned = ex.yarn_learned_frequencies(jnp.ones((1, 1, 1)), (2.0,), (7.0,))
+    gamma = np.log(32.0 / turns) / np.log(32.0)
+    np.testing.assert_allclose(float(learned[0, 0, 0]), gamma / 2.0 + 1.0 - gamma, rtol=1e-6)
+    assert 0.51 < float(learned[0, 0, 0]) < 0.52
+    # Unclipped, a fixed spectrum follows the learned tables' rule pair by pair.
+    for dim, base, length in ((8, 100.0, 7.0), (16, 10000.0, 14.0), (32, 100.0, 3.0)):
+        freq = base ** (-np.arange(0, dim, 2) / dim)
+        unclipped = ex.yarn_inv_freq(dim, base, 2.0, length, clipped=False)
+        rule = ex.yarn_learned_frequencies(
+            jnp.asarray(freq[None, None], jnp.float32), (2.0,), (length,)
+        )
+        np.testing.assert_allclose(unclipped, np.asarray(rule[0, 0]), rtol=1e-5)
+    # ... and Scaling(yarn_clipped=False) takes that path in a family's state.
+    enc = encodings.encoder("rope_axial", num_heads=1, head_dim=16, num_axes=2)
+    pos = positions.grid_positions((14, 7), "integer")
+    scaling = dataclasses.replace(_scaling("yarn", (2.0, 1.0), (7.0, 7.0)), yarn_clipped=False)
+    freq0 = ex.yarn_inv_freq(8, 100.0, 2.0, 7.0, clipped=False)
+    np.testing.assert_allclose(
+        _angles(enc, {}, pos, scaling)[:, :4], np.outer(pos[:, 0], freq0), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_visionllama_axes_are_interleaved_but_scaled_per_axis():
