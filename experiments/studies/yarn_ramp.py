@@ -1,0 +1,145 @@
+r"""YaRN on RoPE-Axial with transformers' correction range and without its clip, post hoc.
+
+    python -m experiments.studies.yarn_ramp                 # fashion_extrapolation's runs
+    python -m experiments.studies.yarn_ramp --seeds 0,1
+
+``fashion_extrapolation`` found YaRN leaving RoPE-Axial where it was without a tool, while
+position interpolation rescues it. transformers clips YaRN's correction range at pair 0, so an
+axis whose fastest pair turns fewer than 32 times over the training extent keeps that pair's
+frequency (``rope_lie/encodings/extrapolation.py``, "YaRN on short axes"). This evaluates the
+study's finished ``rope_axial`` runs at every px and canvas size with the unclipped ramp
+(``Scaling(yarn_clipped=False)``), and once more with the clipped one at px56 as a check that
+it gives the study's recorded number. Rows go to
+``experiments/studies/fashion_extrapolation/yarn_ramp.csv`` (arm ``rope_axial_yarn_unclipped``).
+It is an evaluation of trained models, no training: about 3 minutes a seed on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import os
+
+import numpy as np
+
+from experiments.studies import lib
+from experiments.studies.definitions import STUDIES
+
+STUDY = "fashion_extrapolation"
+ARM = "rope_axial"
+SIZES = (36, 44, 56)
+BATCH = 500
+
+
+def _accuracy(model, config, images, labels, size, scaling) -> float:
+    """Accuracy on (N, h, w[, 1]) uint8 images resized to size x size (the study's px evaluations;
+    canvases are already size x size), with the encoder states of ``scaling``."""
+    import jax
+    import jax.numpy as jnp
+
+    from rope_lie import in_memory
+
+    grid = model.input_grid(np.zeros((1, size, size, 1), np.float32))
+    states = model.pe_states(model.positions(grid), scaling)
+    forward = jax.jit(lambda x, st: model(x, pe_cache=st))
+    right = 0
+    for i in range(0, len(labels), BATCH):
+        x = jnp.asarray(images[i : i + BATCH]).reshape(-1, *images.shape[1:3], 1)
+        if x.shape[1] != size:
+            x = in_memory.resize(x, size)
+        logits = forward(in_memory.normalise(x, config.dataset), states)
+        right += int((np.asarray(logits).argmax(-1) == labels[i : i + BATCH]).sum())
+    return right / len(labels)
+
+
+def evaluate_run(workdir: str) -> dict[str, float]:
+    """{eval name: accuracy} of one run: ``<eval>@yarn_unclipped`` at every size, and
+    ``px56@yarn`` (clipped, the study's own tool) as a check."""
+    import rope_lie
+    from rope_lie import in_memory
+    from rope_lie.encodings import extrapolation
+
+    model, config = rope_lie.load(workdir)
+    out = {}
+    for kind in ("px", "canvas"):
+        for size in SIZES:
+            name = "plain" if kind == "px" else f"canvas{size}"
+            images, labels = in_memory.arrays(f"fashion_mnist_idx/{name}", "test")
+            grid = model.input_grid(np.zeros((1, size, size, 1), np.float32))
+            clipped = extrapolation.resolve(
+                "yarn",
+                family=model.pe,
+                grid=grid,
+                train_grid=model.train_grid,
+                convention=model.position_convention,
+                num_prefix=model.num_prefix,
+            )
+            unclipped = dataclasses.replace(clipped, yarn_clipped=False)
+            out[f"{kind}{size}@yarn_unclipped"] = _accuracy(
+                model, config, images, labels, size, unclipped
+            )
+            if (kind, size) == ("px", 56):
+                out["px56@yarn"] = _accuracy(model, config, images, labels, size, clipped)
+            print(
+                f"  {kind}{size}: unclipped {out[f'{kind}{size}@yarn_unclipped']:.4f}", flush=True
+            )
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--root", default=os.path.join(lib.REPO, "workdirs", "studies"))
+    parser.add_argument(
+        "--results", default=os.path.join(lib.STUDIES_DIR, STUDY), help="the study's results"
+    )
+    args = parser.parse_args(argv)
+    out = os.path.join(args.results, "yarn_ramp.csv")
+    arm = STUDIES[STUDY].arm(ARM)
+    recorded = {
+        (int(r["seed"]), r["eval"]): float(r["accuracy"])
+        for r in lib.read_results(args.results)
+        if r["arm"] == f"{ARM}_yarn"
+    }
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rows = []  # the seeds not evaluated now are kept from an earlier call
+    if os.path.exists(out):
+        with open(out, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if int(r["seed"]) not in seeds]
+    for seed in seeds:
+        workdir = lib.run_dir(args.root, arm, seed, "cpu")
+        if not lib.is_finished(workdir):
+            print(f"seed {seed}: no finished run in {workdir}; skipped")
+            continue
+        print(f"seed {seed}: {workdir}", flush=True)
+        accs = evaluate_run(workdir)
+        check, want = accs.pop("px56@yarn"), recorded.get((seed, "px56"))
+        print(f"  px56@yarn (clipped) {check:.4f}; the study recorded {want}")
+        if want is not None and abs(check - want) > 2e-4:  # 2 images of 10,000
+            raise SystemExit(f"seed {seed}: px56@yarn gave {check}, the study recorded {want}")
+        for name, acc in accs.items():
+            rows.append(
+                {
+                    "arm": f"{ARM}_yarn_unclipped",
+                    "seed": seed,
+                    "eval": name.split("@")[0],
+                    "accuracy": f"{acc:.4f}",
+                    "tree": lib.code_tree(),
+                    "cpu": lib.cpu_kind(),
+                }
+            )
+    if not rows:
+        raise SystemExit(f"no finished {ARM} runs of {STUDY} under {args.root}")
+    rows.sort(key=lambda r: (int(r["seed"]), r["eval"]))
+    with open(out + ".tmp", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(out + ".tmp", out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
