@@ -286,7 +286,11 @@ def randomize(
     and their row and column structure; the gaps between them vary. At evaluation the model
     takes its usual positions: a grid up to L_a tokens long then has positions it saw in
     training. One draw for the whole batch (as ``augment``; Ruoss et al. draw per sequence).
-    Prefix tokens stay at 0.
+    Prefix tokens stay at 0. Where this differs from the reference: Ruoss et al.'s code
+    (google-deepmind/randomized_positional_encodings) draws the positions at evaluation as
+    well, so a grid shorter than L_a is still read with gaps of about L_a / n_a; on the usual
+    positions (gaps of 1) RPE-2D's Fashion-MNIST models lose 6-10 points at the training size
+    (``experiments/studies/rpe_positions.py`` measures both).
 
     Args:
       key: PRNG key; axis a draws from its a-th split.
