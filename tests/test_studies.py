@@ -1146,3 +1146,26 @@ def test_fashion_extrapolation_arms_read_the_tools_the_recipe_evaluates():
     resolution = definitions.STUDIES["fashion_resolution"]
     for name in ("rope_mixed_heo_normalized", "dinov3", "comrope_ld"):
         assert study.arm(name) == resolution.arm(name)
+
+
+def test_a_post_hoc_csv_keeps_the_seeds_not_evaluated_again(tmp_path):
+    """yarn_ramp.py and rpe_positions.py rewrite their CSV per call: the rows of the seeds a
+    call evaluates are replaced, the others kept, and the file is sorted."""
+    path = str(tmp_path / "post_hoc.csv")
+    assert lib.post_hoc_rows_kept(path, [0]) == []
+    first = [lib.post_hoc_row("b", s, e, 0.5 + s / 10) for s in (1, 0) for e in ("px", "canvas")]
+    lib.write_post_hoc(path, first)
+    again = lib.post_hoc_rows_kept(path, [1])
+    assert {(r["arm"], r["seed"], r["eval"]) for r in again} == {
+        ("b", "0", "px"),
+        ("b", "0", "canvas"),
+    }
+    lib.write_post_hoc(path, again + [lib.post_hoc_row("a", 1, "px", 0.25)])
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0] == ",".join(lib.POST_HOC_COLUMNS)
+    assert [line.split(",")[:4] for line in lines[1:]] == [
+        ["a", "1", "px", "0.2500"],
+        ["b", "0", "canvas", "0.5000"],
+        ["b", "0", "px", "0.5000"],
+    ]

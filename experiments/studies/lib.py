@@ -460,6 +460,40 @@ def _atomic_csv(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+POST_HOC_COLUMNS = ("arm", "seed", "eval", "accuracy", "tree", "cpu")
+
+
+def post_hoc_row(arm: str, seed: int, eval_name: str, accuracy: float) -> dict:
+    """A row of a post hoc evaluation's CSV (trained runs evaluated again another way)."""
+    return {
+        "arm": arm,
+        "seed": seed,
+        "eval": eval_name,
+        "accuracy": f"{accuracy:.4f}",
+        "tree": code_tree(),
+        "cpu": cpu_kind(),
+    }
+
+
+def post_hoc_rows_kept(path: str, seeds: Sequence[int]) -> list[dict]:
+    """The rows of ``path`` (if it exists) for seeds other than ``seeds``: what a new call
+    that evaluates ``seeds`` keeps from earlier ones."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if int(r["seed"]) not in seeds]
+
+
+def write_post_hoc(path: str, rows: list[dict]) -> None:
+    """Writes ``rows`` sorted by (arm, seed, eval), atomically."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=POST_HOC_COLUMNS)
+        writer.writeheader()
+        writer.writerows(sorted(rows, key=lambda r: (r["arm"], int(r["seed"]), r["eval"])))
+    os.replace(tmp, path)
+
+
 def _fmt(value: Any) -> Any:
     return f"{value:.6g}" if isinstance(value, float) else value
 

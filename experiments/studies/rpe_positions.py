@@ -25,7 +25,6 @@ minutes a run on 2 CPU cores.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 
 import numpy as np
@@ -121,10 +120,7 @@ def main(argv=None) -> int:
         for r in lib.read_results(args.results)
     }
     seeds = [int(s) for s in args.seeds.split(",")]
-    rows = []  # the seeds not evaluated now are kept from an earlier call
-    if os.path.exists(out):
-        with open(out, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["seed"]) not in seeds]
+    rows = lib.post_hoc_rows_kept(out, seeds)
     for arm_name in ARMS:
         arm = study.arm(arm_name)
         for seed in seeds:
@@ -144,24 +140,10 @@ def main(argv=None) -> int:
                     )
             for key, acc in accs.items():
                 name, variant = key.split("@")
-                rows.append(
-                    {
-                        "arm": f"{arm_name}@{variant}",
-                        "seed": seed,
-                        "eval": name,
-                        "accuracy": f"{acc:.4f}",
-                        "tree": lib.code_tree(),
-                        "cpu": lib.cpu_kind(),
-                    }
-                )
+                rows.append(lib.post_hoc_row(f"{arm_name}@{variant}", seed, name, acc))
     if not rows:
         raise SystemExit(f"no finished RPE-2D runs of {STUDY} under {args.root}")
-    rows.sort(key=lambda r: (r["arm"], int(r["seed"]), r["eval"]))
-    with open(out + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(out + ".tmp", out)
+    lib.write_post_hoc(out, rows)
     print(f"wrote {out}")
     return 0
 

@@ -17,7 +17,6 @@ It is an evaluation of trained models, no training: about 3 minutes a seed on 2 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import os
 
@@ -103,10 +102,7 @@ def main(argv=None) -> int:
         if r["arm"] == f"{ARM}_yarn"
     }
     seeds = [int(s) for s in args.seeds.split(",")]
-    rows = []  # the seeds not evaluated now are kept from an earlier call
-    if os.path.exists(out):
-        with open(out, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["seed"]) not in seeds]
+    rows = lib.post_hoc_rows_kept(out, seeds)
     for seed in seeds:
         workdir = lib.run_dir(args.root, arm, seed, "cpu")
         if not lib.is_finished(workdir):
@@ -119,24 +115,10 @@ def main(argv=None) -> int:
         if want is not None and abs(check - want) > 2e-4:  # 2 images of 10,000
             raise SystemExit(f"seed {seed}: px56@yarn gave {check}, the study recorded {want}")
         for name, acc in accs.items():
-            rows.append(
-                {
-                    "arm": f"{ARM}_yarn_unclipped",
-                    "seed": seed,
-                    "eval": name.split("@")[0],
-                    "accuracy": f"{acc:.4f}",
-                    "tree": lib.code_tree(),
-                    "cpu": lib.cpu_kind(),
-                }
-            )
+            rows.append(lib.post_hoc_row(f"{ARM}_yarn_unclipped", seed, name.split("@")[0], acc))
     if not rows:
         raise SystemExit(f"no finished {ARM} runs of {STUDY} under {args.root}")
-    rows.sort(key=lambda r: (int(r["seed"]), r["eval"]))
-    with open(out + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(out + ".tmp", out)
+    lib.write_post_hoc(out, rows)
     print(f"wrote {out}")
     return 0
 
