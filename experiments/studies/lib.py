@@ -484,6 +484,26 @@ def post_hoc_rows_kept(path: str, seeds: Sequence[int]) -> list[dict]:
         return [r for r in csv.DictReader(f) if int(r["seed"]) not in seeds]
 
 
+def post_hoc_accuracy(forward, config, images, labels, size: int, states_per_batch) -> float:
+    """Accuracy on Fashion-MNIST test images (uint8, (N, h, w) or (N, h, w, 1)), resized to
+    ``size`` px as the study's px evaluations are (canvases are already that size), 500 a batch,
+    each batch with the next of ``states_per_batch`` (cycled): ``forward(x, states)`` gives
+    the logits."""
+    import jax.numpy as jnp
+
+    from rope_lie import in_memory
+
+    right, batch = 0, 500
+    for b, i in enumerate(range(0, len(labels), batch)):
+        x = jnp.asarray(images[i : i + batch]).reshape(-1, *images.shape[1:3], 1)
+        if x.shape[1] != size:
+            x = in_memory.resize(x, size)
+        states = states_per_batch[b % len(states_per_batch)]
+        logits = forward(in_memory.normalise(x, config.dataset), states)
+        right += int((np.asarray(logits).argmax(-1) == labels[i : i + batch]).sum())
+    return right / len(labels)
+
+
 def write_post_hoc(path: str, rows: list[dict]) -> None:
     """Writes ``rows`` sorted by (arm, seed, eval), atomically."""
     tmp = path + ".tmp"

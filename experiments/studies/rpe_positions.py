@@ -41,8 +41,7 @@ EVALS = (  # (evaluation, data, side in px)
     ("canvas36", "canvas36", 36),
     ("canvas44", "canvas44", 44),
 )
-BATCH = 500
-DRAWS = 20  # random position draws, cycled over the batches
+DRAWS = 20  # random position draws, cycled over the 500-image batches
 VARIANTS = ("usual", "spread", "random")
 
 
@@ -80,7 +79,6 @@ def _variants(model, grid) -> dict[str, list]:
 def evaluate_run(workdir: str) -> dict[str, float]:
     """{"<eval>@<variant>": accuracy} of one run at every size in ``EVALS``."""
     import jax
-    import jax.numpy as jnp
 
     import rope_lie
     from rope_lie import in_memory
@@ -93,14 +91,9 @@ def evaluate_run(workdir: str) -> dict[str, float]:
         grid = model.input_grid(np.zeros((1, size, size, 1), np.float32))
         for variant, per_batch in _variants(model, grid).items():
             states = [model.pe_states(p) for p in per_batch]
-            right = 0
-            for b, i in enumerate(range(0, len(labels), BATCH)):
-                x = jnp.asarray(images[i : i + BATCH]).reshape(-1, *images.shape[1:3], 1)
-                if x.shape[1] != size:
-                    x = in_memory.resize(x, size)
-                logits = forward(in_memory.normalise(x, config.dataset), states[b % len(states)])
-                right += int((np.asarray(logits).argmax(-1) == labels[i : i + BATCH]).sum())
-            out[f"{name}@{variant}"] = right / len(labels)
+            out[f"{name}@{variant}"] = lib.post_hoc_accuracy(
+                forward, config, images, labels, size, states
+            )
         print(f"  {name}: " + ", ".join(f"{v} {out[f'{name}@{v}']:.4f}" for v in VARIANTS))
     return out
 

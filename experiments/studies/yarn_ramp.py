@@ -28,38 +28,24 @@ from experiments.studies.definitions import STUDIES
 STUDY = "fashion_extrapolation"
 ARM = "rope_axial"
 SIZES = (36, 44, 56)
-BATCH = 500
-
-
-def _accuracy(model, config, images, labels, size, scaling) -> float:
-    """Accuracy on (N, h, w[, 1]) uint8 images resized to size x size (the study's px evaluations;
-    canvases are already size x size), with the encoder states of ``scaling``."""
-    import jax
-    import jax.numpy as jnp
-
-    from rope_lie import in_memory
-
-    grid = model.input_grid(np.zeros((1, size, size, 1), np.float32))
-    states = model.pe_states(model.positions(grid), scaling)
-    forward = jax.jit(lambda x, st: model(x, pe_cache=st))
-    right = 0
-    for i in range(0, len(labels), BATCH):
-        x = jnp.asarray(images[i : i + BATCH]).reshape(-1, *images.shape[1:3], 1)
-        if x.shape[1] != size:
-            x = in_memory.resize(x, size)
-        logits = forward(in_memory.normalise(x, config.dataset), states)
-        right += int((np.asarray(logits).argmax(-1) == labels[i : i + BATCH]).sum())
-    return right / len(labels)
 
 
 def evaluate_run(workdir: str) -> dict[str, float]:
     """{eval name: accuracy} of one run: ``<eval>@yarn_unclipped`` at every size, and
     ``px56@yarn`` (clipped, the study's own tool) as a check."""
+    import jax
+
     import rope_lie
     from rope_lie import in_memory
     from rope_lie.encodings import extrapolation
 
     model, config = rope_lie.load(workdir)
+    forward = jax.jit(lambda x, states: model(x, pe_cache=states))
+
+    def accuracy(images, labels, grid, size, scaling):
+        states = model.pe_states(model.positions(grid), scaling)
+        return lib.post_hoc_accuracy(forward, config, images, labels, size, [states])
+
     out = {}
     for kind in ("px", "canvas"):
         for size in SIZES:
@@ -75,11 +61,9 @@ def evaluate_run(workdir: str) -> dict[str, float]:
                 num_prefix=model.num_prefix,
             )
             unclipped = dataclasses.replace(clipped, yarn_clipped=False)
-            out[f"{kind}{size}@yarn_unclipped"] = _accuracy(
-                model, config, images, labels, size, unclipped
-            )
+            out[f"{kind}{size}@yarn_unclipped"] = accuracy(images, labels, grid, size, unclipped)
             if (kind, size) == ("px", 56):
-                out["px56@yarn"] = _accuracy(model, config, images, labels, size, clipped)
+                out["px56@yarn"] = accuracy(images, labels, grid, size, clipped)
             print(
                 f"  {kind}{size}: unclipped {out[f'{kind}{size}@yarn_unclipped']:.4f}", flush=True
             )
