@@ -1,4 +1,4 @@
-r"""YaRN on RoPE-Axial with transformers' correction range and without its clip, post hoc.
+r"""YaRN on RoPE-Axial with transformers' correction range and without its clip.
 
     python -m experiments.studies.yarn_ramp                 # fashion_extrapolation's runs
     python -m experiments.studies.yarn_ramp --seeds 0,1
@@ -12,6 +12,8 @@ study's finished ``rope_axial`` runs at every px and canvas size with the unclip
 it gives the study's recorded number. Rows go to
 ``experiments/studies/fashion_extrapolation/yarn_ramp.csv`` (arm ``rope_axial_yarn_unclipped``).
 It is an evaluation of trained models, no training: about 3 minutes a seed on 2 CPU cores.
+The unclipped ramp was chosen after seeing seeds 0-2; seeds 3 and 4 were its test on fresh
+seeds (the study's README).
 """
 
 from __future__ import annotations
