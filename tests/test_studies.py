@@ -1169,3 +1169,10 @@ def test_a_post_hoc_csv_keeps_the_seeds_not_evaluated_again(tmp_path):
         ["b", "0", "canvas", "0.5000"],
         ["b", "0", "px", "0.5000"],
     ]
+
+
+def test_post_hoc_scripts_parse_seeds_and_default_to_the_studys_results():
+    args = lib.post_hoc_args("a post hoc script", "fashion_extrapolation", ["--seeds", "3,4"])
+    assert args.seeds == [3, 4]
+    assert args.results == os.path.join(lib.STUDIES_DIR, "fashion_extrapolation")
+    assert lib.post_hoc_args("a post hoc script", "fashion", []).seeds == [0, 1, 2]

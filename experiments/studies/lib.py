@@ -34,6 +34,7 @@ run resumes from its checkpoint.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import hashlib
@@ -461,6 +462,18 @@ def _atomic_csv(path: str, rows: list[dict]) -> None:
 
 
 POST_HOC_COLUMNS = ("arm", "seed", "eval", "accuracy", "tree", "cpu")
+
+
+def post_hoc_args(description: str, study: str, argv=None) -> argparse.Namespace:
+    """The command line of a post hoc evaluation of ``study``'s finished runs: ``--seeds``
+    (comma-separated, parsed to ints), ``--root`` (the runs) and ``--results`` (its folder)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--root", default=os.path.join(REPO, "workdirs", "studies"))
+    parser.add_argument(
+        "--results", default=os.path.join(STUDIES_DIR, study), help="the study's results"
+    )
+    return parser.parse_args(argv)
 
 
 def post_hoc_row(arm: str, seed: int, eval_name: str, accuracy: float) -> dict:

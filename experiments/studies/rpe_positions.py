@@ -24,7 +24,6 @@ minutes a run on 2 CPU cores.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
@@ -99,20 +98,14 @@ def evaluate_run(workdir: str) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--root", default=os.path.join(lib.REPO, "workdirs", "studies"))
-    parser.add_argument(
-        "--results", default=os.path.join(lib.STUDIES_DIR, STUDY), help="the study's results"
-    )
-    args = parser.parse_args(argv)
+    args = lib.post_hoc_args(__doc__.split("\n\n")[0], STUDY, argv)
     out = os.path.join(args.results, "rpe_positions.csv")
     study = STUDIES[STUDY]
     recorded = {
         (r["arm"], int(r["seed"]), r["eval"]): float(r["accuracy"])
         for r in lib.read_results(args.results)
     }
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     rows = lib.post_hoc_rows_kept(out, seeds)
     for arm_name in ARMS:
         arm = study.arm(arm_name)

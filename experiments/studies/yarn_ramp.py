@@ -18,7 +18,6 @@ seeds (the study's README).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 
@@ -73,13 +72,7 @@ def evaluate_run(workdir: str) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--root", default=os.path.join(lib.REPO, "workdirs", "studies"))
-    parser.add_argument(
-        "--results", default=os.path.join(lib.STUDIES_DIR, STUDY), help="the study's results"
-    )
-    args = parser.parse_args(argv)
+    args = lib.post_hoc_args(__doc__.split("\n\n")[0], STUDY, argv)
     out = os.path.join(args.results, "yarn_ramp.csv")
     arm = STUDIES[STUDY].arm(ARM)
     recorded = {
@@ -87,7 +80,7 @@ def main(argv=None) -> int:
         for r in lib.read_results(args.results)
         if r["arm"] == f"{ARM}_yarn"
     }
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     rows = lib.post_hoc_rows_kept(out, seeds)
     for seed in seeds:
         workdir = lib.run_dir(args.root, arm, seed, "cpu")
