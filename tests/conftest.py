@@ -6,10 +6,10 @@ The repository root goes on sys.path so tests can import the recipes in configs/
 Most of the suite's time is XLA compiling many small programs, so two settings apply to this
 process and to the subprocesses that tests start (they inherit the environment):
 
-- XLA:CPU at backend (LLVM) optimisation level 0 with its older loop fusion emitters: the same
-  HLO programs, compiled 5-7x faster (a dense-LieRE layer's forward 7.5 -> 1.0 s, its gradient
-  8.7 -> 1.4 s on this 2-core machine) and run 2-3x slower, which at test shapes is the better
-  trade. Each program is also code-generated as one LLVM module, not split for parallel
+- XLA:CPU at backend (LLVM) optimisation level 0 with its older loop fusion emitters (where the
+  installed jaxlib still has them: ``fast_compile_flags``): the same HLO programs, compiled
+  5-7x faster (a dense-LieRE layer's forward 7.5 -> 1.0 s, its gradient 8.7 -> 1.4 s on this
+  2-core machine) and run 2-3x slower, which at test shapes is the better trade. Each program is also code-generated as one LLVM module, not split for parallel
   compilation (``--xla_cpu_parallel_codegen_split_count=1``): with one test process per core
   there is no idle core to split onto, and 30 small programs compiled in 10.4-11.8 s instead
   of 14.0 s. The tests check what the programs compute, within float32 tolerances, not how fast
@@ -26,7 +26,9 @@ so this session keeps one device.
 """
 
 import atexit
+import importlib.metadata
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -37,10 +39,31 @@ if "ROPE_LIE_TEST_JAX_CACHE" not in os.environ:
     os.environ["ROPE_LIE_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="rope_lie_tests_jax_cache_")
     atexit.register(shutil.rmtree, os.environ["ROPE_LIE_TEST_JAX_CACHE"], ignore_errors=True)
 _CACHE_DIR = os.environ["ROPE_LIE_TEST_JAX_CACHE"]
-_FAST_COMPILE = (
-    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
-    "--xla_cpu_parallel_codegen_split_count=1"
-)
+
+
+def fast_compile_flags(jaxlib_version: tuple[int, int]) -> str:
+    """The suite's XLA:CPU flags for this jaxlib: only flags its XLA knows.
+
+    XLA aborts the process (not an exception) on a flag it does not know, and reads XLA_FLAGS
+    when the first backend starts, so a flag that a jax release removed would kill every test
+    process before a test runs. ``--xla_cpu_use_fusion_emitters`` is in jaxlib 0.7.0 and 0.10.2
+    and gone from 0.11.2 (on the device image, every pytest worker died at start-up with it),
+    so it is asked for only before 0.11.
+    """
+    flags = ["--xla_backend_optimization_level=0"]
+    if jaxlib_version < (0, 11):
+        flags.append("--xla_cpu_use_fusion_emitters=false")
+    flags.append("--xla_cpu_parallel_codegen_split_count=1")
+    return " ".join(flags)
+
+
+def installed_jaxlib_version() -> tuple[int, int]:
+    """(major, minor) of the installed jaxlib, read without importing jax (it reads XLA_FLAGS)."""
+    major, minor = re.findall(r"\d+", importlib.metadata.version("jaxlib"))[:2]
+    return int(major), int(minor)
+
+
+_FAST_COMPILE = fast_compile_flags(installed_jaxlib_version())
 if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR

@@ -501,3 +501,16 @@ def test_the_package_s_modules_import_each_other_without_a_circle():
         arrows.setdefault(room, set()).update(targets)
     assert "run_inputs" in arrows["train"] or "in_memory" in arrows["train"]
     assert not circles(arrows), circles(arrows)
+
+
+@pytest.mark.parametrize(
+    ("jaxlib", "has_fusion_emitter_flag"), [((0, 7), True), ((0, 10), True), ((0, 11), False)]
+)
+def test_the_suite_asks_xla_only_for_flags_its_jaxlib_knows(jaxlib, has_fusion_emitter_flag):
+    """An unknown XLA flag aborts every test process at start-up (as jaxlib 0.11.2 did)."""
+    from tests.conftest import fast_compile_flags, installed_jaxlib_version
+
+    flags = fast_compile_flags(jaxlib)
+    assert ("--xla_cpu_use_fusion_emitters=false" in flags) == has_fusion_emitter_flag
+    assert "--xla_backend_optimization_level=0" in flags
+    assert fast_compile_flags(installed_jaxlib_version()) in os.environ["XLA_FLAGS"]
