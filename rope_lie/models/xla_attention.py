@@ -202,7 +202,9 @@ def with_key_mask(bias: jax.Array | None, key_mask_BS: jax.Array | None) -> jax.
         return bias
     mask_bias_B11S = jnp.where(key_mask_BS > 0, 0.0, MASKED_KEY_LOGIT)[:, None, None, :]
     mask_bias_B11S = mask_bias_B11S.astype(jnp.float32)
-    return mask_bias_B11S if bias is None else bias.astype(jnp.float32) + mask_bias_B11S
+    if bias is None:
+        return mask_bias_B11S
+    return bias_4d(bias).astype(jnp.float32) + mask_bias_B11S
 
 
 def with_segments(bias: jax.Array | None, segment_BS: jax.Array | None) -> jax.Array | None:
@@ -224,4 +226,6 @@ def with_segments(bias: jax.Array | None, segment_BS: jax.Array | None) -> jax.A
         return bias
     same_BTS = segment_BS[:, :, None] == segment_BS[:, None, :]
     mask_bias_B1TS = jnp.where(same_BTS, 0.0, MASKED_KEY_LOGIT)[:, None].astype(jnp.float32)
-    return mask_bias_B1TS if bias is None else bias.astype(jnp.float32) + mask_bias_B1TS
+    if bias is None:
+        return mask_bias_B1TS
+    return bias_4d(bias).astype(jnp.float32) + mask_bias_B1TS

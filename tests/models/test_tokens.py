@@ -227,6 +227,19 @@ def test_key_mask_gives_padded_keys_exactly_zero_weight_with_or_without_a_bias()
         np.testing.assert_allclose(np.asarray(probs)[0][..., [0, 1, 3]], alone[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("mask", ["key_mask", "segments"])
+def test_masks_take_a_bias_of_fewer_axes_as_it_broadcasts(mask):
+    # An (N, T, S) bias is "broadcastable to (B, N, T, S)"; adding the mask's 4-d array to it
+    # raised under rank promotion "raise" (the GPU tests' reference with a per-head bias).
+    bias_NTS = jnp.asarray(np.random.default_rng(0).normal(size=(2, 4, 4)), jnp.float32)
+    if mask == "key_mask":
+        add = lambda b: xla_attention.with_key_mask(b, jnp.asarray([[1, 1, 0, 1], [1, 0, 0, 0]]))  # noqa: E731
+    else:
+        add = lambda b: xla_attention.with_segments(b, jnp.asarray([[1, 1, 2, 2], [1, 1, 1, 0]]))  # noqa: E731
+    with jax.numpy_rank_promotion("raise"):
+        np.testing.assert_array_equal(add(bias_NTS), add(bias_NTS[None]))
+
+
 def _packed(grids=GRIDS_2D, max_tokens=MAX_TOKENS):
     return tokens.Tokens(
         *map(jnp.asarray, tokens.pack(_images(grids, PATCH_2D), PATCH_2D, max_tokens))
