@@ -15,6 +15,8 @@ goes on:
    products) on the device, through pytest in a subprocess (pass/fail counts, failing test ids);
    meanwhile the encoder tests (``tests/encodings``) run in another subprocess on the device
    machine's CPU with its jax (``JAX_PLATFORMS=cpu``): the current-jax check of issue 47.4.
+   Each run's whole log (short tracebacks, each failure's reason) is written beside the JSON,
+   ``<stem>-tests-gpu.log`` and ``<stem>-tests-encoders-cpu.log``.
 3. ``compile``: the real train step (``rope_lie.train.make_train_step``, AdamW's or Adam's
    update included; ViT-B/16 at 224 px, bfloat16 activations, dropout 0) of the ImageNet
    recipe's model for every encoder (``ENCODERS``; the recipes are read from
@@ -22,11 +24,13 @@ goes on:
    first four encoders on the others, at batch 64: lowered one after the other and compiled by
    ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
    until the stage's deadline (the steps not compiled by then are recorded as skipped). LieRE
-   8x8 is compiled again with what its platform does not use by default (``variant``): the
-   other block product (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla", and on the first backend
-   the other layer plan (``position_hook.LAYER_PLANS``: one precompute per layer, or one for
-   all) and the other squaring loop (``expm.SQUARING_LOOPS``: a loop whose trip count is read
-   from the data, or a fixed count first).
+   8x8 is compiled again with what its platform does not use by default (``variant``): on the
+   first backend the other form of the exponentials' small products (``expm.SMALL_PRODUCTS``:
+   multiply-adds of slices, or one multiply summed), the other layer plan
+   (``position_hook.LAYER_PLANS``: one precompute per layer, or one for all) and the other
+   squaring loop (``expm.SQUARING_LOOPS``: a loop whose trip count is read from the data, or a
+   fixed count first), and the other block product (``lie.BLOCK_PRODUCTS``) on "cudnn" and
+   "xla".
 4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
    warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``
    is the min.
@@ -36,14 +40,14 @@ goes on:
    on their fastest backend, traced by ``jax.profiler``: the top operations by device time per step
    (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),
    beside the compiled program's instruction counts and XLA's cost analysis.
-7. ``packing``: NaFlex train steps (issue 45) of ``PACKED_ENCODERS`` on "xla", on one batch of
+7. ``largest_batch``: for the encoders in ``ENCODERS`` order, on their fastest backend, the
+   largest power-of-two batch whose compiled step fits the device's memory (predicted from
+   batch 64's buffer sizes, checked by compiling the candidate and its half), timed as in 4.
+8. ``packing``: NaFlex train steps (issue 45) of ``PACKED_ENCODERS`` on "xla", on one batch of
    images whose sides are uniform from half the recipe's grid to all of it (7 to 14 patches at
    224 px): padded one image a row to the full grid (``tokens.pack``), and packed greedily
    into rows of that many tokens (``tokens.pack_images``, ``naflex.pack``'s packing), the
    same images; rows ``{encoder, case, rows, padding_fraction, step_ms, time_over_padded}``.
-8. ``largest_batch``: for the encoders in ``ENCODERS`` order, on their fastest backend, the
-   largest power-of-two batch whose compiled step fits the device's memory (predicted from
-   batch 64's buffer sizes, checked by compiling the candidate and its half), timed as in 4.
 
 MFU = ``flops.matmul_train_flops`` (the ViT's matrix products by hand: the same count for every
 encoder and backend) / step time / the device's dense bfloat16 peak
@@ -118,8 +122,8 @@ DEADLINES = {
     "steps": 0.68,
     "rotations": 0.72,
     "profile": 0.77,
-    "packing": 0.87,
-    "largest_batch": 0.97,
+    "largest_batch": 0.87,  # before packing: issue 47's MFU goal is read at the largest batch
+    "packing": 0.97,
 }
 STAGES = (
     "environment",
@@ -128,8 +132,8 @@ STAGES = (
     "steps",
     "rotations",
     "profile",
-    "packing",
     "largest_batch",
+    "packing",
 )
 GPU_TESTS = ("tests/models/test_attention_gpu.py", "tests/encodings/test_block_products.py")
 ENCODER_TESTS = ("tests/encodings",)
@@ -273,6 +277,7 @@ class Results:
             n += 1
             path = os.path.join(out_dir, f"{stem}-{n}")
         self.json_path, self.md_path = f"{path}.json", f"{path}.md"
+        self.stem_path = path  # logs beside them: f"{stem_path}-<name>.log"
         self.data = data
         self.lock = threading.Lock()
         self.save()
@@ -311,6 +316,7 @@ def markdown(data: dict) -> str:
         if r.get("block_product"):
             choices = f"block product {r['block_product']}, layers {r.get('layer_plan')}"
             choices += f", squarings {r.get('squaring_loop')}"
+            choices += f", small products {r.get('small_products')}"
             note = choices + (f"; {note}" if note else "")
         ms = (
             f"{r['step_ms']:.2f} / {r['step_ms_median']:.2f}"
@@ -382,7 +388,10 @@ def markdown(data: dict) -> str:
         for name, t in tests.items():
             counts = ", ".join(f"{k} {v}" for k, v in (t.get("counts") or {}).items())
             extra = t.get("error") or t.get("summary") or ""
-            lines.append(f"- {name}: {counts} {extra}".rstrip())
+            if t.get("timed_out"):
+                extra += " (stopped at the stage's deadline)"
+            log = f" (log: {t['log']})" if t.get("log") else ""
+            lines.append(f"- {name}: {counts} {extra}{log}".rstrip())
             lines += [f"  - failed: {f}" for f in t.get("failed", [])[:20]]
     lines += ["", "## Stages", "", "| stage | status | seconds | note |", "|---|---|---|---|"]
     for name, s in (data.get("stages") or {}).items():
@@ -495,9 +504,12 @@ _STATUS = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 def pytest_counts(log: str) -> dict:
     """Counts per status and the failing ids from pytest's ``-v`` lines (with or without
     xdist: ``path::id STATUS`` or ``[gw0] [ 5%] STATUS path::id``); complete even when the run
-    was stopped before its summary."""
+    was stopped before its summary). The short summary's ``FAILED path::id - why`` lines, which
+    repeat failures already counted, end the count."""
     counts, failed = collections.Counter(), []
     for line in log.splitlines():
+        if "short test summary info" in line:
+            break
         if "::" not in line:
             continue
         m = _STATUS.search(line)
@@ -514,7 +526,9 @@ def start_pytest(paths: tuple[str, ...], env_extra: dict, workers: int, log_path
     # Plugins an image may carry that warn at start-up (pytest-benchmark beside xdist): the
     # project's filterwarnings make a warning an error, so they are blocked.
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:benchmark"]
-    cmd += ["-v", "-rN", *paths]
+    # -v: a line per test (counted as it runs); short tracebacks and the failures' one-line
+    # reasons (-rfE) at the end, where the log's tail (recorded on failure) shows them.
+    cmd += ["-v", "--tb=short", "-rfE", *paths]
     if importlib.util.find_spec("xdist") is not None:  # tests/conftest.py uses its hook
         cmd += ["-n", str(workers), "--dist", "load"] if workers > 1 else ["-n", "0"]
     else:
@@ -558,6 +572,7 @@ def finish_pytest(run: dict, deadline: float) -> dict:
         seconds=round(time.monotonic() - run["began"], 1),
         timed_out=timed_out,
         summary=summary[-1].strip("= ") if summary else "",
+        log=os.path.basename(run["log_path"]),
     )
     if timed_out or proc.returncode != 0:  # 5: no tests collected, a failure here too
         out["log_tail"] = log[-3000:]
@@ -570,7 +585,7 @@ def stage_tests(q: Queue) -> str:
     if importlib.util.find_spec("pytest") is None:
         q.data["tests"] = {"gpu": {"error": "pytest is not installed"}}
         return "pytest is not installed: no tests run"
-    tmp = tempfile.mkdtemp(prefix="device_queue_tests_")
+    logs = q.results.stem_path  # the full logs come back beside the JSON
     dry = q.args.dry_run
     # The encoder tests on this machine's CPU with its jax, in the background until their own
     # deadline: they use no accelerator, so they may overlap the compile stage, not the timing.
@@ -579,14 +594,14 @@ def stage_tests(q: Queue) -> str:
         DRY_ENCODER_TESTS if dry else ENCODER_TESTS,
         cpu_env,
         workers=1 if dry else max(1, (os.cpu_count() or 2) // 4),
-        log_path=os.path.join(tmp, "encoder_tests.log"),
+        log_path=f"{logs}-tests-encoders-cpu.log",
     )
     gpu_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"}
     run = start_pytest(
         DRY_TESTS if dry else GPU_TESTS,
         gpu_env,
         workers=1 if dry else 2,
-        log_path=os.path.join(tmp, "gpu_tests.log"),
+        log_path=f"{logs}-tests-gpu.log",
     )
     gpu = finish_pytest(run, q.deadline("tests"))
     q.data["tests"] = {"gpu": gpu}
@@ -638,9 +653,15 @@ def jax_clear_caches() -> None:
 
 # LieRE 8x8's variants, each one choice its platform does not make by default, named
 # "<kind>=<choice>": kind "product" a block product (``lie.BLOCK_PRODUCTS``), "layers" a layer
-# plan (``position_hook.LAYER_PLANS``), "squarings" a squaring loop (``expm.SQUARING_LOOPS``).
+# plan (``position_hook.LAYER_PLANS``), "squarings" a squaring loop (``expm.SQUARING_LOOPS``),
+# "small_products" how the exponentials' small products are written (``expm.SMALL_PRODUCTS``).
 # Each is a per-platform table read when a program is traced; a variant sets it everywhere.
-VARIANT_KINDS = {"product": "block product", "layers": "layer plan", "squarings": "squaring loop"}
+VARIANT_KINDS = {
+    "product": "block product",
+    "layers": "layer plan",
+    "squarings": "squaring loop",
+    "small_products": "small product",
+}
 
 
 def variant_table(kind: str) -> dict:
@@ -651,6 +672,7 @@ def variant_table(kind: str) -> dict:
         "product": lie.BLOCK_PRODUCTS,
         "layers": position_hook.LAYER_PLANS,
         "squarings": expm.SQUARING_LOOPS,
+        "small_products": expm.SMALL_PRODUCTS,
     }
     return tables[kind]
 
@@ -686,6 +708,8 @@ def platform_choice(kind: str, platform: str) -> str:
         return position_hook.layer_plan(platform)
     if kind == "squarings":
         return "fixed" if expm.Host(platform, 1).fixed_squarings else "while"
+    if kind == "small_products":
+        return expm.Host(platform, 1).small_products
     table = variant_table(kind)
     # jax.default_backend()'s "gpu" is "cuda" or "rocm" to lax.platform_dependent.
     for key in {"gpu": ("cuda", "rocm")}.get(platform, (platform,)):
@@ -698,6 +722,7 @@ _OTHER = {
     "product": ("einsum", "broadcast"),
     "layers": ("each", "batched"),
     "squarings": ("while", "fixed"),
+    "small_products": ("adds", "reduce"),
 }
 
 
@@ -781,12 +806,11 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         # another attention function; a ViT-B step compiles in ~40 s on an H100 machine)
         limit = q.shapes.get("other_backend_encoders") if i else None
         cases += [(e, attention, None) for e in encoders[:limit]]
+        if "liere" in encoders and i == 0:
+            kinds = ("small_products", "layers", "squarings")
+            cases += [("liere", attention, other_variant(k, platform)) for k in kinds]
         if "liere" in encoders and attention in ("cudnn", "xla"):
             cases.append(("liere", attention, other_variant("product", platform)))
-        if "liere" in encoders and i == 0:
-            cases += [
-                ("liere", attention, other_variant(k, platform)) for k in ("layers", "squarings")
-            ]
     return cases
 
 
@@ -895,6 +919,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         row["block_product"] = choices["product"]
         row["layer_plan"] = choices["layers"]
         row["squaring_loop"] = choices["squarings"]
+        row["small_products"] = choices["small_products"]
         row["platform_default"] = name is None
     if "error" in case or "skipped" in case:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
@@ -1137,6 +1162,39 @@ def op_times(xplane_path: str, steps: int, names: dict[str, str], top: int = 20)
     }
 
 
+def kernel_op_names(hlo_text: str) -> dict[str, str]:
+    """HLO instruction name -> its ``op_name`` (``profile_step.op_names``), also under the name
+    of the kernel XLA:GPU emits for it (the instruction's name with every character other than
+    a letter, digit or ``_`` made ``_``: ``gemm_fusion_dot.360`` runs as
+    ``gemm_fusion_dot_360``, the name a GPU trace's events carry). A fusion without metadata
+    takes the ``op_name`` most instructions of its fused computation carry."""
+    from experiments.benchmarks.profile_step import op_names
+
+    names = op_names(hlo_text)
+    inside = collections.defaultdict(collections.Counter)  # computation: op_name counts
+    calls = {}  # instruction: the computation it calls
+    computation = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$", line)
+        if head:
+            computation = head.group(1)
+            continue
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+        if not m:
+            continue
+        if computation and names.get(m.group(1)):
+            inside[computation][names[m.group(1)]] += 1
+        called = re.search(r"calls=%?([\w.\-]+)", line)
+        if called:
+            calls[m.group(1)] = called.group(1)
+    for name, computation in calls.items():
+        if not names.get(name) and inside[computation]:
+            names[name] = inside[computation].most_common(1)[0][0]
+    for name, op in list(names.items()):
+        names.setdefault(re.sub(r"\W", "_", name), op)
+    return names
+
+
 def hlo_op_counts(hlo_text: str) -> dict[str, int]:
     """Instructions per opcode in a compiled HLO module's text."""
     counts = collections.Counter()
@@ -1151,7 +1209,6 @@ def profile_case(q: Queue, key: tuple, case: dict) -> dict:
     import jax
 
     from experiments.benchmarks import device as bench
-    from experiments.benchmarks.profile_step import op_names
 
     compiled = case["compiled"]
     hlo = compiled.as_text()
@@ -1179,7 +1236,7 @@ def profile_case(q: Queue, key: tuple, case: dict) -> dict:
         if not paths:
             out["trace"] = {"source": None, "note": "the profiler wrote no .xplane.pb"}
         else:
-            out["trace"] = op_times(paths[0], steps, op_names(hlo))
+            out["trace"] = op_times(paths[0], steps, kernel_op_names(hlo))
     return out
 
 
@@ -1428,8 +1485,8 @@ STAGE_FNS = {
     "steps": stage_steps,
     "rotations": stage_rotations,
     "profile": stage_profile,
-    "packing": stage_packing,
     "largest_batch": stage_largest_batch,
+    "packing": stage_packing,
 }
 
 

@@ -9,9 +9,10 @@ process and to the subprocesses that tests start (they inherit the environment):
 - XLA:CPU at backend (LLVM) optimisation level 0 with its older loop fusion emitters (where the
   installed jaxlib still has them: ``fast_compile_flags``): the same HLO programs, compiled
   5-7x faster (a dense-LieRE layer's forward 7.5 -> 1.0 s, its gradient 8.7 -> 1.4 s on this
-  2-core machine) and run 2-3x slower, which at test shapes is the better trade. Each program is also code-generated as one LLVM module, not split for parallel
-  compilation (``--xla_cpu_parallel_codegen_split_count=1``): with one test process per core
-  there is no idle core to split onto, and 30 small programs compiled in 10.4-11.8 s instead
+  2-core machine) and run 2-3x slower, which at test shapes is the better trade. Each program
+  is also code-generated as one LLVM module, not split for parallel compilation
+  (``--xla_cpu_parallel_codegen_split_count=1``): with one test process per core there is no
+  idle core to split onto, and 30 small programs compiled in 10.4-11.8 s instead
   of 14.0 s. The tests check what the programs compute, within float32 tolerances, not how fast
   they run. The main job and the benchmarks compile with XLA's defaults (``.ci/run`` runs the
   quickstart smoke that way), and the LAPACK deadlock regression test in test_lie.py clears

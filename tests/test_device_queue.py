@@ -105,16 +105,17 @@ def test_dry_run_times_every_encoder_on_every_cpu_backend(dry_run):
 def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
     variants = {
         (r["attention"], r["block_product"], r["layer_plan"], r["squaring_loop"])
-        + (r["platform_default"],)
+        + (r["small_products"], r["platform_default"])
         for r in dry_run["rows"]
         if r["encoder"] == "liere" and r.get("case") == "fixed_batch"
     }
     assert variants == {
-        ("xla", "einsum", "each", "while", True),  # the CPU's defaults, on every backend
-        ("chunked", "einsum", "each", "while", True),
-        ("xla", "broadcast", "each", "while", False),
-        ("xla", "einsum", "batched", "while", False),
-        ("xla", "einsum", "each", "fixed", False),
+        ("xla", "einsum", "each", "while", "adds", True),  # the CPU's defaults, every backend
+        ("chunked", "einsum", "each", "while", "adds", True),
+        ("xla", "broadcast", "each", "while", "adds", False),
+        ("xla", "einsum", "batched", "while", "adds", False),
+        ("xla", "einsum", "each", "fixed", "adds", False),
+        ("xla", "einsum", "each", "while", "reduce", False),
     }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
     assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
@@ -136,6 +137,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         "liere (broadcast block product)",
         "liere (batched layer plan)",
         "liere (fixed squaring loop)",
+        "liere (reduce small product)",
     }
     for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
@@ -220,6 +222,43 @@ def test_batch_candidates_from_batch_64_buffers():
     assert device.batch_candidates(None, 2, None, 8) == [8, 4]  # no limit known: up to max
 
 
+def test_pytest_counts_stop_at_the_short_summary_that_repeats_failures():
+    log = "\n".join(
+        [
+            "tests/a.py::test_x PASSED",
+            "tests/a.py::test_y FAILED",
+            "=========================== short test summary info ============================",
+            "FAILED tests/a.py::test_y - ValueError: Operands could not be broadcast together",
+        ]
+    )
+    assert device.pytest_counts(log) == {
+        "counts": {"passed": 1, "failed": 1},
+        "failed": ["tests/a.py::test_y"],
+    }
+
+
+def test_kernel_op_names_reach_gpu_kernel_names_and_fusions_without_metadata():
+    # A GPU trace names a fusion's kernel as its instruction with "." made "_"; the profile of
+    # the H100 run found op_names for none of them.
+    text = textwrap.dedent(
+        """
+        %fused_computation.7 (param_0: f32[4]) -> f32[4] {
+          %param_0 = f32[4]{0} parameter(0)
+          ROOT %sine.3 = f32[4]{0} sine(%param_0), metadata={op_name="jit(step)/blocks.3/sin"}
+        }
+
+        ENTRY %main.9 (p0: f32[4]) -> f32[4] {
+          %p0 = f32[4]{0} parameter(0)
+          %gemm_fusion_dot.360 = f32[4]{0} fusion(%p0), kind=kCustom, calls=%fused_computation.7, metadata={op_name="jit(step)/dot_general"}
+          ROOT %loop_sine_fusion = f32[4]{0} fusion(%gemm_fusion_dot.360), kind=kLoop, calls=%fused_computation.7
+        }
+        """  # noqa: E501
+    )
+    names = device.kernel_op_names(text)
+    assert names["gemm_fusion_dot.360"] == names["gemm_fusion_dot_360"] == "dot_general"
+    assert names["loop_sine_fusion"] == "blocks.#/sin"
+
+
 def test_hlo_op_counts():
     text = textwrap.dedent(
         """
@@ -238,10 +277,16 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
     assert device.variant_choices(None, "gpu") == {
         "product": "by_size",
         "layers": "batched",
-        "squarings": "fixed",
+        "squarings": "while",
+        "small_products": "adds",
     }
     others = [device.other_variant(kind, "gpu") for kind in device.VARIANT_KINDS]
-    assert others == ["product=einsum", "layers=each", "squarings=while"]
-    assert device.variant_choices("squarings=while", "gpu")["squarings"] == "while"
+    assert others == [
+        "product=einsum",
+        "layers=each",
+        "squarings=fixed",
+        "small_products=reduce",
+    ]
+    assert device.variant_choices("squarings=fixed", "gpu")["squarings"] == "fixed"
     with pytest.raises(ValueError, match="variant 'broadcast': expected '<kind>=<choice>'"):
         device.split_variant("broadcast")

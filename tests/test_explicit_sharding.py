@@ -62,9 +62,9 @@ VIT_CALLS = {
     "rope_mixed": _BOTH,
     "cayley_string": _WITH_GRADIENT,
     "liere": _BOTH,
-    # a GPU's choices: every layer's state from one vmapped precompute
-    # (position_hook.LAYER_PLANS "batched"; the CPU's own is "each") and the squarings' loop
-    # of fixed length first (expm.SQUARING_LOOPS "fixed"; the CPU's own is "while")
+    # the accelerators' layer plan: every layer's state from one vmapped precompute
+    # (position_hook.LAYER_PLANS "batched"; the CPU's own is "each"), with the squarings' loop
+    # of fixed length first (expm.SQUARING_LOOPS "fixed", the option the device queue times)
     "liere_batched": _WITH_GRADIENT,
     "circulant_string": _WITH_GRADIENT,
     "alibi": _WITH_GRADIENT,

@@ -58,18 +58,25 @@ _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 
 # How the squarings run, by platform (``Host.platform``, read when a program is traced; "default"
 # for platforms not named):
-# - "while": one loop of max(s) iterations, its trip count read from the data. The CPU's (the
-#   count costs nothing there; its programs, and so its numbers, stay as they were measured) and
-#   the TPU's (its loops run on the chip).
+# - "while": one loop of max(s) iterations, its trip count read from the data. Every platform's.
 # - "fixed": ``FIXED_SQUARINGS`` iterations at a trip count known when compiling (masked past
 #   each matrix's s, as every iteration is), then the "while" loop for matrices that need more.
-#   XLA:GPU runs a loop of unknown trip count by reading its condition on the host every
-#   iteration, a synchronisation that empties the GPU's queue; a known count needs none, so the
-#   usual case reads once per loop instead of s + 1 times. The same products, masked the same
-#   way. Chosen for GPUs from how XLA:GPU runs loops, before a measurement:
-#   ``python -m experiments.device`` times LieRE both ways on the GPU it runs on.
-SQUARING_LOOPS: dict[str, str] = {"cpu": "while", "tpu": "while", "default": "fixed"}
+#   XLA:GPU reads a data-dependent loop's condition on the host every iteration, which a known
+#   count avoids; but every fixed iteration is a product of the whole batch, needed or not, and
+#   on an H100 (the ImageNet recipe's LieRE 8x8, ViT-B/16 224 px, batch 64, cuDNN attention)
+#   the step took 44.4 ms with "fixed" against 41.9 ms with "while" (benchmarks README, section
+#   13). Kept as an option: ``python -m experiments.device`` times it on the device it runs on.
+SQUARING_LOOPS: dict[str, str] = {"default": "while"}
 _LOOPS = ("while", "fixed")
+# How the small products (H <= ``Host.broadcast_max``) are written, by platform:
+# - "adds": H broadcast multiply-adds, term k from a slice of a's column k and b's row k. The
+#   CPU's (measured there: benchmarks README, section 14).
+# - "reduce": one broadcast multiply summed over k, no slices. On an H100, under the batched
+#   layer plan, the squaring loop ran the "adds" form's slices as kernels of their own
+#   (``wrapped_slice``: 6.1 ms of LieRE 8x8's 40.4 ms of GPU work per ViT-B/16 step, section
+#   13). Not yet timed: ``python -m experiments.device`` times it ("small_products=reduce").
+SMALL_PRODUCTS: dict[str, str] = {"default": "adds"}
+_SMALL = ("adds", "reduce")
 # The ImageNet recipe's LieRE at 224 px needs s <= 5 at initialisation (8x8 blocks; dense: 7),
 # and on integer positions 0-13 s <= 8 (dense: 11). Every fixed iteration costs a product of the
 # whole batch, needed or not: 8 wastes at most 3 at the recipe's start and leaves its 8x8
@@ -81,9 +88,9 @@ class Host(NamedTuple):
     """The facts about the machine that shape the exponentials' program (static under jit).
 
     Thresholds: on CPU, broadcast products up to 32 x 32, one chunk per core and row groups
-    were measured (benchmarks README, section 14); on GPU and TPU the 16 x 16 threshold, a
-    single chunk, no row groups and the squaring loops (``SQUARING_LOOPS``) are *assumed*: no
-    accelerator has measured them yet.
+    were measured (benchmarks README, section 14); on GPU the squaring loop (``SQUARING_LOOPS``)
+    was measured on an H100 (section 13), while the 16 x 16 threshold, a single chunk and no
+    row groups on GPU and TPU are *assumed*: no accelerator has measured them yet.
     """
 
     platform: str  # jax.default_backend(): "cpu", "gpu" or "tpu"
@@ -108,6 +115,11 @@ class Host(NamedTuple):
         (``SQUARING_LOOPS``): ``FIXED_SQUARINGS`` where the loop is "fixed", else 0."""
         loop = _checks.platform_choice(SQUARING_LOOPS, "SQUARING_LOOPS", self.platform, _LOOPS)
         return FIXED_SQUARINGS if loop == "fixed" else 0
+
+    @property
+    def small_products(self) -> str:
+        """How H x H products up to ``broadcast_max`` are written (``SMALL_PRODUCTS``)."""
+        return _checks.platform_choice(SMALL_PRODUCTS, "SMALL_PRODUCTS", self.platform, _SMALL)
 
     def chunks(self, batch: int) -> int:
         """Independent chunks a batch of ``batch`` dot products is split into."""
@@ -143,6 +155,8 @@ def product(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
     operand that is itself a product must come from ``_dot`` (else it is recomputed H times)."""
     if not broadcasts(a_ZHH.shape[-1], host):
         return _dot(a_ZHH, b_ZHH)
+    if host.small_products == "reduce":
+        return jnp.sum(a_ZHH[..., :, :, None] * b_ZHH[..., None, :, :], axis=-2)
     return _broadcast_product(a_ZHH, b_ZHH)
 
 

@@ -130,7 +130,11 @@ def _loops(fn, *args) -> tuple[int, int]:
     return text.count(f"length={expm.FIXED_SQUARINGS}"), text.count(" while[")
 
 
-def test_a_gpu_host_squares_at_a_known_trip_count_first_and_gets_the_same_rotations():
+def test_the_fixed_squaring_loop_squares_at_a_known_trip_count_first_to_the_same_rotations(
+    monkeypatch,
+):
+    # Every platform's default is the data-dependent loop (the H100 measured it faster);
+    # "fixed" is the option the device queue times beside it, here on a "gpu" host.
     # Norms from 1e-3 to 1e6: s from 0 to past FIXED_SQUARINGS, so the loop after the fixed one
     # runs too, and every matrix keeps its own s.
     rng = np.random.default_rng(5)
@@ -139,8 +143,9 @@ def test_a_gpu_host_squares_at_a_known_trip_count_first_and_gets_the_same_rotati
     assert int(expm.num_squarings(a).max()) > expm.FIXED_SQUARINGS
     w = jnp.asarray(rng.normal(size=a.shape), jnp.float32)
     cpu, gpu, tpu = expm.Host("cpu", 1), expm.Host("gpu", 1), expm.Host("tpu", 1)
-    assert cpu.fixed_squarings == tpu.fixed_squarings == 0
-    assert gpu.fixed_squarings == expm.FIXED_SQUARINGS
+    assert cpu.fixed_squarings == gpu.fixed_squarings == tpu.fixed_squarings == 0
+    monkeypatch.setitem(expm.SQUARING_LOOPS, "gpu", "fixed")
+    assert gpu.fixed_squarings == expm.FIXED_SQUARINGS and cpu.fixed_squarings == 0
 
     def value_and_grad(host):
         return jax.value_and_grad(lambda x: jnp.sum(w * expm.expm_skew(x, host=host)))
@@ -162,3 +167,39 @@ def test_an_unknown_squaring_loop_is_named(monkeypatch):
     monkeypatch.setitem(expm.SQUARING_LOOPS, "default", "unrolled")
     with pytest.raises(ValueError, match="SQUARING_LOOPS\\['gpu'\\]='unrolled'; expected one of"):
         expm.expm_skew(jnp.zeros((1, 8, 8)), host=expm.Host("gpu", 1))
+
+
+def test_small_products_summed_in_one_reduce_give_the_adds_rotations_without_slices(monkeypatch):
+    # "reduce" (the option the device queue times on GPUs) writes an H x H product as one
+    # broadcast multiply summed over k; "adds" (every platform's default) slices a column and a
+    # row per term, which an H100 ran as kernels of their own inside the squaring loop.
+    rng = np.random.default_rng(6)
+    a = random_skew(rng, 12, 8, 1.0) * np.logspace(-2, 3, 12)[:, None, None]
+    a = jnp.asarray(a, jnp.float32)
+    w = jnp.asarray(rng.normal(size=a.shape), jnp.float32)
+    gpu = expm.Host("gpu", 1)
+    assert gpu.small_products == "adds"
+
+    def value_and_grad(x):
+        return jax.value_and_grad(lambda y: jnp.sum(w * expm.expm_skew(y, host=gpu)))(x)
+
+    def traced(table_choice):  # the table is read when traced: trace again
+        monkeypatch.setitem(expm.SMALL_PRODUCTS, "gpu", table_choice)
+        jax.clear_caches()
+        rotations = np.float64(expm.expm_skew(a, host=gpu))
+        return str(jax.make_jaxpr(value_and_grad)(a)), rotations, jax.jit(value_and_grad)(a)[1]
+
+    (adds_jaxpr, adds, adds_grad), (reduce_jaxpr, reduce, reduce_grad) = map(
+        traced, ("adds", "reduce")
+    )
+    assert gpu.small_products == "reduce"
+    assert " slice[" in adds_jaxpr and " slice[" not in reduce_jaxpr
+    # The sums run in another order: each form within float32 rounding of float64's expm.
+    exact = np.stack([scipy.linalg.expm(np.float64(x)) for x in a])
+    err_adds, err_reduce = np.abs(adds - exact).max(), np.abs(reduce - exact).max()
+    assert err_adds < 1e-4 and err_reduce < 2 * err_adds, (err_reduce, err_adds)
+    np.testing.assert_allclose(reduce_grad, adds_grad, rtol=1e-4, atol=1e-4)
+    monkeypatch.setitem(expm.SMALL_PRODUCTS, "gpu", "einsum")
+    jax.clear_caches()
+    with pytest.raises(ValueError, match="SMALL_PRODUCTS\\['gpu'\\]='einsum'; expected one of"):
+        expm.expm_skew(a, host=gpu)

@@ -87,8 +87,8 @@ def test_a_train_loss_and_its_gradients_are_the_same_under_both_plans(pe, monkey
 @pytest.mark.parametrize("plan", ["each", "batched"])
 def test_liere_s_squaring_loops_give_the_same_loss_and_gradients(plan, monkeypatch):
     # A GPU host's exponentials on this CPU, with its squarings in one data-dependent loop
-    # ("while") and with a loop of fixed length first ("fixed": the GPU's), under both plans
-    # ("batched" vmaps the loops). The recipe's generators (init_scale 2 pi) need up to 5
+    # ("while": every platform's) and with a loop of fixed length first ("fixed"), under both
+    # plans ("batched" vmaps the loops). The recipe's generators (init_scale 2 pi) need up to 5
     # squarings at these positions: the fixed loop is cut to 2, so the loop after it runs too.
     monkeypatch.setattr(expm, "FIXED_SQUARINGS", 2)
     monkeypatch.setitem(position_hook.LAYER_PLANS, "cpu", plan)
