@@ -71,10 +71,13 @@ _LOOPS = ("while", "fixed")
 # How the small products (H <= ``Host.broadcast_max``) are written, by platform:
 # - "adds": H broadcast multiply-adds, term k from a slice of a's column k and b's row k. The
 #   CPU's (measured there: benchmarks README, section 14).
-# - "reduce": one broadcast multiply summed over k, no slices. On an H100, under the batched
-#   layer plan, the squaring loop ran the "adds" form's slices as kernels of their own
-#   (``wrapped_slice``: 6.1 ms of LieRE 8x8's 40.4 ms of GPU work per ViT-B/16 step, section
-#   13). Not yet timed: ``python -m experiments.device`` times it ("small_products=reduce").
+# - "reduce": one broadcast multiply summed over k, no slices, and the same form where a product
+#   must be computed once (``materialised``; "adds" uses a batched dot there). On an H100,
+#   under the batched layer plan, the squaring loop ran the "adds" form's slices as kernels of
+#   their own (``wrapped_slice``: 6.1 ms of LieRE 8x8's 40.4 ms of GPU work per ViT-B/16 step,
+#   section 13), and the backward pass's batched 8 x 8 dots ran as matrix-multiply kernels
+#   (``gemm_fusion_dot``, 5.1 ms). Not yet timed: ``python -m experiments.device`` times it
+#   ("small_products=reduce").
 SMALL_PRODUCTS: dict[str, str] = {"default": "adds"}
 _SMALL = ("adds", "reduce")
 # The ImageNet recipe's LieRE at 224 px needs s <= 5 at initialisation (8x8 blocks; dense: 7),
@@ -152,12 +155,28 @@ def broadcasts(h: int, host: Host) -> bool:
 
 def product(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
     """Batched product, fastest form. Broadcast products are fused into their consumers, so an
-    operand that is itself a product must come from ``_dot`` (else it is recomputed H times)."""
+    operand that is itself a product must come from ``materialised`` (else it is recomputed H
+    times)."""
     if not broadcasts(a_ZHH.shape[-1], host):
         return _dot(a_ZHH, b_ZHH)
     if host.small_products == "reduce":
-        return jnp.sum(a_ZHH[..., :, :, None] * b_ZHH[..., None, :, :], axis=-2)
+        return _reduce_product(a_ZHH, b_ZHH)
     return _broadcast_product(a_ZHH, b_ZHH)
+
+
+def materialised(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
+    """Batched product that is computed once, for operands of further products: a dot, or
+    where small products are "reduce" (``SMALL_PRODUCTS``) that form (a reduction is computed
+    once, not fused into its consumers): the batched 8 x 8 dots of the exponentials' backward
+    pass ran on an H100 as matrix-multiply kernels of their own."""
+    if broadcasts(a_ZHH.shape[-1], host) and host.small_products == "reduce":
+        return _reduce_product(a_ZHH, b_ZHH)
+    return _dot(a_ZHH, b_ZHH)
+
+
+def _reduce_product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
+    """Batched product as one broadcast multiply summed over k (no slices, no dot)."""
+    return jnp.sum(a_ZHH[..., :, :, None] * b_ZHH[..., None, :, :], axis=-2)
 
 
 def _broadcast_product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
@@ -304,10 +323,10 @@ def num_squarings(a_XHH: jax.Array) -> jax.Array:
     return squarings_for(rho_power_bound(jnp.asarray(a_XHH, jnp.float32), 2), _THETA)
 
 
-def _taylor_ps(b, b2, b4):
+def _taylor_ps(b, b2, b4, host: Host):
     """exp(B) to degree 15 by Paterson-Stockmeyer from B, B^2, B^4 (4 more products)."""
     eye = jnp.eye(b.shape[-1], dtype=b.dtype)[None]  # (1, H, H)
-    b3 = _dot(b2, b)
+    b3 = materialised(b2, b, host)
     c = _TAYLOR_COEFFS
 
     def chunk(i):
@@ -315,7 +334,7 @@ def _taylor_ps(b, b2, b4):
 
     poly = chunk(3)
     for i in (2, 1, 0):
-        poly = chunk(i) + _dot(b4, poly)
+        poly = chunk(i) + materialised(b4, poly, host)
     return poly
 
 
@@ -323,12 +342,13 @@ def _expm_skew_impl(a_ZHH: jax.Array, host: Host) -> jax.Array:
     # Normalise by a power of two >= ||A||_F: every rescaling below is exact.
     log_scale = pow2_above(_frobenius(a_ZHH))
     unit = a_ZHH * jnp.exp2(-log_scale)[:, None, None]
-    unit2 = _dot(unit, unit)
-    unit4 = _dot(unit2, unit2)
+    unit2 = materialised(unit, unit, host)
+    unit4 = materialised(unit2, unit2, host)
     rho = jnp.exp2(log_scale) * jnp.sqrt(jnp.sqrt(_frobenius(unit4)))
     s = jax.lax.stop_gradient(squarings_for(rho, _THETA))
     scale = jnp.exp2(log_scale - s.astype(jnp.float32))[:, None, None]
-    return square(host, s, _taylor_ps(unit * scale, unit2 * scale**2, unit4 * scale**4))
+    taylor = _taylor_ps(unit * scale, unit2 * scale**2, unit4 * scale**4, host)
+    return square(host, s, taylor)
 
 
 def expm_skew_chunked(host: Host, a_ZHH: jax.Array) -> jax.Array:

@@ -172,7 +172,8 @@ def test_an_unknown_squaring_loop_is_named(monkeypatch):
 def test_small_products_summed_in_one_reduce_give_the_adds_rotations_without_slices(monkeypatch):
     # "reduce" (the option the device queue times on GPUs) writes an H x H product as one
     # broadcast multiply summed over k; "adds" (every platform's default) slices a column and a
-    # row per term, which an H100 ran as kernels of their own inside the squaring loop.
+    # row per term, which an H100 ran as kernels of their own inside the squaring loop, and
+    # computes the products that feed others as batched dots.
     rng = np.random.default_rng(6)
     a = random_skew(rng, 12, 8, 1.0) * np.logspace(-2, 3, 12)[:, None, None]
     a = jnp.asarray(a, jnp.float32)
@@ -194,6 +195,7 @@ def test_small_products_summed_in_one_reduce_give_the_adds_rotations_without_sli
     )
     assert gpu.small_products == "reduce"
     assert " slice[" in adds_jaxpr and " slice[" not in reduce_jaxpr
+    assert "dot_general" in adds_jaxpr and "dot_general" not in reduce_jaxpr
     # The sums run in another order: each form within float32 rounding of float64's expm.
     exact = np.stack([scipy.linalg.expm(np.float64(x)) for x in a])
     err_adds, err_reduce = np.abs(adds - exact).max(), np.abs(reduce - exact).max()
