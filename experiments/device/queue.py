@@ -90,7 +90,7 @@ import time
 import traceback
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = os.path.join(ROOT, "experiments", "device_recipes.json")
 DEFAULT_OUT = os.path.join(ROOT, "experiments", "benchmarks", "device")
 

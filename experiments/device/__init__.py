@@ -1,0 +1,3 @@
+"""The device queue (``python -m experiments.device``): see ``queue.py``."""
+
+from experiments.device.queue import *  # noqa: F403
