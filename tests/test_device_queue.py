@@ -1,4 +1,4 @@
-"""The device queue (experiments/device.py): its dry run on CPU, with TensorFlow, TFDS and
+"""The device queue (experiments/device/): its dry run on CPU, with TensorFlow, TFDS and
 ml_collections blocked as on the device image, writes every stage's results in the schema the
 GPU run will; its recipes are configs/imagenet.py's; its parsers read what pytest and XLA
 write."""
