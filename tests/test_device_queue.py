@@ -155,7 +155,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
 
 
 def test_dry_run_times_padded_and_packed_naflex_batches(dry_run):
-    """Stage 7: the same images padded one a row and packed, both steps timed per encoder."""
+    """Stage 8: the same images padded one a row and packed, both steps timed per encoder."""
     rows = dry_run["packing"]
     assert [(r["encoder"], r["case"]) for r in rows] == [
         (e, c) for e in device.PACKED_ENCODERS for c in ("padded", "packed")

@@ -12,7 +12,7 @@ from experiments.device.queue import Queue
 from experiments.device.recipes import run_config
 from experiments.device.steps import _compile
 
-PACKED_ENCODERS = ("rope_mixed", "liere")  # stage 7, in this order
+PACKED_ENCODERS = ("rope_mixed", "liere")  # stage 8, in this order
 
 
 def naflex_batches(

@@ -30,8 +30,8 @@ from experiments.device.tests_stage import stage_tests, stop_background, wait_fo
 DEFAULT_OUT = os.path.join(ROOT, "experiments", "benchmarks", "device")
 
 # The shapes of a run: the real ones on an accelerator, tiny ones for a dry run.
-# largest_encoders: how many encoders (in ENCODERS order) stage 8 may search (None: until its
-# deadline); rotation_shape: (B, N) of stage 5; packing_batch: images of stage 7's batches.
+# largest_encoders: how many encoders (in ENCODERS order) stage 7 may search (None: until its
+# deadline); rotation_shape: (B, N) of stage 5; packing_batch: images of stage 8's batches.
 FULL = dict(
     batch=64,
     steps=10,
