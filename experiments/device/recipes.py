@@ -1,10 +1,11 @@
 """The encoders' recipes: what each timed step is.
 
 ``ENCODERS`` names the encoders (each by its ``configs/imagenet.py`` argument) in the order the
-stages take them; their models and optimisers are read from ``experiments/device_recipes.json``
-(``read_recipes``), written from ``configs/imagenet.py`` by ``--write-recipes``
-(``recipes_from_configs``, which needs ml_collections), as ``Config`` dicts, so that the device
-image needs no ml_collections; ``run_config`` is the config of one timed step.
+stages take them. Their models and optimisers are read from ``experiments/device_recipes.json``
+(``read_recipes``), which ``--write-recipes`` writes from ``configs/imagenet.py``
+(``recipes_from_configs``, which needs ml_collections), so that the device image needs no
+ml_collections; ``run_config`` is the config of one timed step, a ``Config`` with the attribute
+access that rope_lie's training functions use.
 """
 
 from __future__ import annotations
