@@ -1,4 +1,4 @@
-"""The device queue (experiments/device.py): its dry run on CPU, with TensorFlow, TFDS and
+"""The device queue (experiments/device/): its dry run on CPU, with TensorFlow, TFDS and
 ml_collections blocked as on the device image, writes every stage's results in the schema the
 GPU run will; its recipes are configs/imagenet.py's; its parsers read what pytest and XLA
 write."""
@@ -155,7 +155,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
 
 
 def test_dry_run_times_padded_and_packed_naflex_batches(dry_run):
-    """Stage 7: the same images padded one a row and packed, both steps timed per encoder."""
+    """Stage 8: the same images padded one a row and packed, both steps timed per encoder."""
     rows = dry_run["packing"]
     assert [(r["encoder"], r["case"]) for r in rows] == [
         (e, c) for e in device.PACKED_ENCODERS for c in ("padded", "packed")

@@ -1,0 +1,306 @@
+"""Stages 3 and 4, ``compile`` and ``steps``: the real train step, compiled and timed.
+
+Stage 3 lowers the step of every case (``step_cases``: encoder, attention backend, LieRE 8x8's
+variants) one after the other and compiles them in the queue's threads until its deadline;
+stage 4 times each compiled step (``time_case``) into the rows of the step table and updates
+issue 47's goal figures (``goal_figures``). The later stages reuse ``lower_case``, ``_compile``,
+``time_case`` and ``best_rows``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+from experiments.device.queue import Queue
+from experiments.device.recipes import ENCODERS, run_config
+from experiments.device.results import _fmt
+from experiments.device.tests_stage import wait_for_encoder_tests
+from experiments.device.variants import other_variant, variant, variant_choices
+
+# Attention backends in the order they are compiled and timed ("pallas" runs on TPUs only).
+ATTENTIONS = ("cudnn", "pallas", "xla", "chunked")
+
+
+def lower_case(q: Queue, encoder: str, attention: str, batch: int) -> dict:
+    """Lower one train step: its config, setup, lowered program and init (not yet run)."""
+    import jax
+
+    from experiments.benchmarks import device as bench
+    from rope_lie import sharding, train
+
+    config = run_config(q.recipes, encoder, attention, q.shapes["overrides"])
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    setup, abstract_state, init, _ = train.create_setup_and_state(config, mesh, 1000)
+    args = bench.abstract_step_args(config, setup, abstract_state, batch)
+    began = time.monotonic()
+    lowered = train.make_train_step(setup).lower(*args)
+    return {
+        "config": config,
+        "mesh": mesh,
+        "init": init,
+        "lowered": lowered,
+        "lower_s": time.monotonic() - began,
+    }
+
+
+def _compile(case: dict) -> dict:
+    began = time.monotonic()
+    case["compiled"] = case["lowered"].compile()
+    case["compile_s"] = time.monotonic() - began
+    case["memory"] = memory_bytes(case["compiled"])
+    return case
+
+
+def memory_bytes(compiled) -> dict | None:
+    """XLA's buffer sizes of a compiled program and its peak: arguments + outputs - aliased
+    (donated) + temporaries."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:
+        return None
+    if m is None:
+        return None
+    sizes = {
+        k: int(getattr(m, f"{k}_size_in_bytes"))
+        for k in ("argument", "output", "alias", "temp", "generated_code")
+    }
+    sizes["peak"] = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
+    return sizes
+
+
+def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
+    """(encoder, attention, variant) of stage 3, in the order they are compiled and timed:
+    every encoder on the first backend, then the next; LieRE 8x8 with the other block product
+    after each backend's rows, and with the other layer plan after the first backend's."""
+    from rope_lie.models.backends import BACKENDS
+
+    encoders = [e for e in ENCODERS if not q.args.encoders or e in q.args.encoders.split(",")]
+    attentions = [
+        a
+        for a in ATTENTIONS
+        if platform in BACKENDS[a].platforms
+        and (not q.args.attention or a in q.args.attention.split(","))
+    ]
+    cases = []
+    for i, attention in enumerate(attentions):
+        # every encoder on the first backend, a few on the others (each is the same path with
+        # another attention function; a ViT-B step compiles in ~40 s on an H100 machine)
+        limit = q.shapes.get("other_backend_encoders") if i else None
+        cases += [(e, attention, None) for e in encoders[:limit]]
+        if "liere" in encoders and i == 0:
+            kinds = ("small_products", "layers", "squarings")
+            cases += [("liere", attention, other_variant(k, platform)) for k in kinds]
+        if "liere" in encoders and attention in ("cudnn", "xla"):
+            cases.append(("liere", attention, other_variant("product", platform)))
+    return cases
+
+
+def skipped_attentions(q: Queue, platform: str) -> list[dict]:
+    """A row per backend this platform does not run, with the check's message (once)."""
+    from rope_lie.models import options
+    from rope_lie.models.backends import BACKENDS
+
+    rows = []
+    for attention in ATTENTIONS:
+        if platform in BACKENDS[attention].platforms:
+            continue
+        if q.args.attention and attention not in q.args.attention.split(","):
+            continue
+        config = run_config(q.recipes, "rope_mixed", attention, q.shapes["overrides"])
+        try:
+            options.check_model_attention(config.model, platform)
+            message = f"not run on {platform}"
+        except ValueError as e:
+            message = str(e)
+        rows.append(empty_row("*", attention, q.shapes["batch"], skipped=message))
+    return rows
+
+
+def stage_compile(q: Queue) -> str:
+    import jax
+
+    platform = jax.default_backend()
+    batch = q.shapes["batch"]
+    q.data["rows"] += skipped_attentions(q, platform)
+    cases = step_cases(q, platform)
+    q.cases = [(e, a, batch, p) for e, a, p in cases]
+    lowered: list[tuple[tuple, dict]] = []
+    # The variants first, before any other thread traces (a block product and a layer plan are
+    # read when tracing, and switching them clears JAX's caches).
+    for encoder, attention, name in [c for c in cases if c[2] is not None]:
+        key = (encoder, attention, batch, name)
+        try:
+            with variant(name):
+                lowered.append((key, lower_case(q, encoder, attention, batch)))
+        except Exception as e:
+            q.compiled[key] = {"error": f"lowering: {type(e).__name__}: {e}"[:2000]}
+    futures = {}
+    for key, case in lowered:
+        futures[q.pool.submit(_compile, case)] = key
+    for encoder, attention, name in cases:
+        if name is not None:
+            continue
+        key = (encoder, attention, batch, None)
+        if q.left("compile") <= 0:
+            q.compiled[key] = {"skipped": "no time left in the compile stage"}
+            continue
+        try:
+            case = lower_case(q, encoder, attention, batch)
+        except Exception as e:
+            q.compiled[key] = {"error": f"lowering: {type(e).__name__}: {e}"[:2000]}
+            continue
+        if encoder not in q.states:
+            q.states[encoder] = q.pool.submit(case["init"], jax.random.key(0))
+        futures[q.pool.submit(_compile, case)] = key
+    # Until the stage's deadline: a ViT-B step took ~40 s to compile on an H100 machine, so not
+    # every case may fit; the steps compiled by then are timed, the others recorded as skipped
+    # (a compile already running finishes in its thread, unused).
+    try:
+        for future in concurrent.futures.as_completed(futures, timeout=max(0.0, q.left("compile"))):
+            key = futures[future]
+            try:
+                q.compiled[key] = future.result()
+            except Exception as e:
+                q.compiled[key] = {"error": f"compile: {type(e).__name__}: {e}"[:2000]}
+    except concurrent.futures.TimeoutError:
+        for future, key in futures.items():
+            if not future.done():
+                future.cancel()
+                q.compiled[key] = {"skipped": "no time left in the compile stage"}
+    ok = sum("compiled" in c for c in q.compiled.values())
+    skipped = sum("skipped" in c for c in q.compiled.values())
+    failed = len(q.compiled) - ok - skipped
+    return f"{ok} of {len(cases)} steps compiled ({failed} failed, {skipped} out of time)"
+
+
+def flops_per_image(q: Queue) -> float:
+    from experiments.benchmarks import flops
+
+    config = run_config(q.recipes, "nope", "xla", q.shapes["overrides"])
+    return flops.matmul_train_flops(config.model.to_dict(), 1)
+
+
+def empty_row(encoder: str, attention: str, batch: int, **note) -> dict:
+    """A row of the step table with nothing timed, and why (``skipped=`` or ``error=``)."""
+    timed = dict(step_ms=None, images_per_s=None, mfu=None)
+    return dict(encoder=encoder, attention=attention, batch=batch, **timed, **note)
+
+
+def time_case(q: Queue, key: tuple, case: dict) -> dict:
+    """Time one compiled step; its row."""
+    import jax
+
+    from experiments.benchmarks import device as bench
+
+    encoder, attention, batch, name = key
+    row = empty_row(encoder, attention, batch, case="fixed_batch")
+    if encoder.startswith("liere"):
+        platform = q.data["platform"]
+        choices = variant_choices(name, platform)
+        row["block_product"] = choices["product"]
+        row["layer_plan"] = choices["layers"]
+        row["squaring_loop"] = choices["squarings"]
+        row["small_products"] = choices["small_products"]
+        row["platform_default"] = name is None
+    if "error" in case or "skipped" in case:
+        return row | {k: case[k] for k in ("error", "skipped") if k in case}
+    state, other = q.states[encoder].result()
+    data = bench.random_batch(case["config"], batch, case["mesh"])
+    try:
+        timing, state = bench.time_compiled(
+            case["compiled"],
+            state,
+            data,
+            other,
+            jax.random.key(1),
+            q.shapes["steps"],
+            warmup=q.shapes["warmup"],
+        )
+    finally:
+        del data
+    q.states[encoder] = _done((state, other))
+    seconds = timing["step_ms_min"] / 1e3
+    peak = (q.data.get("peak_tflops") or 0) * 1e12
+    model_flops = q.data["flops_per_image"] * batch
+    return row | dict(
+        step_ms=timing["step_ms_min"],
+        step_ms_median=timing["step_ms_median"],
+        images_per_s=batch / seconds,
+        mfu=model_flops / seconds / peak if peak else None,
+        loss=timing["loss"],
+        compile_s=round(case["compile_s"], 1),
+        lower_s=round(case["lower_s"], 1),
+        memory=case.get("memory"),
+    )
+
+
+def _done(value) -> concurrent.futures.Future:
+    future = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def stage_steps(q: Queue) -> str:
+    wait_for_encoder_tests(q)
+    q.data["flops_per_image"] = flops_per_image(q)
+    timed = 0
+    for key in q.cases:
+        case = q.compiled.get(key, {"skipped": "not compiled"})
+        if q.left("steps") <= 0:
+            q.data["rows"].append(
+                empty_row(key[0], key[1], key[2], skipped="no time left in the steps stage")
+            )
+            continue
+        try:
+            row = time_case(q, key, case)
+        except Exception as e:
+            row = empty_row(key[0], key[1], key[2], error=f"{type(e).__name__}: {e}"[:2000])
+        q.data["rows"].append(row)
+        timed += row.get("step_ms") is not None
+        q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])
+        q.results.save()
+        print(
+            f"  {key}: {_fmt(row.get('step_ms'), '.2f')} ms {row.get('error', '')[:200]}",
+            flush=True,
+        )
+    return f"{timed} steps timed"
+
+
+def best_rows(rows: list[dict], batch: int | None) -> dict[str, dict]:
+    """Per encoder, its fastest timed row (the platform's defaults) at ``batch`` (None: any)."""
+    best = {}
+    for r in rows:
+        if r.get("step_ms") is None or r["encoder"] == "*":
+            continue
+        if batch is not None and r["batch"] != batch:
+            continue
+        if not r.get("platform_default", True):
+            continue
+        if r["encoder"] not in best or r["step_ms"] < best[r["encoder"]]["step_ms"]:
+            best[r["encoder"]] = r
+    return best
+
+
+def goal_figures(rows: list[dict], batch: int) -> dict:
+    """Issue 47's goal, measured: step ratios of the encoders on their fastest backends."""
+    best = best_rows([r for r in rows if r.get("case") == "fixed_batch"], batch)
+    out = {}
+
+    def ratio(a, b, target):
+        if a in best and b in best:
+            out[
+                f"{a} / {b} step ({best[a]['attention']} / {best[b]['attention']}), goal <= "
+                f"{target}"
+            ] = round(best[a]["step_ms"] / best[b]["step_ms"], 3)
+
+    ratio("liere", "rope_mixed", 1.10)
+    ratio("liere_dense", "rope_mixed", 1.5)
+    ratio("rope_mixed", "nope", 1.05)
+    largest = [r for r in rows if r.get("case") == "largest_batch" and r.get("mfu")]
+    if largest:
+        top = max(largest, key=lambda r: r["mfu"])
+        out["best MFU at the largest batch, goal >= 40 %"] = (
+            f"{100 * top['mfu']:.1f} % ({top['encoder']}, {top['attention']}, batch {top['batch']})"
+        )
+    return out

@@ -1,0 +1,124 @@
+"""LieRE 8x8's variants: the choices a platform does not make by default, named
+``<kind>=<choice>``.
+
+Each kind (``VARIANT_KINDS``) is a per-platform table that rope_lie reads when a program is
+traced: the block product, the layer plan, the squaring loop and the form of the exponentials'
+small products. ``variant`` is the context that sets one everywhere (clearing JAX's caches);
+``other_variant`` is the choice a platform does not use, ``variant_choices`` every kind's choice
+in a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+@contextlib.contextmanager
+def every_platform(table: dict, name: str):
+    """Trace with every entry of ``table`` (a per-platform choice read when a program is
+    traced: ``lie.BLOCK_PRODUCTS``, ``position_hook.LAYER_PLANS``, ``expm.SQUARING_LOOPS``) set
+    to ``name``; JAX's caches are cleared on entry and exit, so that programs are traced again."""
+    saved = dict(table)
+    table.update({k: name for k in saved})
+    jax_clear_caches()
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
+        jax_clear_caches()
+
+
+def jax_clear_caches() -> None:
+    import jax
+
+    jax.clear_caches()
+
+
+# LieRE 8x8's variants, each one choice its platform does not make by default, named
+# "<kind>=<choice>": kind "product" a block product (``lie.BLOCK_PRODUCTS``), "layers" a layer
+# plan (``position_hook.LAYER_PLANS``), "squarings" a squaring loop (``expm.SQUARING_LOOPS``),
+# "small_products" how the exponentials' small products are written (``expm.SMALL_PRODUCTS``).
+# Each is a per-platform table read when a program is traced; a variant sets it everywhere.
+VARIANT_KINDS = {
+    "product": "block product",
+    "layers": "layer plan",
+    "squarings": "squaring loop",
+    "small_products": "small product",
+}
+
+
+def variant_table(kind: str) -> dict:
+    from rope_lie.encodings import expm, lie
+    from rope_lie.models import position_hook
+
+    tables = {
+        "product": lie.BLOCK_PRODUCTS,
+        "layers": position_hook.LAYER_PLANS,
+        "squarings": expm.SQUARING_LOOPS,
+        "small_products": expm.SMALL_PRODUCTS,
+    }
+    return tables[kind]
+
+
+def split_variant(name: str | None) -> tuple[str, str] | None:
+    """(kind, choice) of a variant's name; None for None (the platform's defaults)."""
+    if name is None:
+        return None
+    kind, sep, choice = name.partition("=")
+    if not sep or kind not in VARIANT_KINDS:
+        raise ValueError(
+            f"variant {name!r}: expected '<kind>=<choice>', kind in {list(VARIANT_KINDS)}"
+        )
+    return kind, choice
+
+
+def variant(name: str | None):
+    """The context a variant is traced in (None: the platform's defaults)."""
+    split = split_variant(name)
+    return (
+        contextlib.nullcontext()
+        if split is None
+        else every_platform(variant_table(split[0]), split[1])
+    )
+
+
+def platform_choice(kind: str, platform: str) -> str:
+    """What ``platform`` uses of a variant kind by default."""
+    from rope_lie.encodings import expm
+    from rope_lie.models import position_hook
+
+    if kind == "layers":
+        return position_hook.layer_plan(platform)
+    if kind == "squarings":
+        return "fixed" if expm.Host(platform, 1).fixed_squarings else "while"
+    if kind == "small_products":
+        return expm.Host(platform, 1).small_products
+    table = variant_table(kind)
+    # jax.default_backend()'s "gpu" is "cuda" or "rocm" to lax.platform_dependent.
+    for key in {"gpu": ("cuda", "rocm")}.get(platform, (platform,)):
+        if key in table:
+            return table[key]
+    return table["default"]
+
+
+_OTHER = {
+    "product": ("einsum", "broadcast"),
+    "layers": ("each", "batched"),
+    "squarings": ("while", "fixed"),
+    "small_products": ("adds", "reduce"),
+}
+
+
+def other_variant(kind: str, platform: str) -> str:
+    """The variant of ``kind`` that ``platform`` does not use by default ("by_size" block
+    products are the broadcast at 8 x 8, so its other is the einsum)."""
+    first, second = _OTHER[kind]
+    return f"{kind}={second if platform_choice(kind, platform) == first else first}"
+
+
+def variant_choices(name: str | None, platform: str) -> dict[str, str]:
+    """Every kind's choice in a step traced with variant ``name`` on ``platform``."""
+    choices = {kind: platform_choice(kind, platform) for kind in VARIANT_KINDS}
+    split = split_variant(name)
+    return choices if split is None else choices | dict([split])
