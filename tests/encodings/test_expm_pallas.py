@@ -56,7 +56,7 @@ def _calls(fn, *args) -> tuple[int, int]:
 
 @pytest.mark.parametrize("h", [5, 8, 16])
 def test_pallas_square_equals_the_while_loop_per_matrix(squarings, h):
-    # 45 matrices: not a multiple of a block (32 of 8 x 8, 4 of 16 x 16), and H = 5 is padded
+    # 45 matrices: not a multiple of a block (16 of 8 x 8, 2 of 16 x 16), and H = 5 is padded
     # to 8; s from 0 to 11, so every block masks matrices whose squarings ended earlier.
     rng = np.random.default_rng(h)
     r = _rotations(rng, 45, h)
