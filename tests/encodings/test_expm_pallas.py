@@ -1,0 +1,206 @@
+"""expm.py's "pallas" squarings (``SQUARING_LOOPS``): one Pallas kernel, run here in interpret
+mode on CPU, against the "while" loop in values, gradients (the VJPs' forward-mode Frechet
+derivatives, a second kernel) and under ``jax.vmap``; and its lowering for CUDA (Triton)."""
+
+import functools
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+from rope_lie.encodings import expm, expm_combination
+from tests.encodings.reference import random_skew
+
+CPU = expm.Host("cpu", 1)
+
+
+@pytest.fixture
+def squarings(monkeypatch):
+    """``set(choice)``: the CPU's squarings from now on (``SQUARING_LOOPS`` is read when a
+    program is traced, and the jitted functions keep their traces: cleared each time)."""
+
+    def set_loop(choice):
+        monkeypatch.setitem(expm.SQUARING_LOOPS, "cpu", choice)
+        jax.clear_caches()
+
+    yield set_loop
+    monkeypatch.undo()
+    jax.clear_caches()  # later tests in this process trace the default again
+
+
+def _rotations(rng, z, h):
+    """(z, h, h) float32 rotations of angles up to 0.1 (as the Taylor rows are)."""
+    return np.stack([scipy.linalg.expm(a) for a in random_skew(rng, z, h, 0.1)]).astype(np.float32)
+
+
+def _calls(fn, *args) -> tuple[int, int]:
+    """(pallas_call, while loops outside the kernels) in the jaxpr of ``fn``."""
+
+    def count(jaxpr):
+        calls = loops = 0
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                calls += 1
+                continue
+            loops += eqn.primitive.name == "while"
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                sub_calls, sub_loops = count(sub)
+                calls, loops = calls + sub_calls, loops + sub_loops
+        return calls, loops
+
+    return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+@pytest.mark.parametrize("h", [5, 8, 16])
+def test_pallas_square_equals_the_while_loop_per_matrix(squarings, h):
+    # 45 matrices: not a multiple of a block (16 of 8 x 8, 2 of 16 x 16), and H = 5 is padded
+    # to 8; s from 0 to 11, so every block masks matrices whose squarings ended earlier.
+    rng = np.random.default_rng(h)
+    r = _rotations(rng, 45, h)
+    s = np.arange(45) % 12
+    rng.shuffle(s)
+
+    def square(s_Z, r_ZHH):
+        return expm.square(CPU, s_Z, r_ZHH)
+
+    loop = np.asarray(jax.jit(square)(s, r))
+    squarings("pallas")
+    assert _calls(square, s, r) == (1, 0)
+    fused = np.asarray(jax.jit(square)(s, r))
+    np.testing.assert_array_equal(fused[s == 0], r[s == 0])
+    # Each squaring doubles the rounding error so far: within 2^s float32 roundings of R^(2^s).
+    exact = np.stack(
+        [np.linalg.matrix_power(np.float64(m), 2**k) for m, k in zip(r, s, strict=True)]
+    )
+    tol = 2.0**s * 2e-7
+    assert (np.abs(fused - exact).max(axis=(1, 2)) <= tol).all()
+    assert (np.abs(fused - loop).max(axis=(1, 2)) <= tol).all()
+
+
+def _value_and_grad_both(squarings, fn, *args):
+    """``jax.value_and_grad(fn, argnums=all)`` by the "while" loop and by the kernel, and the
+    kernel's (pallas_call, while loops) count: one kernel forward, one in the VJP."""
+    step = jax.jit(jax.value_and_grad(fn, argnums=tuple(range(len(args)))))
+    loop = step(*args)
+    squarings("pallas")
+    return loop, step(*args), _calls(step, *args)
+
+
+def _assert_equal_to_rounding(fused, loop, rtol):
+    for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(loop), strict=True):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * np.abs(b).max())
+
+
+@pytest.mark.parametrize("h", [6, 8])
+def test_pallas_expm_skew_values_and_gradients_equal_the_while_loop(squarings, h):
+    # Norms 1e-2 to 50: s from 0 to 5 in one batch. Larger norms are ill-conditioned (each
+    # squaring doubles the rounding error): both ways agree only to 2^s roundings there.
+    rng = np.random.default_rng(20 + h)
+    a = jnp.asarray(random_skew(rng, 13, h, 1.0) * np.logspace(-2, 1.7, 13)[:, None, None])
+    a = a.astype(jnp.float32)
+    w = jnp.asarray(rng.normal(size=a.shape), jnp.float32)
+    assert int(expm.num_squarings(a).max()) >= 4
+
+    def loss(x):
+        return jnp.sum(w * expm.expm_skew(x, host=CPU))
+
+    loop, fused, calls = _value_and_grad_both(squarings, loss, a)
+    assert calls == (2, 0)
+    _assert_equal_to_rounding(fused, loop, 1e-5)
+    rotations = np.float64(expm.expm_skew(a, host=CPU))
+    exact = np.stack([scipy.linalg.expm(np.float64(m)) for m in a])
+    np.testing.assert_allclose(rotations, exact, atol=2e-5)
+
+
+def _liere_like(rng, rows, gens):
+    """(rows, 2) positions and (2, gens, 8, 8) generators, as LieRE 8x8's on a 2-d grid."""
+    coef = jnp.asarray(rng.uniform(-7.0, 7.0, size=(rows, 2)), jnp.float32)
+    gen = np.stack([random_skew(rng, gens, 8, 1.0) for _ in range(2)])
+    return coef, jnp.asarray(gen * rng.uniform(0.1, 1.0, size=(2, gens, 1, 1)), jnp.float32)
+
+
+def test_pallas_combination_values_and_gradients_equal_the_while_loop(squarings):
+    rng = np.random.default_rng(30)
+    coef, gen = _liere_like(rng, 37, 3)
+    w = jnp.asarray(rng.normal(size=(37, 3, 8, 8)), jnp.float32)
+    assert int(expm_combination.num_squarings(coef, gen).max()) >= 2
+
+    def loss(c, g):
+        return jnp.sum(w * expm_combination.expm_skew_combination(c, g, host=CPU))
+
+    loop, fused, calls = _value_and_grad_both(squarings, loss, coef, gen)
+    assert calls == (2, 0)
+    _assert_equal_to_rounding(fused, loop, 1e-5)
+
+
+def test_pallas_squarings_under_vmap_equal_the_while_loop(squarings):
+    # The batched layer plan vmaps the encoders' precompute over layers: pallas_call's
+    # batching rule adds a grid axis, here to both kernels (forward and the VJP's).
+    rng = np.random.default_rng(40)
+    pairs = [_liere_like(rng, 21, 2) for _ in range(3)]
+    coef, gen = (jnp.stack(x) for x in zip(*pairs, strict=True))
+    w = jnp.asarray(rng.normal(size=(3, 21, 2, 8, 8)), jnp.float32)
+
+    def loss(c, g):
+        rotations = jax.vmap(functools.partial(expm_combination.expm_skew_combination, host=CPU))(
+            c, g
+        )
+        return jnp.sum(w * rotations)
+
+    loop, fused, calls = _value_and_grad_both(squarings, loss, coef, gen)
+    assert calls == (2, 0)
+    _assert_equal_to_rounding(fused, loop, 1e-5)
+    # And the squarings alone, per slice against the vmapped kernel.
+    r = jnp.asarray(np.stack([_rotations(rng, 19, 8) for _ in range(2)]))
+    s = jnp.asarray(rng.integers(0, 11, size=(2, 19)), jnp.int32)
+    batched = jax.jit(jax.vmap(lambda s_Z, r_ZHH: expm.square(CPU, s_Z, r_ZHH)))(s, r)
+    for i in range(2):
+        np.testing.assert_array_equal(
+            batched[i], jax.jit(expm.square, static_argnums=0)(CPU, s[i], r[i])
+        )
+
+
+def test_squarings_fall_back_to_the_while_loop_above_16_and_on_tpus(squarings, monkeypatch):
+    squarings("pallas")
+    r = jnp.asarray(_rotations(np.random.default_rng(50), 3, 24))
+    s = jnp.array([0, 2, 1], jnp.int32)
+    assert _calls(lambda x: expm.square(CPU, s, x), r) == (0, 1)
+    assert _calls(lambda x: expm.square(CPU, s, x), r[:, :16, :16]) == (1, 0)
+    monkeypatch.setitem(expm.SQUARING_LOOPS, "tpu", "pallas")
+    tpu = expm.Host("tpu", 1)
+    assert tpu.squaring_loop == "pallas" and not tpu.pallas_squarings
+    assert _calls(lambda x: expm.square(tpu, s, x), r[:, :8, :8]) == (0, 1)
+
+
+def test_an_unknown_squaring_loop_is_named_with_pallas_among_the_choices(squarings):
+    squarings("triton")
+    with pytest.raises(
+        ValueError,
+        match=r"SQUARING_LOOPS\['cpu'\]='triton'; expected one of \['while', 'fixed', 'pallas'\]",
+    ):
+        expm.expm_skew(jnp.zeros((1, 8, 8)), host=CPU)
+
+
+def test_pallas_squarings_lower_for_cuda_as_triton_kernels(monkeypatch):
+    # The best check short of a GPU that the kernels compile there: the gradient of vmapped
+    # LieRE-like rotations, traced for a GPU host and lowered (not run) for CUDA, holds the
+    # two kernels as Triton calls and no loop of its own. H = 6 is padded to 8.
+    monkeypatch.setitem(expm.SQUARING_LOOPS, "gpu", "pallas")
+    gpu = expm.Host("gpu", 1)
+    rng = np.random.default_rng(60)
+    coef = jnp.asarray(rng.uniform(-7.0, 7.0, size=(2, 21, 2)), jnp.float32)
+    for h in (6, 8, 16):
+        gen = jnp.asarray(np.stack([random_skew(rng, 3, h, 1.0) for _ in range(2)]), jnp.float32)
+
+        def loss(c, g):
+            rotations = jax.vmap(
+                functools.partial(expm_combination.expm_skew_combination, host=gpu), (0, None)
+            )(c, g)
+            return jnp.sum(jnp.sin(rotations))
+
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        text = step.trace(coef, gen).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("__gpu$xla.gpu.triton") == 2 and "stablehlo.while" not in text, h
