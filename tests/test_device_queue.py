@@ -116,6 +116,7 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
         ("xla", "einsum", "batched", "while", "adds", False),
         ("xla", "einsum", "each", "fixed", "adds", False),
         ("xla", "einsum", "each", "while", "reduce", False),
+        ("xla", "einsum", "each", "pallas", "adds", False),  # interpret mode on CPU
     }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
     assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
@@ -138,6 +139,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         "liere (batched layer plan)",
         "liere (fixed squaring loop)",
         "liere (reduce small product)",
+        "liere (pallas squaring loop)",
     }
     for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
@@ -280,13 +282,14 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "squarings": "while",
         "small_products": "adds",
     }
-    others = [device.other_variant(kind, "gpu") for kind in device.VARIANT_KINDS]
+    others = [device.other_variants(kind, "gpu") for kind in device.VARIANT_KINDS]
     assert others == [
-        "product=einsum",
-        "layers=each",
-        "squarings=fixed",
-        "small_products=reduce",
+        ["product=einsum"],
+        ["layers=each"],
+        ["squarings=fixed", "squarings=pallas"],
+        ["small_products=reduce"],
     ]
+    assert device.other_variants("squarings", "tpu") == ["squarings=fixed"]  # no Mosaic kernel
     assert device.variant_choices("squarings=fixed", "gpu")["squarings"] == "fixed"
     with pytest.raises(ValueError, match="variant 'broadcast': expected '<kind>=<choice>'"):
         device.split_variant("broadcast")

@@ -28,9 +28,9 @@ goes on:
    first backend the other form of the exponentials' small products (``expm.SMALL_PRODUCTS``:
    multiply-adds of slices, or one multiply summed), the other layer plan
    (``position_hook.LAYER_PLANS``: one precompute per layer, or one for all) and the other
-   squaring loop (``expm.SQUARING_LOOPS``: a loop whose trip count is read from the data, or a
-   fixed count first), and the other block product (``lie.BLOCK_PRODUCTS``) on "cudnn" and
-   "xla".
+   squaring loops (``expm.SQUARING_LOOPS``: a loop whose trip count is read from the data, a
+   fixed count first, or one Pallas kernel where it runs), and the other block product
+   (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla".
 4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
    warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``
    is the min.
@@ -99,6 +99,7 @@ from experiments.device.tests_stage import (
 from experiments.device.variants import (
     VARIANT_KINDS,
     other_variant,
+    other_variants,
     split_variant,
     variant,
     variant_choices,
@@ -133,6 +134,7 @@ __all__ = [
     "naflex_batches",
     "op_times",
     "other_variant",
+    "other_variants",
     "parse_args",
     "pytest_counts",
     "read_recipes",

@@ -91,7 +91,7 @@ def platform_choice(kind: str, platform: str) -> str:
     if kind == "layers":
         return position_hook.layer_plan(platform)
     if kind == "squarings":
-        return "fixed" if expm.Host(platform, 1).fixed_squarings else "while"
+        return expm.Host(platform, 1).squaring_loop
     if kind == "small_products":
         return expm.Host(platform, 1).small_products
     table = variant_table(kind)
@@ -102,19 +102,30 @@ def platform_choice(kind: str, platform: str) -> str:
     return table["default"]
 
 
-_OTHER = {
+_CHOICES = {
     "product": ("einsum", "broadcast"),
     "layers": ("each", "batched"),
-    "squarings": ("while", "fixed"),
+    "squarings": ("while", "fixed", "pallas"),
     "small_products": ("adds", "reduce"),
 }
 
 
+def other_variants(kind: str, platform: str) -> list[str]:
+    """The variants of ``kind`` that ``platform`` does not use by default ("by_size" block
+    products are the broadcast at 8 x 8, so their other is the einsum; "pallas" squarings only
+    where they run, on CPUs in interpret mode and on GPUs: elsewhere they are the "while"
+    loop)."""
+    default = platform_choice(kind, platform)
+    default = "broadcast" if default == "by_size" else default
+    others = [c for c in _CHOICES[kind] if c != default]
+    if platform not in ("cpu", "gpu"):
+        others = [c for c in others if c != "pallas"]
+    return [f"{kind}={c}" for c in others]
+
+
 def other_variant(kind: str, platform: str) -> str:
-    """The variant of ``kind`` that ``platform`` does not use by default ("by_size" block
-    products are the broadcast at 8 x 8, so its other is the einsum)."""
-    first, second = _OTHER[kind]
-    return f"{kind}={second if platform_choice(kind, platform) == first else first}"
+    """The first of ``other_variants``."""
+    return other_variants(kind, platform)[0]
 
 
 def variant_choices(name: str | None, platform: str) -> dict[str, str]:

@@ -42,8 +42,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pallas_triton
 
 from rope_lie.encodings import _checks, lie
 
@@ -282,6 +280,10 @@ def _squarings_kernel(s_ref, *refs):
 def _pallas_squarings(interpret: bool, s_Z: jax.Array, *r_ZHH: jax.Array) -> tuple:
     """``_squarings_kernel`` on blocks of Zb matrices, padded to Zb's multiple (s = 0) and to a
     power-of-two side (``PALLAS_BLOCK_ELEMENTS``); interpret mode on CPU, else Triton."""
+    # Imported here: only this option needs Pallas, and its modules move between jax releases.
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pallas_triton
+
     z, h = s_Z.shape[0], r_ZHH[0].shape[-1]
     side = 1 << (h - 1).bit_length()
     block = max(1, PALLAS_BLOCK_ELEMENTS // side**3)
