@@ -117,6 +117,7 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
         ("xla", "einsum", "each", "fixed", "adds", False),
         ("xla", "einsum", "each", "while", "reduce", False),
         ("xla", "einsum", "each", "pallas", "adds", False),  # interpret mode on CPU
+        ("xla", "einsum", "each", "pallas", "reduce", False),  # device.COMBINED
     }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
     assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
@@ -140,6 +141,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         "liere (fixed squaring loop)",
         "liere (reduce small product)",
         "liere (pallas squaring loop)",
+        "liere (reduce small product, pallas squaring loop)",
     }
     for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
@@ -290,6 +292,14 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         ["small_products=reduce"],
     ]
     assert device.other_variants("squarings", "tpu") == ["squarings=fixed"]  # no Mosaic kernel
+    assert device.liere_variants("gpu")[-1] == device.COMBINED
+    assert device.variant_choices(device.COMBINED, "gpu") == {
+        "product": "by_size",
+        "layers": "batched",
+        "squarings": "pallas",
+        "small_products": "reduce",
+    }
+    assert device.variant_label(device.COMBINED) == "reduce small product, pallas squaring loop"
     assert device.variant_choices("squarings=fixed", "gpu")["squarings"] == "fixed"
     with pytest.raises(ValueError, match="variant 'broadcast': expected '<kind>=<choice>'"):
         device.split_variant("broadcast")

@@ -97,12 +97,15 @@ from experiments.device.tests_stage import (
     start_pytest,
 )
 from experiments.device.variants import (
+    COMBINED,
     VARIANT_KINDS,
+    liere_variants,
     other_variant,
     other_variants,
     split_variant,
     variant,
     variant_choices,
+    variant_label,
 )
 
 __all__ = [
@@ -135,6 +138,9 @@ __all__ = [
     "op_times",
     "other_variant",
     "other_variants",
+    "liere_variants",
+    "variant_label",
+    "COMBINED",
     "parse_args",
     "pytest_counts",
     "read_recipes",

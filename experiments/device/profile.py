@@ -16,7 +16,7 @@ import tempfile
 
 from experiments.device.queue import Queue
 from experiments.device.steps import ATTENTIONS, _done, best_rows
-from experiments.device.variants import VARIANT_KINDS, other_variants, split_variant
+from experiments.device.variants import liere_variants, other_variant, variant_label
 
 PROFILED = ("liere", "rope_mixed")
 
@@ -165,14 +165,11 @@ def stage_profile(q: Queue) -> str:
             targets[encoder] = (encoder, row["attention"], row["batch"], None)
     if "liere" in targets:  # LieRE 8x8's variants: on the same backend when compiled there,
         platform = q.data["platform"]  # else where they were
-        others = [
-            (o, label) for k, label in VARIANT_KINDS.items() for o in other_variants(k, platform)
-        ]
-        for other, label in others:
+        for other in (*liere_variants(platform), other_variant("product", platform)):
             for attention in (targets["liere"][1], *ATTENTIONS):
                 key = ("liere", attention, q.shapes["batch"], other)
                 if "compiled" in q.compiled.get(key, {}):
-                    targets[f"liere ({split_variant(other)[1]} {label})"] = key
+                    targets[f"liere ({variant_label(other)})"] = key
                     break
     for name, key in targets.items():
         if q.left("profile") <= 0:

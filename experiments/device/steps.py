@@ -16,7 +16,7 @@ from experiments.device.queue import Queue
 from experiments.device.recipes import ENCODERS, run_config
 from experiments.device.results import _fmt
 from experiments.device.tests_stage import wait_for_encoder_tests
-from experiments.device.variants import other_variant, other_variants, variant, variant_choices
+from experiments.device.variants import liere_variants, other_variant, variant, variant_choices
 
 # Attention backends in the order they are compiled and timed ("pallas" runs on TPUs only).
 ATTENTIONS = ("cudnn", "pallas", "xla", "chunked")
@@ -89,8 +89,7 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         limit = q.shapes.get("other_backend_encoders") if i else None
         cases += [(e, attention, None) for e in encoders[:limit]]
         if "liere" in encoders and i == 0:
-            kinds = ("small_products", "layers", "squarings")
-            cases += [("liere", attention, v) for k in kinds for v in other_variants(k, platform)]
+            cases += [("liere", attention, v) for v in liere_variants(platform)]
         if "liere" in encoders and attention in ("cudnn", "xla"):
             cases.append(("liere", attention, other_variant("product", platform)))
     return cases

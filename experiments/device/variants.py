@@ -4,8 +4,9 @@
 Each kind (``VARIANT_KINDS``) is a per-platform table that rope_lie reads when a program is
 traced: the block product, the layer plan, the squaring loop and the form of the exponentials'
 small products. ``variant`` is the context that sets one everywhere (clearing JAX's caches);
-``other_variant`` is the choice a platform does not use, ``variant_choices`` every kind's choice
-in a step.
+``other_variants`` are the choices a platform does not use, ``liere_variants`` those the queue
+compiles (with ``COMBINED``, two kinds at once), ``variant_choices`` every kind's choice in a
+step.
 """
 
 from __future__ import annotations
@@ -73,14 +74,18 @@ def split_variant(name: str | None) -> tuple[str, str] | None:
     return kind, choice
 
 
+def variant_pairs(name: str | None) -> list[tuple[str, str]]:
+    """(kind, choice) of each part of a variant's name: several kinds at once are joined by
+    commas ("small_products=reduce,squarings=pallas"); [] for None."""
+    return [] if name is None else [split_variant(part) for part in name.split(",")]
+
+
 def variant(name: str | None):
     """The context a variant is traced in (None: the platform's defaults)."""
-    split = split_variant(name)
-    return (
-        contextlib.nullcontext()
-        if split is None
-        else every_platform(variant_table(split[0]), split[1])
-    )
+    stack = contextlib.ExitStack()
+    for kind, choice in variant_pairs(name):
+        stack.enter_context(every_platform(variant_table(kind), choice))
+    return stack
 
 
 def platform_choice(kind: str, platform: str) -> str:
@@ -131,5 +136,24 @@ def other_variant(kind: str, platform: str) -> str:
 def variant_choices(name: str | None, platform: str) -> dict[str, str]:
     """Every kind's choice in a step traced with variant ``name`` on ``platform``."""
     choices = {kind: platform_choice(kind, platform) for kind in VARIANT_KINDS}
-    split = split_variant(name)
-    return choices if split is None else choices | dict([split])
+    return choices | dict(variant_pairs(name))
+
+
+# The pair of choices the H100's profile pointed to together (benchmarks README, section 13):
+# the exponentials' products without slices or batched dots, and their squarings in one kernel.
+COMBINED = "small_products=reduce,squarings=pallas"
+
+
+def liere_variants(platform: str) -> list[str]:
+    """The LieRE 8x8 variants compiled on ``platform``'s first backend: every choice it does not
+    make of the small products, the layer plan and the squaring loop, then ``COMBINED`` where
+    both of its choices are among them."""
+    kinds = ("small_products", "layers", "squarings")
+    singles = [v for kind in kinds for v in other_variants(kind, platform)]
+    combined = all(part in singles for part in COMBINED.split(","))
+    return singles + ([COMBINED] if combined else [])
+
+
+def variant_label(name: str) -> str:
+    """A variant's name in words: "reduce small product, pallas squaring loop"."""
+    return ", ".join(f"{choice} {VARIANT_KINDS[kind]}" for kind, choice in variant_pairs(name))
