@@ -303,3 +303,20 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
     assert device.variant_choices("squarings=fixed", "gpu")["squarings"] == "fixed"
     with pytest.raises(ValueError, match="variant 'broadcast': expected '<kind>=<choice>'"):
         device.split_variant("broadcast")
+
+
+def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
+    # The compile stage stops at its deadline: what issue 47's figures need comes first.
+    from types import SimpleNamespace
+
+    from experiments.device import steps
+
+    q = SimpleNamespace(
+        args=SimpleNamespace(encoders="", attention=""), shapes={"other_backend_encoders": 4}
+    )
+    cases = steps.step_cases(q, "gpu")
+    variants = device.liere_variants("gpu")
+    assert cases[:3] == [(e, "cudnn", None) for e in steps.GOAL_ENCODERS]
+    assert cases[3 : 3 + len(variants)] == [("liere", "cudnn", v) for v in variants]
+    assert {e for e, a, v in cases if a == "cudnn" and v is None} == set(device.ENCODERS)
+    assert cases.index(("liere", "cudnn", "product=einsum")) > cases.index(("ape", "cudnn", None))

@@ -25,7 +25,7 @@ goes on:
    ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
    until the stage's deadline (the steps not compiled by then are recorded as skipped). LieRE
    8x8 is compiled again with what its platform does not use by default (``variant``): on the
-   first backend the other form of the exponentials' small products (``expm.SMALL_PRODUCTS``:
+   first backend, right after RoPE-Mixed, LieRE 8x8 and NoPE, the other form of the exponentials' small products (``expm.SMALL_PRODUCTS``:
    multiply-adds of slices, or one multiply summed), the other layer plan
    (``position_hook.LAYER_PLANS``: one precompute per layer, or one for all) and the other
    squaring loops (``expm.SQUARING_LOOPS``: a loop whose trip count is read from the data, a
