@@ -11,10 +11,11 @@ goes on:
 
 1. ``environment``: the device kind and memory, the versions, and whether the jax APIs
    rope_lie uses that have moved or may move between releases import.
-2. ``tests``: the GPU tests (``GPU_TESTS``: cuDNN attention against "xla", and LieRE's two block
-   products) on the device, through pytest in a subprocess (pass/fail counts, failing test ids);
-   meanwhile the encoder tests (``tests/encodings``) run in another subprocess on the device
-   machine's CPU with its jax (``JAX_PLATFORMS=cpu``): the current-jax check of issue 47.4.
+2. ``tests``: the GPU tests (``GPU_TESTS``: cuDNN attention against "xla", LieRE's two block
+   products, and the Pallas squarings against the loop) on the device, through pytest in a
+   subprocess (pass/fail counts, failing test ids); meanwhile the encoder tests
+   (``tests/encodings``) run in another subprocess on the device machine's CPU with its jax
+   (``JAX_PLATFORMS=cpu``): the current-jax check of issue 47.4.
    Each run's whole log (short tracebacks, each failure's reason) is written beside the JSON,
    ``<stem>-tests-gpu.log`` and ``<stem>-tests-encoders-cpu.log``.
 3. ``compile``: the real train step (``rope_lie.train.make_train_step``, AdamW's or Adam's
@@ -25,11 +26,12 @@ goes on:
    ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
    until the stage's deadline (the steps not compiled by then are recorded as skipped). LieRE
    8x8 is compiled again with what its platform does not use by default (``variant``): on the
-   first backend, right after RoPE-Mixed, LieRE 8x8 and NoPE, the other form of the exponentials' small products (``expm.SMALL_PRODUCTS``:
-   multiply-adds of slices, or one multiply summed), the other layer plan
-   (``position_hook.LAYER_PLANS``: one precompute per layer, or one for all) and the other
-   squaring loops (``expm.SQUARING_LOOPS``: a loop whose trip count is read from the data, a
-   fixed count first, or one Pallas kernel where it runs), and the other block product
+   first backend, right after RoPE-Mixed, LieRE 8x8 and NoPE, the other form of the
+   exponentials' small products (``expm.SMALL_PRODUCTS``: multiply-adds of slices, or one
+   multiply summed), the other layer plan (``position_hook.LAYER_PLANS``: one precompute per
+   layer, or one for all), the other squaring loops (``expm.SQUARING_LOOPS``: a loop whose
+   trip count is read from the data, a fixed count first, or one Pallas kernel where it runs)
+   and ``COMBINED`` (two of these at once); and the other block product
    (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla".
 4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
    warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``

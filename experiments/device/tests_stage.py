@@ -22,7 +22,11 @@ import time
 from experiments.device.queue import Queue
 from experiments.device.recipes import ROOT
 
-GPU_TESTS = ("tests/models/test_attention_gpu.py", "tests/encodings/test_block_products.py")
+GPU_TESTS = (
+    "tests/models/test_attention_gpu.py",
+    "tests/encodings/test_block_products.py",
+    "tests/encodings/test_expm_pallas.py",  # the Pallas squarings compiled by Triton
+)
 ENCODER_TESTS = ("tests/encodings",)
 # The dry run checks the stage's path on a CPU, not the tests themselves (the suite runs them):
 # the quick ones of the GPU tests' file.

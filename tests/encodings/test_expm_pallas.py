@@ -1,6 +1,8 @@
-"""expm.py's "pallas" squarings (``SQUARING_LOOPS``): one Pallas kernel, run here in interpret
-mode on CPU, against the "while" loop in values, gradients (the VJPs' forward-mode Frechet
-derivatives, a second kernel) and under ``jax.vmap``; and its lowering for CUDA (Triton)."""
+"""expm.py's "pallas" squarings (``SQUARING_LOOPS``): one Pallas kernel, against the "while" loop
+in values, gradients (the VJPs' forward-mode Frechet derivatives, a second kernel) and under
+``jax.vmap``; and its lowering for CUDA (Triton). On this process's platform: interpret mode
+on CPU, the compiled Triton kernels on a GPU (the device queue runs this file there: numpy
+only, no scipy, which the device image lacks)."""
 
 import functools
 
@@ -9,21 +11,30 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.linalg
 
 from rope_lie.encodings import expm, expm_combination
 from tests.encodings.reference import random_skew
 
-CPU = expm.Host("cpu", 1)
+HOST = expm.Host(jax.default_backend(), 1)
+pytestmark = pytest.mark.skipif(
+    HOST.platform not in ("cpu", "gpu"), reason="the Pallas squarings run on CPUs and GPUs"
+)
+
+
+def _expm_skew64(a_ZHH) -> np.ndarray:
+    """exp(A) of skew-symmetric matrices in float64: i A is Hermitian, so exp(A) = V e^(-i L) V^H
+    from its eigendecomposition (numpy only)."""
+    lam, v = np.linalg.eigh(1j * np.float64(a_ZHH))
+    return np.real(np.einsum("zij,zj,zkj->zik", v, np.exp(-1j * lam), v.conj()))
 
 
 @pytest.fixture
 def squarings(monkeypatch):
-    """``set(choice)``: the CPU's squarings from now on (``SQUARING_LOOPS`` is read when a
+    """``set(choice)``: this platform's squarings from now on (``SQUARING_LOOPS`` is read when a
     program is traced, and the jitted functions keep their traces: cleared each time)."""
 
     def set_loop(choice):
-        monkeypatch.setitem(expm.SQUARING_LOOPS, "cpu", choice)
+        monkeypatch.setitem(expm.SQUARING_LOOPS, HOST.platform, choice)
         jax.clear_caches()
 
     yield set_loop
@@ -33,7 +44,7 @@ def squarings(monkeypatch):
 
 def _rotations(rng, z, h):
     """(z, h, h) float32 rotations of angles up to 0.1 (as the Taylor rows are)."""
-    return np.stack([scipy.linalg.expm(a) for a in random_skew(rng, z, h, 0.1)]).astype(np.float32)
+    return _expm_skew64(random_skew(rng, z, h, 0.1)).astype(np.float32)
 
 
 def _calls(fn, *args) -> tuple[int, int]:
@@ -64,7 +75,7 @@ def test_pallas_square_equals_the_while_loop_per_matrix(squarings, h):
     rng.shuffle(s)
 
     def square(s_Z, r_ZHH):
-        return expm.square(CPU, s_Z, r_ZHH)
+        return expm.square(HOST, s_Z, r_ZHH)
 
     loop = np.asarray(jax.jit(square)(s, r))
     squarings("pallas")
@@ -105,13 +116,13 @@ def test_pallas_expm_skew_values_and_gradients_equal_the_while_loop(squarings, h
     assert int(expm.num_squarings(a).max()) >= 4
 
     def loss(x):
-        return jnp.sum(w * expm.expm_skew(x, host=CPU))
+        return jnp.sum(w * expm.expm_skew(x, host=HOST))
 
     loop, fused, calls = _value_and_grad_both(squarings, loss, a)
     assert calls == (2, 0)
     _assert_equal_to_rounding(fused, loop, 1e-5)
-    rotations = np.float64(expm.expm_skew(a, host=CPU))
-    exact = np.stack([scipy.linalg.expm(np.float64(m)) for m in a])
+    rotations = np.float64(expm.expm_skew(a, host=HOST))
+    exact = _expm_skew64(a)
     np.testing.assert_allclose(rotations, exact, atol=2e-5)
 
 
@@ -129,7 +140,7 @@ def test_pallas_combination_values_and_gradients_equal_the_while_loop(squarings)
     assert int(expm_combination.num_squarings(coef, gen).max()) >= 2
 
     def loss(c, g):
-        return jnp.sum(w * expm_combination.expm_skew_combination(c, g, host=CPU))
+        return jnp.sum(w * expm_combination.expm_skew_combination(c, g, host=HOST))
 
     loop, fused, calls = _value_and_grad_both(squarings, loss, coef, gen)
     assert calls == (2, 0)
@@ -145,7 +156,7 @@ def test_pallas_squarings_under_vmap_equal_the_while_loop(squarings):
     w = jnp.asarray(rng.normal(size=(3, 21, 2, 8, 8)), jnp.float32)
 
     def loss(c, g):
-        rotations = jax.vmap(functools.partial(expm_combination.expm_skew_combination, host=CPU))(
+        rotations = jax.vmap(functools.partial(expm_combination.expm_skew_combination, host=HOST))(
             c, g
         )
         return jnp.sum(w * rotations)
@@ -156,10 +167,10 @@ def test_pallas_squarings_under_vmap_equal_the_while_loop(squarings):
     # And the squarings alone, per slice against the vmapped kernel.
     r = jnp.asarray(np.stack([_rotations(rng, 19, 8) for _ in range(2)]))
     s = jnp.asarray(rng.integers(0, 11, size=(2, 19)), jnp.int32)
-    batched = jax.jit(jax.vmap(lambda s_Z, r_ZHH: expm.square(CPU, s_Z, r_ZHH)))(s, r)
+    batched = jax.jit(jax.vmap(lambda s_Z, r_ZHH: expm.square(HOST, s_Z, r_ZHH)))(s, r)
     for i in range(2):
         np.testing.assert_array_equal(
-            batched[i], jax.jit(expm.square, static_argnums=0)(CPU, s[i], r[i])
+            batched[i], jax.jit(expm.square, static_argnums=0)(HOST, s[i], r[i])
         )
 
 
@@ -167,8 +178,8 @@ def test_squarings_fall_back_to_the_while_loop_above_16_and_on_tpus(squarings, m
     squarings("pallas")
     r = jnp.asarray(_rotations(np.random.default_rng(50), 3, 24))
     s = jnp.array([0, 2, 1], jnp.int32)
-    assert _calls(lambda x: expm.square(CPU, s, x), r) == (0, 1)
-    assert _calls(lambda x: expm.square(CPU, s, x), r[:, :16, :16]) == (1, 0)
+    assert _calls(lambda x: expm.square(HOST, s, x), r) == (0, 1)
+    assert _calls(lambda x: expm.square(HOST, s, x), r[:, :16, :16]) == (1, 0)
     monkeypatch.setitem(expm.SQUARING_LOOPS, "tpu", "pallas")
     tpu = expm.Host("tpu", 1)
     assert tpu.squaring_loop == "pallas" and not tpu.pallas_squarings
@@ -179,9 +190,10 @@ def test_an_unknown_squaring_loop_is_named_with_pallas_among_the_choices(squarin
     squarings("triton")
     with pytest.raises(
         ValueError,
-        match=r"SQUARING_LOOPS\['cpu'\]='triton'; expected one of \['while', 'fixed', 'pallas'\]",
+        match=rf"SQUARING_LOOPS\['{HOST.platform}'\]='triton'; expected one of "
+        r"\['while', 'fixed', 'pallas'\]",
     ):
-        expm.expm_skew(jnp.zeros((1, 8, 8)), host=CPU)
+        expm.expm_skew(jnp.zeros((1, 8, 8)), host=HOST)
 
 
 def test_pallas_squarings_lower_for_cuda_as_triton_kernels(monkeypatch):
