@@ -292,7 +292,13 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         ["small_products=reduce"],
     ]
     assert device.other_variants("squarings", "tpu") == ["squarings=fixed"]  # no Mosaic kernel
-    assert device.liere_variants("gpu")[-1] == device.COMBINED
+    assert device.liere_variants("gpu") == [
+        "small_products=reduce",
+        "squarings=pallas",
+        device.COMBINED,
+        "layers=each",
+        "squarings=fixed",
+    ]
     assert device.variant_choices(device.COMBINED, "gpu") == {
         "product": "by_size",
         "layers": "batched",
