@@ -126,6 +126,24 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
         assert r["rel_err"] < 1e-6
 
 
+def test_dry_run_times_liere_s_exponentials_alone_with_each_variant(dry_run):
+    from experiments.device.rotations import EXPONENTIAL_VARIANTS
+
+    rows = dry_run["exponentials"]
+    assert [r["variant"] for r in rows] == list(EXPONENTIAL_VARIANTS)
+    assert {(r["squarings"], r["small_products"]) for r in rows} == {
+        ("while", "adds"),  # the CPU's defaults
+        ("while", "reduce"),
+        ("pallas", "adds"),
+        ("pallas", "reduce"),
+        ("fixed", "adds"),
+    }
+    for r in rows:
+        assert "error" not in r, r
+        assert r["forward_ms"] > 0 and r["forward_backward_ms"] > 0
+        assert r["orthogonality_error"] < 1e-4  # rotations, whatever the program
+
+
 def test_dry_run_largest_batch(dry_run):
     largest = [r for r in dry_run["rows"] if r.get("case") == "largest_batch"]
     assert [r["encoder"] for r in largest] == list(device.ENCODERS)[:2]

@@ -100,6 +100,22 @@ def markdown(data: dict) -> str:
                 f"{_fmt(r.get('forward_backward_ms'), '.3f')} | {_fmt(r.get('rel_err'), '.2e')} |"
                 + (f" {r['error'][:120]}" if r.get("error") else "")
             )
+    if data.get("exponentials"):
+        lines += [
+            "",
+            "## LieRE 8x8's exponentials alone (every layer, vmapped)",
+            "",
+            "| squarings | small products | rotations | forward ms | forward + backward ms | max abs(R^T R - I) |",  # noqa: E501
+            "|---|---|---|---|---|---|",
+        ]
+        for r in data["exponentials"]:
+            shape = "x".join(map(str, r.get("shape", [])))
+            lines.append(
+                f"| {r['squarings']} | {r['small_products']} | {shape} | "
+                f"{_fmt(r.get('forward_ms'), '.3f')} | {_fmt(r.get('forward_backward_ms'), '.3f')}"
+                f" | {_fmt(r.get('orthogonality_error'), '.1e')} |"
+                + (f" {r['error'][:120]}" if r.get("error") else "")
+            )
     for name, prof in (data.get("profiles") or {}).items():
         lines += ["", f"## Profile: {name}", ""]
         if prof.get("error"):

@@ -1,8 +1,13 @@
-"""Stage 5, ``rotations``: ``lie.apply_blocks``'s two block products alone.
+"""Stage 5, ``rotations``: ``lie.apply_blocks``'s two block products alone, then LieRE 8x8's
+exponentials alone.
 
 At ViT-B/16's shapes (``rotation_shape``), LieRE 8x8's blocks and dense ones: the forward, and
 the forward and backward, timed for the "einsum" and the "broadcast" product, and the forward's
-error against float64.
+error against float64. Then the exponentials of a step: ``liere.precompute`` of every layer's
+generators at once (vmapped over the layers, the accelerators' layer plan) at the recipe's
+positions, forward and forward plus backward, with the platform's defaults and with each
+LieRE variant of the exponentials (``EXPONENTIAL_VARIANTS``): what a step spends on them,
+apart from the rest of the step.
 """
 
 from __future__ import annotations
@@ -12,7 +17,16 @@ import time
 
 from experiments.device.queue import Queue
 from experiments.device.recipes import run_config
-from experiments.device.variants import variant
+from experiments.device.variants import COMBINED, variant, variant_choices
+
+# The variants of the exponentials timed alone, beside the platform's defaults (None).
+EXPONENTIAL_VARIANTS = (
+    None,
+    "small_products=reduce",
+    "squarings=pallas",
+    COMBINED,
+    "squarings=fixed",
+)
 
 
 def stage_rotations(q: Queue) -> str:
@@ -53,7 +67,68 @@ def stage_rotations(q: Queue) -> str:
             rows.append(row)
             q.data["rotations"] = rows
             q.results.save()
-    return f"{len(rows)} cases"
+    exponentials = []
+    for name in EXPONENTIAL_VARIANTS:
+        if q.left("rotations") <= 0:
+            break
+        choices = variant_choices(name, q.data["platform"])
+        row = {"variant": name, "squarings": choices["squarings"]}
+        row["small_products"] = choices["small_products"]
+        try:
+            row |= time_exponentials(name, config, heads, head_dim, q.shapes["steps"] + 9)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:1000]
+        exponentials.append(row)
+        q.data["exponentials"] = exponentials
+        q.results.save()
+    return f"{len(rows)} cases, {len(exponentials)} of the exponentials"
+
+
+def time_exponentials(name, config, heads: int, head_dim: int, repeats: int) -> dict:
+    """LieRE 8x8's rotations of every layer from one vmapped ``liere.precompute`` (forward, and
+    forward and backward to the generators) under variant ``name``, at the recipe's depth and
+    positions (the class token at position 0)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rope_lie.encodings import liere, positions
+
+    depth = 1 if head_dim < 64 else 12  # ViT-B's 12 layers; one at the dry run's shapes
+    grid = [s // config.model.patch_size for s in config.model.image_shape]
+    pos = positions.grid_positions(grid, "integer", num_prefix=1)
+    keys = jax.random.split(jax.random.key(0), depth)
+    init = jax.vmap(
+        lambda k: liere.init(k, num_heads=heads, head_dim=head_dim, num_axes=2, block_size=8)
+    )
+    params = init(keys)
+
+    def rotations(params):
+        def one(p):
+            return liere.precompute(p, pos, num_heads=heads, head_dim=head_dim, num_prefix=1)
+
+        return jax.vmap(one)(params).r_TNKbb
+
+    out_shape = jax.eval_shape(rotations, params)
+    cot = jnp.asarray(np.random.default_rng(1).normal(size=out_shape.shape), jnp.float32)
+
+    def forward_backward(params):
+        return jax.vjp(rotations, params)[1](cot)
+
+    with variant(name):
+        forward = jax.jit(rotations).lower(params).compile()
+        both = jax.jit(forward_backward).lower(params).compile()
+        r = np.asarray(forward(params), np.float64)
+    # Orthogonality of the rotations: how far R^T R is from the identity.
+    eye = np.eye(r.shape[-1])
+    orth = float(np.max(np.abs(np.einsum("...ji,...jk->...ik", r, r) - eye)))
+    return dict(
+        layers=depth,
+        shape=list(out_shape.shape),
+        forward_ms=_min_ms(lambda: forward(params), repeats),
+        forward_backward_ms=_min_ms(lambda: both(params), repeats),
+        orthogonality_error=orth,
+    )
 
 
 def time_product(product: str, x, x32, r, cot, want, repeats: int) -> dict:
