@@ -154,6 +154,7 @@ def test_dry_run_largest_batch(dry_run):
 def test_dry_run_profiles_read_the_trace(dry_run):
     assert set(dry_run["profiles"]) == {
         *device.PROFILED,
+        "liere_dense",  # profile.PROFILED_LAST
         "liere (broadcast block product)",
         "liere (batched layer plan)",
         "liere (fixed squaring loop)",

@@ -1,6 +1,7 @@
 """Stage 6, ``profile``: where the time of a LieRE 8x8 and a RoPE-Mixed step goes.
 
-Each step of ``PROFILED`` (and LieRE 8x8's variants), on its fastest backend, traced by
+Each step of ``PROFILED``, then LieRE 8x8's variants, then ``PROFILED_LAST`` (dense LieRE), on
+its fastest backend and as the stage's deadline allows, traced by
 ``jax.profiler``: the top operations by device time per step, read from the trace's XSpace
 (``op_times``) and named by the compiled program's ``op_name`` metadata (``kernel_op_names``),
 beside the program's instruction counts (``hlo_op_counts``) and XLA's cost analysis.
@@ -19,6 +20,9 @@ from experiments.device.steps import ATTENTIONS, _done, best_rows
 from experiments.device.variants import liere_variants, other_variant, variant_label
 
 PROFILED = ("liere", "rope_mixed")
+# Profiled after LieRE 8x8's variants, time allowing: dense LieRE was 3.04x RoPE-Mixed's step on
+# an H100 (its goal: 1.5x), with no profile yet.
+PROFILED_LAST = ("liere_dense",)
 
 
 # Host events in a CPU trace that are not XLA ops (profile_step.py's rule).
@@ -171,6 +175,10 @@ def stage_profile(q: Queue) -> str:
                 if "compiled" in q.compiled.get(key, {}):
                     targets[f"liere ({variant_label(other)})"] = key
                     break
+    for encoder in PROFILED_LAST:
+        if encoder in best:
+            row = best[encoder]
+            targets[encoder] = (encoder, row["attention"], row["batch"], None)
     for name, key in targets.items():
         if q.left("profile") <= 0:
             break
