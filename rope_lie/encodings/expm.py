@@ -43,7 +43,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rope_lie.encodings import _checks, lie
+from rope_lie.encodings import _checks, expm_pallas, lie
 
 __all__ = ["Host", "expm_skew", "num_squarings", "this_host"]
 
@@ -66,14 +66,13 @@ _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 #   on an H100 (the ImageNet recipe's LieRE 8x8, ViT-B/16 224 px, batch 64, cuDNN attention)
 #   the step took 44.4 ms with "fixed" against 41.9 ms with "while" (benchmarks README, section
 #   13). Kept as an option: ``python -m experiments.device`` times it on the device it runs on.
-# - "pallas": one Pallas kernel (``_pallas_square``) that runs all the squarings of a block of
-#   ``PALLAS_BLOCK_ELEMENTS`` // H^3 matrices in one program: a loop up to the block's largest
-#   s inside the kernel (no trip count read on the host, no kernel per iteration), each product
-#   a broadcast multiply summed over k, masked past each matrix's s as the loops are. For H up
-#   to ``PALLAS_MAX`` (larger: the "while" loop). Interpret mode on CPU (slow: for the tests),
-#   compiled by Pallas's Triton backend on GPUs, the "while" loop on TPUs (no Mosaic kernel
-#   written). Unmeasured on any GPU: ``python -m experiments.device`` times it once the queue
-#   has the variant squarings=pallas.
+# - "pallas": one Pallas kernel (``expm_pallas.square``) that runs all the squarings of a block
+#   of matrices in one program: a loop up to the block's largest s inside the kernel (no trip
+#   count read on the host, no kernel per iteration), each product a broadcast multiply summed
+#   over k, masked past each matrix's s as the loops are. For H up to ``PALLAS_MAX`` (larger:
+#   the "while" loop). Interpret mode on CPU (slow: for the tests), compiled by Pallas's Triton
+#   backend on GPUs, the "while" loop on TPUs (no Mosaic kernel written). Unmeasured on any
+#   GPU: ``python -m experiments.device`` times it (the variant squarings=pallas).
 SQUARING_LOOPS: dict[str, str] = {"default": "while"}
 _LOOPS = ("while", "fixed", "pallas")
 # How the small products (H <= ``Host.broadcast_max``) are written, by platform:
@@ -93,15 +92,7 @@ _SMALL = ("adds", "reduce")
 # whole batch, needed or not: 8 wastes at most 3 at the recipe's start and leaves its 8x8
 # generators room to grow 8x before the loop after it runs.
 FIXED_SQUARINGS = 8
-# The "pallas" squarings: matrices up to 16 x 16, zero-padded to a power of two (Triton's
-# arrays have power-of-two sides; a zero row and column square to zeros and add exact zeros),
-# and per program as many as make the broadcast product's (Zb, H, H, H) intermediate this many
-# elements (16 matrices of 8 x 8, 2 of 16 x 16). Unmeasured: chosen so that a program's values
-# stay in registers: compiled for sm_90 by the triton 3.8 Python package (a GPU compiles it with
-# XLA's own Triton) at Pallas's default 4 warps, the kernel on pairs at 8 x 8 used 209
-# registers a thread and spilled none, and at twice the elements it spilled. Not timed.
-PALLAS_MAX = 16
-PALLAS_BLOCK_ELEMENTS = 2**13
+PALLAS_MAX = expm_pallas.PALLAS_MAX  # larger matrices: the "while" loop
 
 
 class Host(NamedTuple):
@@ -243,7 +234,7 @@ def square(host: Host, s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
     ``host.fixed_squarings`` iterations at a known trip count, then a loop up to max(s); or
     one Pallas kernel (``host.pallas_squarings``)."""
     if host.pallas_squarings and r_ZHH.shape[-1] <= PALLAS_MAX:
-        return _pallas_square(host.platform == "cpu", s_Z, r_ZHH)
+        return expm_pallas.square(host.platform == "cpu", s_Z, r_ZHH)
 
     def step(k, r):
         return jnp.where((k < s_Z)[:, None, None], product(r, r, host), r)
@@ -257,64 +248,6 @@ def square(host: Host, s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
         r_ZHH = jax.lax.fori_loop(0, fixed, step, r_ZHH)
     init = (jnp.int32(fixed), r_ZHH)
     return jax.lax.while_loop(lambda c: c[0] < jnp.max(s_Z), body, init)[1]
-
-
-def _squarings_kernel(s_ref, *refs):
-    """All the squarings of one block: (R,) -> (R after s_z squarings,), or with a tangent
-    (R, dR) -> (R^2, R dR + dR R) s_z times; inputs' refs first, then the outputs'."""
-    s_Z = s_ref[...]
-
-    def step(k, carry):
-        r, *tangent = carry
-        squared = (_reduce_product(r, r),)
-        squared += tuple(_reduce_product(r, d) + _reduce_product(d, r) for d in tangent)
-        keep = (k < s_Z)[:, None, None]
-        return tuple(jnp.where(keep, new, old) for new, old in zip(squared, carry, strict=True))
-
-    inputs, outputs = refs[: len(refs) // 2], refs[len(refs) // 2 :]
-    results = jax.lax.fori_loop(0, jnp.max(s_Z), step, tuple(ref[...] for ref in inputs))
-    for ref, result in zip(outputs, results, strict=True):
-        ref[...] = result
-
-
-def _pallas_squarings(interpret: bool, s_Z: jax.Array, *r_ZHH: jax.Array) -> tuple:
-    """``_squarings_kernel`` on blocks of Zb matrices, padded to Zb's multiple (s = 0) and to a
-    power-of-two side (``PALLAS_BLOCK_ELEMENTS``); interpret mode on CPU, else Triton."""
-    # Imported here: only this option needs Pallas, and its modules move between jax releases.
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as pallas_triton
-
-    z, h = s_Z.shape[0], r_ZHH[0].shape[-1]
-    side = 1 << (h - 1).bit_length()
-    block = max(1, PALLAS_BLOCK_ELEMENTS // side**3)
-    padded = -(-z // block) * block
-    s_Z = jnp.pad(s_Z, (0, padded - z))
-    r_ZHH = [jnp.pad(r, ((0, padded - z), (0, side - h), (0, side - h))) for r in r_ZHH]
-    matrices = pl.BlockSpec((block, side, side), lambda i: (i, 0, 0))
-    out = pl.pallas_call(
-        _squarings_kernel,
-        out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype) for r in r_ZHH],
-        grid=(padded // block,),
-        in_specs=[pl.BlockSpec((block,), lambda i: (i,))] + [matrices] * len(r_ZHH),
-        out_specs=[matrices] * len(r_ZHH),
-        interpret=interpret,
-        compiler_params=None if interpret else pallas_triton.CompilerParams(),
-    )(s_Z, *r_ZHH)
-    return tuple(r[:z, :h, :h] for r in out)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _pallas_square(interpret: bool, s_Z: jax.Array, r_ZHH: jax.Array) -> jax.Array:
-    """``square`` as one Pallas kernel (``SQUARING_LOOPS`` "pallas"). Forward mode (the VJPs'
-    Frechet derivatives) is a kernel on pairs: pallas_call's own JVP rule fails on this kernel
-    (jax 0.10.2), and s, an integer, has no tangent. No rule for a second derivative."""
-    return _pallas_squarings(interpret, s_Z, r_ZHH)[0]
-
-
-@_pallas_square.defjvp
-def _pallas_square_jvp(interpret, primals, tangents):
-    (s_Z, r_ZHH), (_, dr_ZHH) = primals, tangents  # s is an integer: no tangent
-    return _pallas_squarings(interpret, s_Z, r_ZHH, dr_ZHH)
 
 
 def squarings_for(rho: jax.Array, theta: float) -> jax.Array:
