@@ -47,7 +47,7 @@ def stage_rotations(q: Queue) -> str:
         row = {"variant": name, "squarings": choices["squarings"]}
         row["small_products"] = choices["small_products"]
         try:
-            row |= time_exponentials(name, config, heads, head_dim, q.shapes["steps"] + 9)
+            row |= time_exponentials(name, config, q.shapes["steps"] + 9)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:1000]
         exponentials.append(row)
@@ -85,18 +85,22 @@ def stage_rotations(q: Queue) -> str:
     return f"{len(rows)} cases, {len(exponentials)} of the exponentials"
 
 
-def time_exponentials(name, config, heads: int, head_dim: int, repeats: int) -> dict:
+def time_exponentials(name, config, repeats: int) -> dict:
     """LieRE 8x8's rotations of every layer from one vmapped ``liere.precompute`` (forward, and
-    forward and backward to the generators) under variant ``name``, at the recipe's depth and
-    positions (the class token at position 0)."""
+    forward and backward to the generators) under variant ``name``, at the model's depth, heads
+    and head size and the recipe's positions (the class token at position 0)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from rope_lie.encodings import liere, positions
+    from rope_lie.models import variants
 
-    depth = 1 if head_dim < 64 else 12  # ViT-B's 12 layers; one at the dry run's shapes
-    grid = [s // config.model.patch_size for s in config.model.image_shape]
+    model = config.model
+    dims, patch = variants.model_dims(model.variant, model.dims, model.patch_size, rank=2)
+    depth, heads = dims["depth"], dims["num_heads"]
+    head_dim = dims["width"] // heads
+    grid = [s // p for s, p in zip(model.image_shape, patch, strict=True)]
     pos = positions.grid_positions(grid, "integer", num_prefix=1)
     keys = jax.random.split(jax.random.key(0), depth)
     init = jax.vmap(

@@ -178,7 +178,7 @@ def product(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
     if not broadcasts(a_ZHH.shape[-1], host):
         return _dot(a_ZHH, b_ZHH)
     if host.small_products == "reduce":
-        return _reduce_product(a_ZHH, b_ZHH)
+        return expm_pallas.reduce_product(a_ZHH, b_ZHH)
     return _broadcast_product(a_ZHH, b_ZHH)
 
 
@@ -188,13 +188,8 @@ def materialised(a_ZHH: jax.Array, b_ZHH: jax.Array, host: Host) -> jax.Array:
     once, not fused into its consumers): the batched 8 x 8 dots of the exponentials' backward
     pass ran on an H100 as matrix-multiply kernels of their own."""
     if broadcasts(a_ZHH.shape[-1], host) and host.small_products == "reduce":
-        return _reduce_product(a_ZHH, b_ZHH)
+        return expm_pallas.reduce_product(a_ZHH, b_ZHH)
     return _dot(a_ZHH, b_ZHH)
-
-
-def _reduce_product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
-    """Batched product as one broadcast multiply summed over k (no slices, no dot)."""
-    return jnp.sum(a_ZHH[..., :, :, None] * b_ZHH[..., None, :, :], axis=-2)
 
 
 def _broadcast_product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:

@@ -27,8 +27,9 @@ PALLAS_MAX = 16
 PALLAS_BLOCK_ELEMENTS = 2**13
 
 
-def _product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
-    """Batched product as one broadcast multiply summed over k (no dot: tiny matrices)."""
+def reduce_product(a_ZHH: jax.Array, b_ZHH: jax.Array) -> jax.Array:
+    """Batched product as one broadcast multiply summed over k (no slices, no dot: tiny
+    matrices); also ``expm``'s "reduce" small products."""
     return jnp.sum(a_ZHH[..., :, :, None] * b_ZHH[..., None, :, :], axis=-2)
 
 
@@ -39,8 +40,8 @@ def _squarings_kernel(s_ref, *refs):
 
     def step(k, carry):
         r, *tangent = carry
-        squared = (_product(r, r),)
-        squared += tuple(_product(r, d) + _product(d, r) for d in tangent)
+        squared = (reduce_product(r, r),)
+        squared += tuple(reduce_product(r, d) + reduce_product(d, r) for d in tangent)
         keep = (k < s_Z)[:, None, None]
         return tuple(jnp.where(keep, new, old) for new, old in zip(squared, carry, strict=True))
 

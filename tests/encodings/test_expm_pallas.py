@@ -168,10 +168,10 @@ def test_pallas_squarings_under_vmap_equal_the_while_loop(squarings):
     r = jnp.asarray(np.stack([_rotations(rng, 19, 8) for _ in range(2)]))
     s = jnp.asarray(rng.integers(0, 11, size=(2, 19)), jnp.int32)
     batched = jax.jit(jax.vmap(lambda s_Z, r_ZHH: expm.square(HOST, s_Z, r_ZHH)))(s, r)
-    for i in range(2):
-        np.testing.assert_array_equal(
-            batched[i], jax.jit(expm.square, static_argnums=0)(HOST, s[i], r[i])
-        )
+    for i in range(2):  # two compiled programs: within 2^s float32 roundings, as in (a)
+        alone = jax.jit(expm.square, static_argnums=0)(HOST, s[i], r[i])
+        gap = np.abs(np.asarray(batched[i]) - np.asarray(alone)).max(axis=(1, 2))
+        assert (gap <= 2.0 ** np.asarray(s[i]) * 2e-7).all()
 
 
 def test_squarings_fall_back_to_the_while_loop_above_16_and_on_tpus(squarings, monkeypatch):
