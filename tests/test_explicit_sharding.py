@@ -27,6 +27,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # closed form (b = 2), the closed-form exponential of blocks up to 4 (b = 4), and the
 # Taylor-combination exponential of larger blocks with leftover channels (b = 5 of 12 channels;
 # a dense generator, b = 12, takes that exponential and block product without the leftover).
+# Keys of the hparams that start with "_" are the case's options, not the family's: "_squarings"
+# runs LieRE's squarings in that loop (expm.SQUARING_LOOPS; "pallas" is the Pallas kernel in
+# interpret mode here, an option the device queue times on GPUs).
 ROTARY_CASES = [
     ("nope", "nope", {}),
     ("rope_axial", "rope_axial", {}),
@@ -35,6 +38,7 @@ ROTARY_CASES = [
     ("liere_b4", "liere", {"block_size": 4}),
     ("liere_b2", "liere", {"block_size": 2}),
     ("liere_b5_partial", "liere", {"block_size": 5, "partial_blocks": True}),
+    ("liere_b6_pallas", "liere", {"block_size": 6, "_squarings": "pallas"}),
     ("cayley_string", "cayley_string", {"init_std": 0.1}),
     ("circulant_string", "circulant_string", {}),
     ("comrope", "comrope", {"block_size": 4}),
@@ -110,7 +114,13 @@ _SCRIPT = textwrap.dedent(
         out[section][key] = {"batch_axes": spec[0] if len(spec) else None,
                              "rel_err": err / max(scale, 1e-30)}
 
+    def retrace_liere():  # LieRE's jitted functions read the squaring loop when traced
+        for fn in (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit):
+            fn.clear_cache()
+
     for case_id, family, hp, rank in cases["rotary"]:
+        expm.SQUARING_LOOPS["cpu"] = hp.pop("_squarings", "while")
+        retrace_liere()
         module = encodings.ROTARY[family]
         params = module.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=rank, **hp)
         pos_TA = positions.grid_positions({1: (7,), 2: (3, 4)}[rank], "integer", num_prefix=1)
@@ -139,9 +149,8 @@ _SCRIPT = textwrap.dedent(
     ):
         record("alibi", name, fn, params, pos_BTA)
 
-    def retrace_liere():  # LieRE's jitted functions read the squaring loop when traced
-        for fn in (liere._rotations, expm_combination._combination_jit, expm._expm_skew_jit):
-            fn.clear_cache()
+    expm.SQUARING_LOOPS["cpu"] = "while"
+    retrace_liere()
 
     images = np.random.default_rng(0).normal(size=(B, 8, 12, 3)).astype(np.float32)
     for case, wanted in cases["vit"].items():
