@@ -102,6 +102,38 @@ def test_dry_run_times_every_encoder_on_every_cpu_backend(dry_run):
     assert all("needs platform" in message for message in refused.values())
 
 
+def test_dry_run_times_the_goal_encoders_again_in_reverse_order(dry_run):
+    rows = dry_run["rows"]
+    first = [
+        r["encoder"]
+        for r in rows
+        if r.get("case") == "fixed_batch"
+        and r["encoder"] in device.GOAL_ENCODERS
+        and r.get("platform_default", True)
+        and r["attention"] == "xla"
+    ]
+    repeat = [r for r in rows if r.get("case") == "repeat"]
+    assert [r["encoder"] for r in repeat] == first[::-1]
+    assert all(r["attention"] == "xla" and r["step_ms"] > 0 for r in repeat)
+    # From the same initial state on the same batch as the first pass: the same loss.
+    loss = {
+        r["encoder"]: r["loss"]
+        for r in rows
+        if r.get("case") == "fixed_batch"
+        and r.get("platform_default", True)
+        and r["attention"] == "xla"
+    }
+    for r in repeat:
+        assert r["loss"] == pytest.approx(loss[r["encoder"]], rel=1e-6), r
+    goal = dry_run["goal"]
+    for name in ("liere / rope_mixed", "rope_mixed / nope"):
+        (once,) = [v for k, v in goal.items() if k.startswith(name) and "repeat" not in k]
+        (again,) = [
+            v for k, v in goal.items() if k.startswith(name) and k.endswith("(repeat pass)")
+        ]
+        assert once > 0 and again > 0
+
+
 def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
     variants = {
         (r["attention"], r["block_product"], r["layer_plan"], r["squaring_loop"])

@@ -35,7 +35,10 @@ goes on:
    (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla".
 4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
    warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``
-   is the min.
+   is the min. Then the goal's encoders (``GOAL_ENCODERS``: RoPE-Mixed, LieRE 8x8, NoPE with
+   their defaults on the first backend) are timed again in reverse order (rows with ``case``
+   "repeat"), and the goal's ratios are given from each pass: the spread says whether a ratio
+   near its goal is resolved by this run.
 5. ``rotations``: LieRE 8x8's exponentials alone (every layer's ``liere.precompute`` at once,
    vmapped, forward and forward plus backward) with the platform's defaults and each variant
    of the exponentials (``rotations.EXPONENTIAL_VARIANTS``), and the rotations' orthogonality
@@ -93,7 +96,7 @@ from experiments.device.recipes import (
 )
 from experiments.device.results import Results, markdown
 from experiments.device.run import DEFAULT_OUT, DRY, FULL, STAGE_FNS, main, parse_args
-from experiments.device.steps import ATTENTIONS
+from experiments.device.steps import ATTENTIONS, GOAL_ENCODERS
 from experiments.device.tests_stage import (
     ENCODER_TESTS,
     GPU_TESTS,
@@ -122,6 +125,7 @@ __all__ = [
     "ENCODERS",
     "ENCODER_TESTS",
     "FULL",
+    "GOAL_ENCODERS",
     "GPU_TESTS",
     "JAX_APIS",
     "MEMORY_SHARE",

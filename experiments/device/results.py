@@ -67,6 +67,8 @@ def markdown(data: dict) -> str:
     ]
     for r in data.get("rows", []):
         note = r.get("error") or r.get("skipped") or ""
+        if r.get("case") == "repeat":
+            note = "timed again at the end of the stage" + (f"; {note}" if note else "")
         if r.get("block_product"):
             choices = f"block product {r['block_product']}, layers {r.get('layer_plan')}"
             choices += f", squarings {r.get('squaring_loop')}"

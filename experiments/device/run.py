@@ -71,7 +71,9 @@ STAGE_FNS = {
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.device", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help="folder of the JSON and Markdown")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for every stage")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes (automatic on CPU)")

@@ -273,7 +273,45 @@ def stage_steps(q: Queue) -> str:
             f"  {key}: {_fmt(row.get('step_ms'), '.2f')} ms {row.get('error', '')[:200]}",
             flush=True,
         )
-    return f"{timed} steps timed"
+    repeated = repeat_goal_steps(q)
+    return f"{timed} steps timed" + (f", {repeated} timed again" if repeated else "")
+
+
+# The encoders of issue 47's step ratios, timed a second time at the end of the steps stage.
+GOAL_ENCODERS = ("rope_mixed", "liere", "nope")
+
+
+def repeat_goal_steps(q: Queue) -> int:
+    """Time the goal encoders' default steps on the first backend again, in the reverse of their
+    first order (a drift of the device's clocks over the stage then moves the two passes' ratios
+    opposite ways): rows with ``case`` "repeat". RoPE-Mixed / NoPE was 1.049 against a goal of
+    1.05 in one run and RoPE-Mixed's step moved 5 % between two runs on the same kind of card,
+    so one pass does not resolve a ratio that close. Each is timed from its initial state
+    again, as in the first pass: LieRE's squarings loop as long as its generators' norms ask,
+    so a state trained by the rows in between could take another trip count."""
+    import jax
+
+    if not q.cases:
+        return 0
+    first_backend = q.cases[0][1]
+    keys = [k for k in q.cases if k[0] in GOAL_ENCODERS and k[1] == first_backend and k[3] is None]
+    timed = 0
+    for key in reversed(keys):
+        case = q.compiled.get(key, {})
+        if q.left("steps") <= 0 or "compiled" not in case:
+            continue
+        try:
+            q.states.pop(key[0], None)
+            q.states[key[0]] = _done(case["init"](jax.random.key(0)))
+            row = time_case(q, key, case) | {"case": "repeat"}
+        except Exception as e:
+            row = empty_row(*key[:3], case="repeat", error=f"{type(e).__name__}: {e}"[:2000])
+        q.data["rows"].append(row)
+        timed += row.get("step_ms") is not None
+        q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])
+        q.results.save()
+        print(f"  {key} again: {_fmt(row.get('step_ms'), '.2f')} ms", flush=True)
+    return timed
 
 
 def best_rows(rows: list[dict], batch: int | None) -> dict[str, dict]:
@@ -291,21 +329,25 @@ def best_rows(rows: list[dict], batch: int | None) -> dict[str, dict]:
     return best
 
 
+# Issue 47's step ratios: (encoder, baseline, goal).
+GOAL_RATIOS = (
+    ("liere", "rope_mixed", 1.10),
+    ("liere_dense", "rope_mixed", 1.5),
+    ("rope_mixed", "nope", 1.05),
+)
+
+
 def goal_figures(rows: list[dict], batch: int) -> dict:
-    """Issue 47's goal, measured: step ratios of the encoders on their fastest backends."""
-    best = best_rows([r for r in rows if r.get("case") == "fixed_batch"], batch)
+    """Issue 47's goal, measured: step ratios of the encoders on their fastest backends, and
+    the same ratios from the repeat pass (``repeat_goal_steps``) where it ran."""
     out = {}
-
-    def ratio(a, b, target):
-        if a in best and b in best:
-            out[
-                f"{a} / {b} step ({best[a]['attention']} / {best[b]['attention']}), goal <= "
-                f"{target}"
-            ] = round(best[a]["step_ms"] / best[b]["step_ms"], 3)
-
-    ratio("liere", "rope_mixed", 1.10)
-    ratio("liere_dense", "rope_mixed", 1.5)
-    ratio("rope_mixed", "nope", 1.05)
+    for case, suffix in (("fixed_batch", ""), ("repeat", " (repeat pass)")):
+        best = best_rows([r for r in rows if r.get("case") == case], batch)
+        for a, b, target in GOAL_RATIOS:
+            if a in best and b in best:
+                backends = f"{best[a]['attention']} / {best[b]['attention']}"
+                key = f"{a} / {b} step ({backends}), goal <= {target}{suffix}"
+                out[key] = round(best[a]["step_ms"] / best[b]["step_ms"], 3)
     largest = [r for r in rows if r.get("case") == "largest_batch" and r.get("mfu")]
     if largest:
         top = max(largest, key=lambda r: r["mfu"])
