@@ -158,6 +158,20 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
         assert r["rel_err"] < 1e-6
 
 
+def test_dry_run_times_a_step_s_rotations_chained(dry_run):
+    from experiments.device.rotations import CHAIN, CHAINED
+
+    rows = {r["encoder"]: r for r in dry_run["chained_rotations"]}
+    assert list(rows) == list(CHAINED)
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["chain"] == CHAIN and r["forward_us"] > 0 and r["forward_backward_us"] > 0
+        assert r["forward_over_rope_mixed"] == pytest.approx(
+            r["forward_us"] / rows["rope_mixed"]["forward_us"]
+        )
+    assert rows["rope_mixed"]["forward_backward_over_rope_mixed"] == pytest.approx(1.0)
+
+
 def test_dry_run_times_liere_s_exponentials_alone_with_each_variant(dry_run):
     from experiments.device.rotations import EXPONENTIAL_VARIANTS
 

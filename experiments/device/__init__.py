@@ -42,8 +42,11 @@ goes on:
 5. ``rotations``: LieRE 8x8's exponentials alone (every layer's ``liere.precompute`` at once,
    vmapped, forward and forward plus backward) with the platform's defaults and each variant
    of the exponentials (``rotations.EXPONENTIAL_VARIANTS``), and the rotations' orthogonality
-   error; then ``lie.apply_blocks``'s two block products alone at ViT-B/16's shapes (LieRE 8x8
-   and dense; forward, and forward plus backward), and each one's error against float64.
+   error; then a step's 24 rotations of q and k alone, chained in one program (no dispatch
+   per rotation), for RoPE-Mixed, LieRE 8x8 and dense LieRE at ViT-B/16's shapes, per rotation
+   and over RoPE-Mixed's (``rotations.time_chain``); then ``lie.apply_blocks``'s two block
+   products alone (one call each; LieRE 8x8 and dense; forward, and forward plus backward),
+   and each one's error against float64.
 6. ``profile``: the LieRE 8x8 (and each of its variants) and RoPE-Mixed steps,
    on their fastest backend, traced by ``jax.profiler``: the top operations by device time per step
    (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),

@@ -88,6 +88,24 @@ def markdown(data: dict) -> str:
     if goal:
         lines += ["", "## Issue 47's goal figures (each encoder on its fastest backend)", ""]
         lines += [f"- {k}: {v}" for k, v in goal.items()]
+    if data.get("chained_rotations"):
+        lines += [
+            "",
+            "## A step's rotations of q and k alone (chained in one program, per rotation)",
+            "",
+            "| encoder | x (B, T, N, H) | forward us | forward + backward us | over RoPE-Mixed (forward / both) |",  # noqa: E501
+            "|---|---|---|---|---|",
+        ]
+        for r in data["chained_rotations"]:
+            shape = "x".join(map(str, r.get("shape_BTNH", [])))
+            over = ""
+            if r.get("forward_over_rope_mixed") is not None:
+                over = f"{r['forward_over_rope_mixed']:.2f} / {r['forward_backward_over_rope_mixed']:.2f}"  # noqa: E501
+            lines.append(
+                f"| {r['encoder']} | {shape} | {_fmt(r.get('forward_us'), '.1f')} | "
+                f"{_fmt(r.get('forward_backward_us'), '.1f')} | {over} |"
+                + (f" {r['error'][:120]}" if r.get("error") else "")
+            )
     if data.get("rotations"):
         lines += [
             "",

@@ -1,5 +1,6 @@
-"""Stage 5, ``rotations``: LieRE 8x8's exponentials alone, then ``lie.apply_blocks``'s two block
-products alone.
+"""Stage 5, ``rotations``: a step's rotations of q and k alone (RoPE-Mixed, LieRE 8x8 and dense
+LieRE), then LieRE 8x8's exponentials alone, then ``lie.apply_blocks``'s two block products
+alone.
 
 The exponentials of a step: ``liere.precompute`` of every layer's generators at once (vmapped
 over the layers, the accelerators' layer plan) at the recipe's positions, forward and forward
@@ -8,6 +9,13 @@ plus backward, with the platform's defaults and with each LieRE variant of the e
 at ViT-B/16's shapes (``rotation_shape``), LieRE 8x8's blocks and dense ones: the forward, and
 the forward and backward, timed for the "einsum" and the "broadcast" product, and the
 forward's error against float64.
+
+The rotations of a step (``time_chain``): ``CHAIN`` rotations of q or k at ViT-B/16's shapes
+(bfloat16, as the model's), one after the other in one program, with the state's ``rotate``
+(the platform's block product) and its gradient to x and to the state, divided by ``CHAIN``: a
+rotation's cost inside a step, with no call's dispatch and no host wait in it (the block
+products' rows below time one call each, a few tens of microseconds of which are the call),
+beside RoPE-Mixed's pair rotation timed the same way.
 """
 
 from __future__ import annotations
@@ -38,7 +46,28 @@ def stage_rotations(q: Queue) -> str:
     grid = [s // 16 for s in config.model.image_shape]
     tokens = math.prod(grid) + 1
     head_dim = 16 if q.args.dry_run else 64
-    # The exponentials first: the block products were timed on the H100 already.
+    # The chained rotations first: three programs that compile in seconds.
+    rng = np.random.default_rng(0)
+    x_np = rng.normal(size=(batch, tokens, heads, head_dim)).astype(np.float32)
+    chains = []
+    for name in CHAINED:
+        if q.left("rotations") <= 0:
+            break
+        row = {"encoder": name, "shape_BTNH": list(x_np.shape), "chain": CHAIN}
+        try:
+            st = rotation_state(name, grid, heads, head_dim)
+            row |= time_chain(st, jnp.asarray(x_np, jnp.bfloat16), q.shapes["steps"] + 9)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:1000]
+        chains.append(row)
+        base = next((r for r in chains if r["encoder"] == "rope_mixed" and "error" not in r), None)
+        for r in chains:
+            if base and "error" not in r:
+                for k in ("forward", "forward_backward"):
+                    r[f"{k}_over_rope_mixed"] = r[f"{k}_us"] / base[f"{k}_us"]
+        q.data["chained_rotations"] = chains
+        q.results.save()
+    # Then the exponentials; the block products, timed on the H100 already, last.
     exponentials = []
     for name in EXPONENTIAL_VARIANTS:
         if q.left("rotations") <= 0:
@@ -53,8 +82,6 @@ def stage_rotations(q: Queue) -> str:
         exponentials.append(row)
         q.data["exponentials"] = exponentials
         q.results.save()
-    rng = np.random.default_rng(0)
-    x_np = rng.normal(size=(batch, tokens, heads, head_dim)).astype(np.float32)
     rows = []
     for block in (8, head_dim):
         k = head_dim // block
@@ -82,7 +109,61 @@ def stage_rotations(q: Queue) -> str:
             rows.append(row)
             q.data["rotations"] = rows
             q.results.save()
-    return f"{len(rows)} cases, {len(exponentials)} of the exponentials"
+    return (
+        f"{len(rows)} cases, {len(exponentials)} of the exponentials, {len(chains)} chained "
+        "rotations"
+    )
+
+
+# A ViT-B/16 step rotates q and k in each of its 12 layers.
+CHAIN = 24
+# The rotations chained (``time_chain``), RoPE-Mixed's first: the others are given over it.
+CHAINED = ("rope_mixed", "liere", "liere_dense")
+
+
+def rotation_state(name: str, grid, heads: int, head_dim: int):
+    """The state a layer of encoder ``name`` rotates q and k with (``precompute`` of freshly
+    initialised parameters at the grid's positions, the class token at position 0)."""
+    import jax
+
+    from rope_lie import encodings
+    from rope_lie.encodings import positions
+
+    family, hparams = {
+        "rope_mixed": ("rope_mixed", {}),
+        "liere": ("liere", {"block_size": 8}),
+        "liere_dense": ("liere", {"block_size": head_dim}),
+    }[name]
+    module = encodings.ROTARY[family]
+    pos = positions.grid_positions(grid, "integer", num_prefix=1)
+    params = module.init(
+        jax.random.key(0), num_heads=heads, head_dim=head_dim, num_axes=2, **hparams
+    )
+    return module.precompute(params, pos, num_heads=heads, head_dim=head_dim, num_prefix=1)
+
+
+def time_chain(st, x, repeats: int) -> dict:
+    """``CHAIN`` rotations ``st.rotate`` of ``x`` one after the other in one program, forward,
+    and forward and backward (the VJP to x and to the state), in microseconds per rotation.
+    An optimisation barrier after each keeps XLA from fusing neighbours into one pass, which
+    a step's attention between them does not allow either."""
+    import jax
+
+    def chain(x, st):
+        for _ in range(CHAIN):
+            x = jax.lax.optimization_barrier(st.rotate(x))
+        return x
+
+    def forward_backward(x, st):
+        out, pullback = jax.vjp(chain, x, st)
+        return pullback(out)
+
+    forward = jax.jit(chain).lower(x, st).compile()
+    both = jax.jit(forward_backward).lower(x, st).compile()
+    return dict(
+        forward_us=1e3 * _min_ms(lambda: forward(x, st), repeats) / CHAIN,
+        forward_backward_us=1e3 * _min_ms(lambda: both(x, st), repeats) / CHAIN,
+    )
 
 
 def time_exponentials(name, config, repeats: int) -> dict:
