@@ -106,20 +106,6 @@ def markdown(data: dict) -> str:
                 f"{_fmt(r.get('forward_backward_us'), '.1f')} | {over} |"
                 + (f" {r['error'][:120]}" if r.get("error") else "")
             )
-    if data.get("rotations"):
-        lines += [
-            "",
-            "## lie.apply_blocks's block products alone",
-            "",
-            "| blocks | product | forward ms | forward + backward ms | max error / max value vs float64 |",  # noqa: E501
-            "|---|---|---|---|---|",
-        ]
-        for r in data["rotations"]:
-            lines.append(
-                f"| {r['blocks']} | {r['product']} | {_fmt(r.get('forward_ms'), '.3f')} | "
-                f"{_fmt(r.get('forward_backward_ms'), '.3f')} | {_fmt(r.get('rel_err'), '.2e')} |"
-                + (f" {r['error'][:120]}" if r.get("error") else "")
-            )
     if data.get("exponentials"):
         lines += [
             "",
@@ -134,6 +120,20 @@ def markdown(data: dict) -> str:
                 f"| {r['squarings']} | {r['small_products']} | {shape} | "
                 f"{_fmt(r.get('forward_ms'), '.3f')} | {_fmt(r.get('forward_backward_ms'), '.3f')}"
                 f" | {_fmt(r.get('orthogonality_error'), '.1e')} |"
+                + (f" {r['error'][:120]}" if r.get("error") else "")
+            )
+    if data.get("rotations"):
+        lines += [
+            "",
+            "## lie.apply_blocks's block products alone",
+            "",
+            "| blocks | product | forward ms | forward + backward ms | max error / max value vs float64 |",  # noqa: E501
+            "|---|---|---|---|---|",
+        ]
+        for r in data["rotations"]:
+            lines.append(
+                f"| {r['blocks']} | {r['product']} | {_fmt(r.get('forward_ms'), '.3f')} | "
+                f"{_fmt(r.get('forward_backward_ms'), '.3f')} | {_fmt(r.get('rel_err'), '.2e')} |"
                 + (f" {r['error'][:120]}" if r.get("error") else "")
             )
     for name, prof in (data.get("profiles") or {}).items():
