@@ -134,6 +134,18 @@ def test_dry_run_times_the_goal_encoders_again_in_reverse_order(dry_run):
         assert once > 0 and again > 0
 
 
+def test_dry_run_times_circulant_string_with_the_dft_right_after_its_own_step(dry_run):
+    rows = [r for r in dry_run["rows"] if r.get("case") == "fixed_batch"]
+    i = next(i for i, r in enumerate(rows) if r["encoder"] == "circulant_string")
+    own, dft = rows[i], rows[i + 1]
+    assert own.get("variant") is None and own.get("platform_default", True)
+    assert dft["encoder"] == "circulant_string" and dft["variant"] == "spectral=dft"
+    assert dft["platform_default"] is False and dft["step_ms"] > 0
+    # A variant is never an encoder's figure: the goal ratios use the platform's defaults.
+    best = device.steps.best_rows(rows, dry_run["shapes"]["batch"])
+    assert best["circulant_string"].get("variant") is None
+
+
 def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
     variants = {
         (r["attention"], r["block_product"], r["layer_plan"], r["squaring_loop"])
@@ -162,7 +174,7 @@ def test_dry_run_times_a_step_s_rotations_chained(dry_run):
     from experiments.device.rotations import CHAIN, CHAINED
 
     rows = {r["encoder"]: r for r in dry_run["chained_rotations"]}
-    assert list(rows) == list(CHAINED)
+    assert list(rows) == [label for label, _, _ in CHAINED]
     for r in rows.values():
         assert "error" not in r, r
         assert r["chain"] == CHAIN and r["forward_us"] > 0 and r["forward_backward_us"] > 0
@@ -348,6 +360,7 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "layers": "batched",
         "squarings": "while",
         "small_products": "adds",
+        "spectral": "fft",
     }
     others = [device.other_variants(kind, "gpu") for kind in device.VARIANT_KINDS]
     assert others == [
@@ -355,6 +368,7 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         ["layers=each"],
         ["squarings=fixed", "squarings=pallas"],
         ["small_products=reduce"],
+        ["spectral=dft"],
     ]
     assert device.other_variants("squarings", "tpu") == ["squarings=fixed"]  # no Mosaic kernel
     assert device.liere_variants("gpu") == [
@@ -369,6 +383,7 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "layers": "batched",
         "squarings": "pallas",
         "small_products": "reduce",
+        "spectral": "fft",
     }
     assert device.variant_label(device.COMBINED) == "reduce small product, pallas squaring loop"
     assert device.variant_choices("squarings=fixed", "gpu")["squarings"] == "fixed"

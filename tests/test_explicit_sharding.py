@@ -29,7 +29,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a dense generator, b = 12, takes that exponential and block product without the leftover).
 # Keys of the hparams that start with "_" are the case's options, not the family's: "_squarings"
 # runs LieRE's squarings in that loop (expm.SQUARING_LOOPS; "pallas" is the Pallas kernel in
-# interpret mode here, an option the device queue times on GPUs).
+# interpret mode here), "_spectral" Circulant-STRING's rotation with that transform
+# (lie.SPECTRAL_TRANSFORMS): options the device queue times on GPUs.
 ROTARY_CASES = [
     ("nope", "nope", {}),
     ("rope_axial", "rope_axial", {}),
@@ -41,6 +42,7 @@ ROTARY_CASES = [
     ("liere_b6_pallas", "liere", {"block_size": 6, "_squarings": "pallas"}),
     ("cayley_string", "cayley_string", {"init_std": 0.1}),
     ("circulant_string", "circulant_string", {}),
+    ("circulant_string_dft", "circulant_string", {"_spectral": "dft"}),
     ("comrope", "comrope", {"block_size": 4}),
     ("dinov3", "dinov3", {}),
 ]
@@ -86,7 +88,7 @@ _SCRIPT = textwrap.dedent(
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec as P
     from rope_lie import encodings, sharding, train
-    from rope_lie.encodings import expm, expm_combination, liere, positions
+    from rope_lie.encodings import expm, expm_combination, lie, liere, positions
     from rope_lie.models import ViT, position_hook
 
     cases = json.loads(sys.argv[1])
@@ -120,6 +122,7 @@ _SCRIPT = textwrap.dedent(
 
     for case_id, family, hp, rank in cases["rotary"]:
         expm.SQUARING_LOOPS["cpu"] = hp.pop("_squarings", "while")
+        lie.SPECTRAL_TRANSFORMS["cpu"] = hp.pop("_spectral", "fft")
         retrace_liere()
         module = encodings.ROTARY[family]
         params = module.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=rank, **hp)
@@ -150,6 +153,7 @@ _SCRIPT = textwrap.dedent(
         record("alibi", name, fn, params, pos_BTA)
 
     expm.SQUARING_LOOPS["cpu"] = "while"
+    lie.SPECTRAL_TRANSFORMS.pop("cpu")
     retrace_liere()
 
     images = np.random.default_rng(0).normal(size=(B, 8, 12, 3)).astype(np.float32)

@@ -32,7 +32,9 @@ goes on:
    layer, or one for all), the other squaring loops (``expm.SQUARING_LOOPS``: a loop whose
    trip count is read from the data, a fixed count first, or one Pallas kernel where it runs)
    and ``COMBINED`` (two of these at once); and the other block product
-   (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla".
+   (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla". Circulant-STRING is compiled again with the
+   real DFT's products in place of the FFT (``lie.SPECTRAL_TRANSFORMS``, the variant
+   ``spectral=dft``; ``ENCODER_VARIANTS``) right after its own step on the first backend.
 4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
    warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``
    is the min. Then the goal's encoders (``GOAL_ENCODERS``: RoPE-Mixed, LieRE 8x8, NoPE with
@@ -43,7 +45,8 @@ goes on:
    vmapped, forward and forward plus backward) with the platform's defaults and each variant
    of the exponentials (``rotations.EXPONENTIAL_VARIANTS``), and the rotations' orthogonality
    error; then a step's 24 rotations of q and k alone, chained in one program (no dispatch
-   per rotation), for RoPE-Mixed, LieRE 8x8 and dense LieRE at ViT-B/16's shapes, per rotation
+   per rotation), for RoPE-Mixed, LieRE 8x8, dense LieRE and Circulant-STRING (by FFT and by
+   the DFT's products) at ViT-B/16's shapes, per rotation
    and over RoPE-Mixed's (``rotations.time_chain``); then ``lie.apply_blocks``'s two block
    products alone (one call each; LieRE 8x8 and dense; forward, and forward plus backward),
    and each one's error against float64.
@@ -109,6 +112,7 @@ from experiments.device.tests_stage import (
 )
 from experiments.device.variants import (
     COMBINED,
+    ENCODER_VARIANTS,
     VARIANT_KINDS,
     liere_variants,
     other_variant,
@@ -126,6 +130,7 @@ __all__ = [
     "DEFAULT_OUT",
     "DRY",
     "ENCODERS",
+    "ENCODER_VARIANTS",
     "ENCODER_TESTS",
     "FULL",
     "GOAL_ENCODERS",

@@ -69,6 +69,8 @@ def markdown(data: dict) -> str:
         note = r.get("error") or r.get("skipped") or ""
         if r.get("case") == "repeat":
             note = "timed again at the end of the stage" + (f"; {note}" if note else "")
+        if r.get("variant") and not r.get("block_product"):
+            note = f"variant {r['variant']}" + (f"; {note}" if note else "")
         if r.get("block_product"):
             choices = f"block product {r['block_product']}, layers {r.get('layer_plan')}"
             choices += f", squarings {r.get('squaring_loop')}"

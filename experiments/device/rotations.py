@@ -1,6 +1,6 @@
-"""Stage 5, ``rotations``: a step's rotations of q and k alone (RoPE-Mixed, LieRE 8x8 and dense
-LieRE), then LieRE 8x8's exponentials alone, then ``lie.apply_blocks``'s two block products
-alone.
+"""Stage 5, ``rotations``: a step's rotations of q and k alone (RoPE-Mixed, LieRE 8x8, dense
+LieRE and Circulant-STRING), then LieRE 8x8's exponentials alone, then ``lie.apply_blocks``'s
+two block products alone.
 
 The exponentials of a step: ``liere.precompute`` of every layer's generators at once (vmapped
 over the layers, the accelerators' layer plan) at the recipe's positions, forward and forward
@@ -15,7 +15,8 @@ The rotations of a step (``time_chain``): ``CHAIN`` rotations of q or k at ViT-B
 (the platform's block product) and its gradient to x and to the state, divided by ``CHAIN``: a
 rotation's cost inside a step, with no call's dispatch and no host wait in it (the block
 products' rows below time one call each, a few tens of microseconds of which are the call),
-beside RoPE-Mixed's pair rotation timed the same way.
+beside RoPE-Mixed's pair rotation timed the same way; Circulant-STRING's with the FFT and with
+the real DFT's products (``lie.SPECTRAL_TRANSFORMS``).
 """
 
 from __future__ import annotations
@@ -46,17 +47,19 @@ def stage_rotations(q: Queue) -> str:
     grid = [s // 16 for s in config.model.image_shape]
     tokens = math.prod(grid) + 1
     head_dim = 16 if q.args.dry_run else 64
-    # The chained rotations first: three programs that compile in seconds.
+    # The chained rotations first: small programs that compile in seconds.
     rng = np.random.default_rng(0)
     x_np = rng.normal(size=(batch, tokens, heads, head_dim)).astype(np.float32)
     chains = []
-    for name in CHAINED:
+    for label, name, variant_name in CHAINED:
         if q.left("rotations") <= 0:
             break
-        row = {"encoder": name, "shape_BTNH": list(x_np.shape), "chain": CHAIN}
+        row = {"encoder": label, "shape_BTNH": list(x_np.shape), "chain": CHAIN}
         try:
             st = rotation_state(name, grid, heads, head_dim)
-            row |= time_chain(st, jnp.asarray(x_np, jnp.bfloat16), q.shapes["steps"] + 9)
+            with variant(variant_name):
+                x = jnp.asarray(x_np, jnp.bfloat16)
+                row |= time_chain(st, x, q.shapes["steps"] + 9)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:1000]
         chains.append(row)
@@ -117,8 +120,15 @@ def stage_rotations(q: Queue) -> str:
 
 # A ViT-B/16 step rotates q and k in each of its 12 layers.
 CHAIN = 24
-# The rotations chained (``time_chain``), RoPE-Mixed's first: the others are given over it.
-CHAINED = ("rope_mixed", "liere", "liere_dense")
+# The rotations chained (``time_chain``), (label, encoder, variant), RoPE-Mixed's first: the
+# others are given over it. Circulant-STRING with its FFT and with the real DFT's products.
+CHAINED = (
+    ("rope_mixed", "rope_mixed", None),
+    ("liere", "liere", None),
+    ("liere_dense", "liere_dense", None),
+    ("circulant_string", "circulant_string", None),
+    ("circulant_string (spectral=dft)", "circulant_string", "spectral=dft"),
+)
 
 
 def rotation_state(name: str, grid, heads: int, head_dim: int):
@@ -133,6 +143,7 @@ def rotation_state(name: str, grid, heads: int, head_dim: int):
         "rope_mixed": ("rope_mixed", {}),
         "liere": ("liere", {"block_size": 8}),
         "liere_dense": ("liere", {"block_size": head_dim}),
+        "circulant_string": ("circulant_string", {}),
     }[name]
     module = encodings.ROTARY[family]
     pos = positions.grid_positions(grid, "integer", num_prefix=1)

@@ -16,7 +16,13 @@ from experiments.device.queue import Queue
 from experiments.device.recipes import ENCODERS, run_config
 from experiments.device.results import _fmt
 from experiments.device.tests_stage import wait_for_encoder_tests
-from experiments.device.variants import liere_variants, other_variant, variant, variant_choices
+from experiments.device.variants import (
+    ENCODER_VARIANTS,
+    liere_variants,
+    other_variant,
+    variant,
+    variant_choices,
+)
 
 # Attention backends in the order they are compiled and timed ("pallas" runs on TPUs only).
 ATTENTIONS = ("cudnn", "pallas", "xla", "chunked")
@@ -79,7 +85,8 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
     every encoder on the first backend, then the next; on the first backend LieRE 8x8's
     variants (``liere_variants``) come right after the encoders of issue 47's goal figures
     (``GOAL_ENCODERS``), before the rest, so that a compile stage cut short by its deadline
-    still times them; LieRE 8x8 with the other block product after each backend's rows."""
+    still times them; each encoder's own variants (``ENCODER_VARIANTS``) right after its row on
+    the first backend; LieRE 8x8 with the other block product after each backend's rows."""
     from rope_lie.models.backends import BACKENDS
 
     encoders = [e for e in ENCODERS if not q.args.encoders or e in q.args.encoders.split(",")]
@@ -95,6 +102,12 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         # another attention function; a ViT-B step compiles in ~40 s on an H100 machine)
         limit = q.shapes.get("other_backend_encoders") if i else None
         rows = [(e, attention, None) for e in encoders[:limit]]
+        if i == 0:
+            rows = [
+                row
+                for e, a, v in rows
+                for row in [(e, a, v)] + [(e, a, o) for o in ENCODER_VARIANTS.get(e, ())]
+            ]
         if "liere" in encoders and i == 0:
             first = sum(e in GOAL_ENCODERS for e in encoders)
             variants = [("liere", attention, v) for v in liere_variants(platform)]
@@ -212,6 +225,9 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         row["squaring_loop"] = choices["squarings"]
         row["small_products"] = choices["small_products"]
         row["platform_default"] = name is None
+    elif name is not None:
+        row["variant"] = name
+        row["platform_default"] = False
     if "error" in case or "skipped" in case:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
     state, other = q.states[encoder].result()

@@ -26,6 +26,7 @@ GPU_TESTS = (
     "tests/models/test_attention_gpu.py",
     "tests/encodings/test_block_products.py",
     "tests/encodings/test_expm_pallas.py",  # the Pallas squarings compiled by Triton
+    "tests/encodings/test_spectral_transforms.py",  # cuFFT against the real DFT's products
 )
 ENCODER_TESTS = ("tests/encodings",)
 # The dry run checks the stage's path on a CPU, not the tests themselves (the suite runs them):

@@ -1,12 +1,12 @@
-"""LieRE 8x8's variants: the choices a platform does not make by default, named
-``<kind>=<choice>``.
+"""LieRE 8x8's variants (and Circulant-STRING's): the choices a platform does not make by
+default, named ``<kind>=<choice>``.
 
 Each kind (``VARIANT_KINDS``) is a per-platform table that rope_lie reads when a program is
 traced: the block product, the layer plan, the squaring loop and the form of the exponentials'
-small products. ``variant`` is the context that sets one everywhere (clearing JAX's caches);
-``other_variants`` are the choices a platform does not use, ``liere_variants`` those the queue
-compiles (with ``COMBINED``, two kinds at once), ``variant_choices`` every kind's choice in a
-step.
+small products (LieRE's), and the spectral transform (Circulant-STRING's, ``ENCODER_VARIANTS``).
+``variant`` is the context that sets one everywhere (clearing JAX's caches); ``other_variants``
+are the choices a platform does not use, ``liere_variants`` those the queue compiles for LieRE
+8x8 (with ``COMBINED``, two kinds at once), ``variant_choices`` every kind's choice in a step.
 """
 
 from __future__ import annotations
@@ -46,7 +46,12 @@ VARIANT_KINDS = {
     "layers": "layer plan",
     "squarings": "squaring loop",
     "small_products": "small product",
+    "spectral": "spectral transform",
 }
+# The variants of other encoders than LieRE 8x8 the queue compiles on the first backend (each
+# right after the encoder's own step): Circulant-STRING's rotation with the real DFT's products
+# instead of the FFT (``lie.SPECTRAL_TRANSFORMS``).
+ENCODER_VARIANTS = {"circulant_string": ("spectral=dft",)}
 
 
 def variant_table(kind: str) -> dict:
@@ -58,6 +63,7 @@ def variant_table(kind: str) -> dict:
         "layers": position_hook.LAYER_PLANS,
         "squarings": expm.SQUARING_LOOPS,
         "small_products": expm.SMALL_PRODUCTS,
+        "spectral": lie.SPECTRAL_TRANSFORMS,
     }
     return tables[kind]
 
@@ -112,6 +118,7 @@ _CHOICES = {
     "layers": ("each", "batched"),
     "squarings": ("while", "fixed", "pallas"),
     "small_products": ("adds", "reduce"),
+    "spectral": ("fft", "dft"),
 }
 
 

@@ -6,6 +6,8 @@
   Gauss-Jordan inverse in plain JAX: jaxlib's CPU LU deadlocks in multi-layer programs).
 - ``rotate_pairs``: the 2x2 rotation of interleaved channel pairs (2j, 2j+1) by angles.
 - ``apply_blocks``: left-multiplication of contiguous b x b blocks of channels by rotations.
+- ``rotate_spectral``: a rotation diagonal in the Fourier basis over the channels
+  (Circulant-STRING's), by FFT or by products with the real DFT's tables.
 
 Everything is computed in float32 whatever the input dtype.
 """
@@ -20,8 +22,10 @@ from rope_lie.encodings import _sharding
 __all__ = [
     "apply_blocks",
     "cayley",
+    "dft_tables",
     "pair_rotation_blocks",
     "rotate_pairs",
+    "rotate_spectral",
     "skew_from_upper",
 ]
 
@@ -261,4 +265,89 @@ def apply_blocks(x_BTNH: jax.Array, r_XTNKbb: jax.Array) -> jax.Array:
     out = block_product(r32, xb).reshape(*x32.shape[:-1], used)
     if used < x32.shape[-1]:
         out = jnp.concatenate([out, x32[..., used:]], axis=-1)
+    return out.astype(x_BTNH.dtype)
+
+
+# How ``rotate_spectral`` moves x to the Fourier basis and back, per platform (the platform
+# the program is lowered for; "default" for the others):
+# - "fft": ``jnp.fft.rfft`` and ``irfft`` over the channels. Every platform's: the encoders'
+#   numbers (goldens, studies) were made with it.
+# - "dft": the same two transforms as float32 products with the real DFT's cosine and sine
+#   tables (H x 2J in, 2J x H out; J = H // 2 + 1), which XLA fuses with x's conversion and the
+#   phase product where an FFT is a call of its own (4 H^2 multiply-adds per channel vector
+#   against the FFT's O(H log H)). Equal to "fft" to float32 rounding (tests). The device queue
+#   times it against "fft" (its variant spectral=dft).
+# Read when a program is traced: a change needs ``jax.clear_caches()`` to reach a step.
+SPECTRAL_TRANSFORMS: dict[str, str] = {"default": "fft"}
+
+
+def _batched(phase_XTNJ: jax.Array) -> jax.Array:
+    """(T, N, J) phases as (1, T, N, J); (B, T, N, J) unchanged."""
+    return jnp.expand_dims(phase_XTNJ, tuple(range(4 - phase_XTNJ.ndim)))
+
+
+def _spectral_fft(x32: jax.Array, phase_XTNJ: jax.Array) -> jax.Array:
+    spectrum_BTNJ = jnp.fft.rfft(x32, axis=-1)
+    return jnp.fft.irfft(spectrum_BTNJ * _batched(phase_XTNJ), n=x32.shape[-1], axis=-1)
+
+
+def dft_tables(head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """The real DFT's tables for length H: ``forward`` (H, 2J) with ``x @ forward`` =
+    [Re rfft(x), Im rfft(x)], and ``inverse`` (2J, H) with ``[Re y, Im y] @ inverse`` =
+    irfft(y, n=H) (irfft's weights: 1 for bin 0 and, for even H, bin H / 2, 2 for the others;
+    the imaginary parts of those bins are ignored, as irfft ignores them). float32, from
+    float64 angles."""
+    import numpy as np
+
+    bins = head_dim // 2 + 1
+    angle = 2 * np.pi * np.outer(np.arange(head_dim), np.arange(bins)) / head_dim  # (H, J)
+    weight = np.full(bins, 2.0)
+    weight[0] = 1.0
+    if head_dim % 2 == 0:
+        weight[-1] = 1.0
+    forward = np.concatenate([np.cos(angle), -np.sin(angle)], axis=1)
+    inverse = np.concatenate([weight * np.cos(angle), -weight * np.sin(angle)], axis=1).T
+    return jnp.asarray(forward, jnp.float32), jnp.asarray(inverse / head_dim, jnp.float32)
+
+
+def _spectral_dft(x32: jax.Array, phase_XTNJ: jax.Array) -> jax.Array:
+    phase = _batched(phase_XTNJ)
+    forward, inverse = dft_tables(x32.shape[-1])
+    bins = forward.shape[1] // 2
+    spectrum = jnp.matmul(x32, forward, precision=_HIGHEST)
+    re, im = spectrum[..., :bins], spectrum[..., bins:]
+    p_re, p_im = jnp.real(phase), jnp.imag(phase)
+    turned = jnp.concatenate([re * p_re - im * p_im, re * p_im + im * p_re], axis=-1)
+    return jnp.matmul(turned, inverse, precision=_HIGHEST)
+
+
+_SPECTRAL_FNS = {"fft": _spectral_fft, "dft": _spectral_dft}
+
+
+def rotate_spectral(x_BTNH: jax.Array, phase_XTNJ: jax.Array) -> jax.Array:
+    """``irfft(rfft(x) * phase)`` over the channels: a rotation diagonal in the Fourier basis
+    (Circulant-STRING's), with the transform ``SPECTRAL_TRANSFORMS`` names for the platform.
+
+    Args:
+      x_BTNH: queries or keys, any float dtype.
+      phase_XTNJ: (T, N, J) or (B, T, N, J) complex64 Hermitian multipliers of unit modulus
+        (J = H // 2 + 1); N = 1 for every head.
+
+    Returns:
+      (B, T, N, H) array in x's dtype, computed in float32.
+    """
+    for platform, name in SPECTRAL_TRANSFORMS.items():
+        if name not in _SPECTRAL_FNS:
+            raise ValueError(
+                f"SPECTRAL_TRANSFORMS[{platform!r}]={name!r}; expected one of {list(_SPECTRAL_FNS)}"
+            )
+    x32 = x_BTNH.astype(jnp.float32)
+    if len(set(SPECTRAL_TRANSFORMS.values())) == 1:  # one transform: no platform switch
+        out = _SPECTRAL_FNS[SPECTRAL_TRANSFORMS["default"]](x32, phase_XTNJ)
+    else:
+        per_platform = {
+            p: _SPECTRAL_FNS[n] for p, n in SPECTRAL_TRANSFORMS.items() if p != "default"
+        }
+        default = _SPECTRAL_FNS[SPECTRAL_TRANSFORMS["default"]]
+        out = jax.lax.platform_dependent(x32, phase_XTNJ, default=default, **per_platform)
     return out.astype(x_BTNH.dtype)

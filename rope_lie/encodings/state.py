@@ -133,11 +133,7 @@ class SpectralPhases(NamedTuple):
     bias_BNTS = None
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
-        head_dim = x_BTNH.shape[-1]
-        spectrum_BTNJ = jnp.fft.rfft(x_BTNH.astype(jnp.float32), axis=-1)
-        phase = jnp.expand_dims(self.phase_TNJ, tuple(range(4 - self.phase_TNJ.ndim)))
-        out_BTNH = jnp.fft.irfft(spectrum_BTNJ * phase, n=head_dim, axis=-1)
-        return out_BTNH.astype(x_BTNH.dtype)
+        return lie.rotate_spectral(x_BTNH, self.phase_TNJ)
 
     def to_fold(self):
         """This state: it leaves nothing to fold into the q/k projections."""
