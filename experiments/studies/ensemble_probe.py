@@ -1,0 +1,251 @@
+r"""Train S seeds of one config in one program: the real train step, vmapped over a seed axis.
+
+    python -m experiments.studies.ensemble_probe \
+        --config 'configs/fashion_mnist.py:pe=liere,block=8,input=memory,resolution_evals=false' \
+        --seeds 0,1,2,3,4 --steps 300
+
+A tiny ViT on an accelerator is bound by per-step overhead (kernel launches, Python), so one
+process per seed leaves it idle. Here the seeds of one arm share each kernel launch: the
+ensemble state is a run's train state with a leading seed axis S on every leaf,
+``jax.vmap(train.make_train_step(setup))`` steps all of them at once on stacked (S, B, ...)
+batches and per-seed dropout keys. Seed k's trajectory is the single run's of seed k
+(tests/test_ensemble_probe.py): the same initial state and dropout key (``run_keys``, as
+``rope_lie.train._train`` derives them) and the same batches (``rope_lie/in_memory.py``'s
+stream of ``data_seed``, else ``seed``).
+
+Printed (and written as JSON with ``--out``), after compiling and ``--warmup`` steps: seed-steps
+per second of the S seeds' single-run steps one after another (the baseline, the plain jitted
+step) and of the ensemble step, both on a small pool of real batches prepared before timing
+and with the loop's host sync (step t-1's metrics read after step t is dispatched,
+``rope_lie/loop.py``); and how many S-seed batches per second the in-memory input makes (host
+work the loop does beside the steps). ``--stream`` also times both with batches read from the
+input as the loop reads them.
+
+Needs jax, flax, optax, orbax, chex, numpy and ml_collections only (no TensorFlow): the
+config's ``input`` must be ``memory``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mc
+
+from rope_lie import in_memory, loop, sharding, train
+
+POOL = 4  # distinct batches per seed cycled through by the timed steps
+
+
+def load_config(spec: str) -> mc.ConfigDict:
+    """A recipe's config from ``path/to/recipe.py[:argument]``, as ``rope_lie.main`` reads it."""
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("recipe", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"--config={spec!r}: no recipe file {path!r}")
+    recipe = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(recipe)
+    return recipe.get_config(arg or None)
+
+
+def seed_config(config: mc.ConfigDict, seed: int) -> mc.ConfigDict:
+    """`config` with ``seed`` set (its ``data_seed`` kept: None follows the seed)."""
+    out = mc.ConfigDict(config.to_dict())
+    out.seed = seed
+    return out
+
+
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+    """(init_key, dropout_key) of a run with this seed, as ``rope_lie.train._train`` splits them."""
+    init_key, dropout_key = jax.random.split(jax.random.key(seed))
+    return init_key, dropout_key
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    """Pytrees of one structure -> one pytree whose leaves have a leading axis of len(trees)."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack(tree: Any, k: int) -> Any:
+    """Member k of a stacked pytree."""
+    return jax.tree.map(lambda x: x[k], tree)
+
+
+def make_ensemble_step(setup: train.Setup) -> Callable:
+    """Jitted (state_S, batch_S, other_S, dropout_key_S) -> (state_S, metrics_S): the run's
+    train step (``train.make_train_step``) vmapped over a leading seed axis of every argument;
+    the stacked state is donated."""
+    return jax.jit(jax.vmap(train.make_train_step(setup)), donate_argnums=(0,))
+
+
+def init_members(init: Callable, seeds: Sequence[int]) -> list[tuple[Any, Any, jax.Array]]:
+    """Per seed, (state, other, dropout_key) at step 0, from ``create_setup_and_state``'s
+    `init` and the seed's run keys."""
+    members = []
+    for seed in seeds:
+        init_key, dropout_key = run_keys(seed)
+        state, other = init(init_key)
+        members.append((state, other, dropout_key))
+    return members
+
+
+def train_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """The keys of an input batch that the train step reads (``loop.TRAIN_KEYS``)."""
+    return {k: batch[k] for k in loop.TRAIN_KEYS if k in batch}
+
+
+def member_batches(config: mc.ConfigDict, start: int = 0) -> Iterator[dict[str, Any]]:
+    """The train batches of one run (its config's data seed) from step `start` on."""
+    return (train_batch(b) for b in in_memory.data_train_batches(config, None, start))
+
+
+def ensemble_batches(configs: Sequence[mc.ConfigDict], start: int = 0) -> Iterator[dict]:
+    """Stacked (S, B, ...) batches: member k's batch t is run k's batch t."""
+    streams = [member_batches(c, start) for c in configs]
+    while True:
+        yield stack([next(s) for s in streams])
+
+
+def build(config: mc.ConfigDict, seeds: Sequence[int], mesh) -> dict:
+    """The single-run step, the ensemble step and the members' step-0 states of `config`, with
+    the run's learning-rate schedule (``train.schedule_steps``)."""
+    total, _, _ = train.schedule_steps(config, in_memory.prepare_data(config))
+    setup, _, init, _ = train.create_setup_and_state(config, mesh, total)
+    return {
+        "total": total,
+        "setup": setup,
+        "step": train.make_train_step(setup),
+        "ensemble_step": make_ensemble_step(setup),
+        "members": init_members(init, seeds),
+        "configs": [seed_config(config, s) for s in seeds],
+    }
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _timed_steps(step_fn: Callable, n: int, warmup: int) -> float:
+    """Seconds for `n` calls of step_fn(i) -> metrics after `warmup` untimed ones, reading call
+    i-1's metrics after call i is dispatched (``loop.run_steps``'s host sync)."""
+    pending = None
+    for i in range(warmup + n):
+        if i == warmup:
+            jax.block_until_ready(pending)
+            tick = time.perf_counter()
+        m = step_fn(i)
+        if pending is not None:
+            jax.device_get(pending)
+        pending = m
+    jax.device_get(pending)
+    return time.perf_counter() - tick
+
+
+def time_single(built: dict, batches: Callable, n: int, warmup: int) -> float:
+    """Seed-steps per second of the members' plain steps, one seed after another per step.
+
+    `batches(k, i)` is member k's batch of call i."""
+    step = built["step"]
+    states = [jax.tree.map(jnp.copy, state) for state, _, _ in built["members"]]
+
+    def one(i):
+        out = []
+        for k, (_, other, dropout_key) in enumerate(built["members"]):
+            states[k], m = step(states[k], batches(k, i), other, dropout_key)
+            out.append(m)
+        return out
+
+    seconds = _timed_steps(one, n, warmup)
+    return len(states) * n / seconds
+
+
+def time_ensemble(built: dict, batches: Callable, n: int, warmup: int) -> float:
+    """Seed-steps per second of the vmapped ensemble step; `batches(i)` is call i's stack."""
+    members = built["members"]
+    state = stack([s for s, _, _ in members])
+    other, dropout_key = stack([o for _, o, _ in members]), jnp.stack([d for _, _, d in members])
+
+    def one(i):
+        nonlocal state
+        state, m = built["ensemble_step"](state, batches(i), other, dropout_key)
+        return m
+
+    seconds = _timed_steps(one, n, warmup)
+    return len(members) * n / seconds
+
+
+def time_input(configs: Sequence[mc.ConfigDict], n: int) -> float:
+    """Stacked S-seed batches per second from the in-memory input (host work, no step)."""
+    stream = ensemble_batches(configs)
+    jax.block_until_ready(next(stream))
+    tick = time.perf_counter()
+    last = None
+    for batch in itertools.islice(stream, n):
+        last = batch
+    jax.block_until_ready(last)
+    return n / (time.perf_counter() - tick)
+
+
+def probe(config: mc.ConfigDict, seeds: Sequence[int], steps: int, warmup: int, stream: bool):
+    """The rows of the table: name -> seed-steps (or batches) per second."""
+    if not in_memory.uses_memory(config):
+        raise ValueError(f"input={config.get('input')!r}; the probe reads input='memory'")
+    mesh = sharding.make_mesh(config.mesh)
+    with jax.set_mesh(mesh):
+        built = build(config, seeds, mesh)
+        configs = built["configs"]
+        pool = [list(itertools.islice(member_batches(c), POOL)) for c in configs]
+        pool_S = [stack([pool[k][i] for k in range(len(seeds))]) for i in range(POOL)]
+        rows = {
+            "single (seeds in turn)": time_single(
+                built, lambda k, i: pool[k][i % POOL], steps, warmup
+            ),
+            "ensemble (vmapped)": time_ensemble(built, lambda i: pool_S[i % POOL], steps, warmup),
+        }
+        if stream:
+            single_streams = [member_batches(c) for c in configs]
+            ens_stream = ensemble_batches(configs)
+            rows["single, streamed input"] = time_single(
+                built, lambda k, i: next(single_streams[k]), steps, warmup
+            )
+            rows["ensemble, streamed input"] = time_ensemble(
+                built, lambda i: next(ens_stream), steps, warmup
+            )
+        rows["input alone (S-seed batches/s)"] = time_input(configs, max(20, steps // 4))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="recipe.py:argument (input=memory)")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated run seeds")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps after compiling")
+    parser.add_argument("--stream", action="store_true", help="also time with streamed input")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    config = load_config(args.config)
+    rows = probe(config, seeds, args.steps, args.warmup, args.stream)
+    single = rows["single (seeds in turn)"]
+    device = jax.devices()[0].device_kind
+    print(f"{args.config}  S={len(seeds)}  {args.steps} steps  on {device}")
+    for name, value in rows.items():
+        ratio = f"{value / single:5.2f}x" if "batches" not in name else ""
+        print(f"  {name:34s} {value:10.1f} /s  {ratio}")
+    result = {"config": args.config, "seeds": seeds, "steps": args.steps, "device": device}
+    result["rows"] = rows
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
