@@ -120,3 +120,19 @@ def test_member_is_the_real_run(config, tmp_path, runs):
     step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
     assert step == STEPS
     _assert_params_close(ensemble_probe.unstack(params_S, k), state["params"])
+
+
+def test_device_input_is_the_host_input(config):
+    """The device-made stacked batches are the members' in-memory batches, across an epoch's
+    end (batch 468 of 128 straddles epochs 0 and 1 of the 60,000 examples)."""
+    configs = [ensemble_probe.seed_config(config, s) for s in SEEDS]
+    for c in configs:
+        c.batch_size = 128
+    start, count = 467, 3
+    host = ensemble_probe.ensemble_batches(configs, start)
+    device = ensemble_probe.device_batches(configs, start, chunk=2)
+    for _ in range(count):
+        expected, actual = next(host), next(device)
+        np.testing.assert_array_equal(actual["label"], expected["label"])
+        np.testing.assert_allclose(actual["image"], expected["image"], rtol=RTOL, atol=1e-6)
+        assert not np.array_equal(actual["label"][0], actual["label"][1])

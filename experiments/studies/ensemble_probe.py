@@ -17,9 +17,10 @@ Printed (and written as JSON with ``--out``), after compiling and ``--warmup`` s
 per second of the S seeds' single-run steps one after another (the baseline, the plain jitted
 step) and of the ensemble step, both on a small pool of real batches prepared before timing
 and with the loop's host sync (step t-1's metrics read after step t is dispatched,
-``rope_lie/loop.py``); and how many S-seed batches per second the in-memory input makes (host
-work the loop does beside the steps). ``--stream`` also times both with batches read from the
-input as the loop reads them.
+``rope_lie/loop.py``); and how many S-seed batches per second the input makes alone: the
+loop's host input (``in_memory.data_train_batches``, a few dispatches per member and step,
+stacked) and the same batches made on the device in one dispatch (``device_batches``).
+``--stream`` also times the steps with batches read from each input as they are needed.
 
 Needs jax, flax, optax, orbax, chex, numpy and ml_collections only (no TensorFlow): the
 config's ``input`` must be ``memory``.
@@ -28,6 +29,7 @@ config's ``input`` must be ``memory``.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import json
@@ -38,8 +40,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections as mc
+import numpy as np
 
 from rope_lie import in_memory, loop, sharding, train
+from rope_lie.config_lib import data_seed
 
 POOL = 4  # distinct batches per seed cycled through by the timed steps
 
@@ -113,6 +117,64 @@ def ensemble_batches(configs: Sequence[mc.ConfigDict], start: int = 0) -> Iterat
         yield stack([next(s) for s in streams])
 
 
+def member_indices(configs: Sequence[mc.ConfigDict], start: int, count: int) -> np.ndarray:
+    """int32 (count, S, B): the example indices of steps start..start+count-1 of every member
+    (``in_memory.batch_indices`` of its data seed), computed seed by seed so that each epoch's
+    permutation is drawn once per chunk (``in_memory.epoch_order`` caches two)."""
+    per_seed = [
+        [
+            in_memory.batch_indices(data_seed(c), t, c.batch_size, _num_train(c))
+            for t in range(start, start + count)
+        ]
+        for c in configs
+    ]
+    return np.asarray(per_seed, np.int32).transpose(1, 0, 2)
+
+
+def _num_train(config: mc.ConfigDict) -> int:
+    return len(in_memory.train_arrays(config.dataset)[1])
+
+
+def make_device_input(configs: Sequence[mc.ConfigDict]) -> Callable:
+    """Jitted (index_SB, step) -> the stacked batch of `step`, made on the device.
+
+    The members' training examples are held on the device once; member k's batch is the same
+    gather, crop, flip and normalisation as ``in_memory.data_train_batches`` (augmentation key
+    fold_in(key(data_seed), step)), vmapped over the members: one dispatch per step, not a few
+    per member. The members must share the dataset and augmentation (seeds of one arm).
+    """
+    ds = configs[0].dataset
+    if any(c.dataset.to_dict() != ds.to_dict() for c in configs):
+        raise ValueError("the members' config.dataset differ; an ensemble is one arm's seeds")
+    images, labels = in_memory.train_arrays(ds)
+    keys_S = jnp.stack([jax.random.key(data_seed(c)) for c in configs])
+    padding = ds.augment.crop_padding if ds.augment.crop == "pad" else 0
+
+    def member(images_NHWC, labels_N, key, index_B, step):
+        out = in_memory.augment_batch(
+            images_NHWC[index_B],
+            jax.random.fold_in(key, step),
+            padding=padding,
+            flip=bool(ds.augment.flip),
+            size=ds.image_size,
+        )
+        return {"image": in_memory.normalise(out, ds), "label": labels_N[index_B]}
+
+    # the examples are arguments, not constants folded into the program
+    members = jax.jit(jax.vmap(member, in_axes=(None, None, 0, 0, None)))
+    return functools.partial(members, jnp.asarray(images), jnp.asarray(labels), keys_S)
+
+
+def device_batches(configs: Sequence[mc.ConfigDict], start: int = 0, chunk: int = 64):
+    """Stacked batches from step `start` on, made by ``make_device_input`` from indices
+    computed `chunk` steps at a time and sent to the device once per chunk."""
+    make = make_device_input(configs)
+    for first in itertools.count(start, chunk):
+        index_CSB = jnp.asarray(member_indices(configs, first, chunk))
+        for i in range(chunk):
+            yield make(index_CSB[i], first + i)
+
+
 def build(config: mc.ConfigDict, seeds: Sequence[int], mesh) -> dict:
     """The single-run step, the ensemble step and the members' step-0 states of `config`, with
     the run's learning-rate schedule (``train.schedule_steps``)."""
@@ -180,9 +242,8 @@ def time_ensemble(built: dict, batches: Callable, n: int, warmup: int) -> float:
     return len(members) * n / seconds
 
 
-def time_input(configs: Sequence[mc.ConfigDict], n: int) -> float:
-    """Stacked S-seed batches per second from the in-memory input (host work, no step)."""
-    stream = ensemble_batches(configs)
+def time_input(stream: Iterator, n: int) -> float:
+    """Stacked S-seed batches per second that `stream` makes (input work alone, no step)."""
     jax.block_until_ready(next(stream))
     tick = time.perf_counter()
     last = None
@@ -193,7 +254,7 @@ def time_input(configs: Sequence[mc.ConfigDict], n: int) -> float:
 
 
 def probe(config: mc.ConfigDict, seeds: Sequence[int], steps: int, warmup: int, stream: bool):
-    """The rows of the table: name -> seed-steps (or batches) per second."""
+    """The rows of the table: name -> seed-steps (or S-seed batches) per second."""
     if not in_memory.uses_memory(config):
         raise ValueError(f"input={config.get('input')!r}; the probe reads input='memory'")
     mesh = sharding.make_mesh(config.mesh)
@@ -209,15 +270,18 @@ def probe(config: mc.ConfigDict, seeds: Sequence[int], steps: int, warmup: int, 
             "ensemble (vmapped)": time_ensemble(built, lambda i: pool_S[i % POOL], steps, warmup),
         }
         if stream:
-            single_streams = [member_batches(c) for c in configs]
-            ens_stream = ensemble_batches(configs)
-            rows["single, streamed input"] = time_single(
-                built, lambda k, i: next(single_streams[k]), steps, warmup
+            singles = [member_batches(c) for c in configs]
+            host, device = ensemble_batches(configs), device_batches(configs)
+            rows["single, host input"] = time_single(
+                built, lambda k, i: next(singles[k]), steps, warmup
             )
-            rows["ensemble, streamed input"] = time_ensemble(
-                built, lambda i: next(ens_stream), steps, warmup
+            rows["ensemble, host input"] = time_ensemble(built, lambda i: next(host), steps, warmup)
+            rows["ensemble, device input"] = time_ensemble(
+                built, lambda i: next(device), steps, warmup
             )
-        rows["input alone (S-seed batches/s)"] = time_input(configs, max(20, steps // 4))
+        n = max(20, steps // 4)
+        rows["host input alone (batches/s)"] = time_input(ensemble_batches(configs), n)
+        rows["device input alone (batches/s)"] = time_input(device_batches(configs), n)
     return rows
 
 
