@@ -56,7 +56,7 @@ def _ensemble_run(config, seeds, mesh):
     state = ensemble_probe.stack([s for s, _, _ in members])
     other = ensemble_probe.stack([o for _, o, _ in members])
     dropout_key = jnp.stack([d for _, _, d in members])
-    batches = ensemble_probe.ensemble_batches(built["configs"])
+    batches = ensemble_probe.ensemble_batches(built["configs"], mesh)
     losses = []
     for _ in range(STEPS):
         state, m = built["ensemble_step"](state, next(batches), other, dropout_key)
@@ -129,8 +129,9 @@ def test_device_input_is_the_host_input(config):
     for c in configs:
         c.batch_size = 128
     start, count = 467, 3
-    host = ensemble_probe.ensemble_batches(configs, start)
-    device = ensemble_probe.device_batches(configs, start, chunk=2)
+    mesh = sharding.make_mesh(config.mesh)
+    host = ensemble_probe.ensemble_batches(configs, mesh, start)
+    device = ensemble_probe.device_batches(configs, mesh, start, chunk=2)
     for _ in range(count):
         expected, actual = next(host), next(device)
         np.testing.assert_array_equal(actual["label"], expected["label"])

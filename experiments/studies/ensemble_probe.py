@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mc
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from rope_lie import in_memory, loop, sharding, train
 from rope_lie.config_lib import data_seed
@@ -105,16 +106,24 @@ def train_batch(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: batch[k] for k in loop.TRAIN_KEYS if k in batch}
 
 
-def member_batches(config: mc.ConfigDict, start: int = 0) -> Iterator[dict[str, Any]]:
-    """The train batches of one run (its config's data seed) from step `start` on."""
-    return (train_batch(b) for b in in_memory.data_train_batches(config, None, start))
+def member_batches(config: mc.ConfigDict, mesh, start: int = 0) -> Iterator[dict[str, Any]]:
+    """The train batches of one run (its config's data seed) from step `start` on, placed on
+    the mesh as the loop places them (``sharding.shard_batch``)."""
+    for batch in in_memory.data_train_batches(config, None, start):
+        yield sharding.shard_batch(train_batch(batch), mesh)
 
 
-def ensemble_batches(configs: Sequence[mc.ConfigDict], start: int = 0) -> Iterator[dict]:
+def stacked_sharding(mesh) -> jax.sharding.NamedSharding:
+    """A stacked (S, B, ...) batch's: the seed axis whole, the examples split as a run's."""
+    return jax.sharding.NamedSharding(mesh, P(None, *sharding.batch_sharding(mesh).spec))
+
+
+def ensemble_batches(configs: Sequence[mc.ConfigDict], mesh, start: int = 0) -> Iterator[dict]:
     """Stacked (S, B, ...) batches: member k's batch t is run k's batch t."""
-    streams = [member_batches(c, start) for c in configs]
+    streams = [in_memory.data_train_batches(c, None, start) for c in configs]
     while True:
-        yield stack([next(s) for s in streams])
+        batch = stack([train_batch(next(s)) for s in streams])
+        yield jax.device_put(batch, stacked_sharding(mesh))
 
 
 def member_indices(configs: Sequence[mc.ConfigDict], start: int, count: int) -> np.ndarray:
@@ -135,7 +144,7 @@ def _num_train(config: mc.ConfigDict) -> int:
     return len(in_memory.train_arrays(config.dataset)[1])
 
 
-def make_device_input(configs: Sequence[mc.ConfigDict]) -> Callable:
+def make_device_input(configs: Sequence[mc.ConfigDict], mesh) -> Callable:
     """Jitted (index_SB, step) -> the stacked batch of `step`, made on the device.
 
     The members' training examples are held on the device once; member k's batch is the same
@@ -161,14 +170,16 @@ def make_device_input(configs: Sequence[mc.ConfigDict]) -> Callable:
         return {"image": in_memory.normalise(out, ds), "label": labels_N[index_B]}
 
     # the examples are arguments, not constants folded into the program
-    members = jax.jit(jax.vmap(member, in_axes=(None, None, 0, 0, None)))
+    members = jax.jit(
+        jax.vmap(member, in_axes=(None, None, 0, 0, None)), out_shardings=stacked_sharding(mesh)
+    )
     return functools.partial(members, jnp.asarray(images), jnp.asarray(labels), keys_S)
 
 
-def device_batches(configs: Sequence[mc.ConfigDict], start: int = 0, chunk: int = 64):
+def device_batches(configs: Sequence[mc.ConfigDict], mesh, start: int = 0, chunk: int = 64):
     """Stacked batches from step `start` on, made by ``make_device_input`` from indices
     computed `chunk` steps at a time and sent to the device once per chunk."""
-    make = make_device_input(configs)
+    make = make_device_input(configs, mesh)
     for first in itertools.count(start, chunk):
         index_CSB = jnp.asarray(member_indices(configs, first, chunk))
         for i in range(chunk):
@@ -261,7 +272,7 @@ def probe(config: mc.ConfigDict, seeds: Sequence[int], steps: int, warmup: int, 
     with jax.set_mesh(mesh):
         built = build(config, seeds, mesh)
         configs = built["configs"]
-        pool = [list(itertools.islice(member_batches(c), POOL)) for c in configs]
+        pool = [list(itertools.islice(member_batches(c, mesh), POOL)) for c in configs]
         pool_S = [stack([pool[k][i] for k in range(len(seeds))]) for i in range(POOL)]
         rows = {
             "single (seeds in turn)": time_single(
@@ -270,8 +281,8 @@ def probe(config: mc.ConfigDict, seeds: Sequence[int], steps: int, warmup: int, 
             "ensemble (vmapped)": time_ensemble(built, lambda i: pool_S[i % POOL], steps, warmup),
         }
         if stream:
-            singles = [member_batches(c) for c in configs]
-            host, device = ensemble_batches(configs), device_batches(configs)
+            singles = [member_batches(c, mesh) for c in configs]
+            host, device = ensemble_batches(configs, mesh), device_batches(configs, mesh)
             rows["single, host input"] = time_single(
                 built, lambda k, i: next(singles[k]), steps, warmup
             )
@@ -280,8 +291,8 @@ def probe(config: mc.ConfigDict, seeds: Sequence[int], steps: int, warmup: int, 
                 built, lambda i: next(device), steps, warmup
             )
         n = max(20, steps // 4)
-        rows["host input alone (batches/s)"] = time_input(ensemble_batches(configs), n)
-        rows["device input alone (batches/s)"] = time_input(device_batches(configs), n)
+        rows["host input alone (batches/s)"] = time_input(ensemble_batches(configs, mesh), n)
+        rows["device input alone (batches/s)"] = time_input(device_batches(configs, mesh), n)
     return rows
 
 
