@@ -22,8 +22,9 @@ loop's host input (``in_memory.data_train_batches``, a few dispatches per member
 stacked) and the same batches made on the device in one dispatch (``device_batches``).
 ``--stream`` also times the steps with batches read from each input as they are needed.
 
-Needs jax, flax, optax, orbax, chex, numpy and ml_collections only (no TensorFlow): the
-config's ``input`` must be ``memory``.
+Needs no TensorFlow: jax, flax, optax, orbax, chex, numpy, ml_collections, and tqdm (imported
+by ``rope_lie/loop.py``, which ``rope_lie.train`` imports); the config's ``input`` must be
+``memory``.
 """
 
 from __future__ import annotations
