@@ -1,0 +1,139 @@
+"""The vmapped seed ensemble (experiments/studies/ensemble_probe.py) against single runs: seed
+k's losses and parameters are those of the run of seed k, and different seeds differ."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.studies import ensemble_probe
+from rope_lie import checkpoint, fashion_mnist_files, in_memory, sharding, train
+
+STEPS = 3
+RTOL = 1e-5  # float32 rounding: the ensemble's program is not the single run's
+SEEDS = (3, 8)
+
+
+@pytest.fixture(scope="module")
+def config():
+    """A pico ViT on the in-memory Fashion-MNIST input, with dropout, so that the dropout key
+    (not only the initialisation and the batches) shapes the trajectory."""
+    if not os.path.exists(fashion_mnist_files.idx_dir()):
+        pytest.skip("Fashion-MNIST is not installed (dataset-fashion-mnist)")
+    from configs import fashion_mnist
+
+    c = fashion_mnist.get_config("pe=liere,block=8,smoke,input=memory,resolution_evals=false")
+    c.model.dropout = 0.1
+    c.total_steps = STEPS
+    c.log_every_steps = 1
+    return c
+
+
+def _single_run(config, seed, mesh):
+    """Losses per step and final params of seed's run from the plain jitted train step, its
+    keys split as ``train._train`` splits them and its batches from the in-memory input."""
+    run_config = ensemble_probe.seed_config(config, seed)
+    total, _, _ = train.schedule_steps(run_config, in_memory.prepare_data(run_config))
+    setup, _, init, _ = train.create_setup_and_state(run_config, mesh, total)
+    init_key, dropout_key = jax.random.split(jax.random.key(seed))
+    state, other = init(init_key)
+    step = train.make_train_step(setup)
+    batches = in_memory.data_train_batches(run_config, None, 0)
+    losses = []
+    for _ in range(STEPS):
+        state, m = step(state, ensemble_probe.train_batch(next(batches)), other, dropout_key)
+        losses.append(float(m["loss"]))
+    return np.asarray(losses), jax.device_get(state["params"])
+
+
+def _ensemble_run(config, seeds, mesh):
+    """Losses (STEPS, S) and final stacked params of the vmapped ensemble of `seeds`."""
+    built = ensemble_probe.build(config, seeds, mesh)
+    members = built["members"]
+    state = ensemble_probe.stack([s for s, _, _ in members])
+    other = ensemble_probe.stack([o for _, o, _ in members])
+    dropout_key = jnp.stack([d for _, _, d in members])
+    batches = ensemble_probe.ensemble_batches(built["configs"], mesh)
+    losses = []
+    for _ in range(STEPS):
+        state, m = built["ensemble_step"](state, next(batches), other, dropout_key)
+        losses.append(np.asarray(m["loss"]))
+    return np.stack(losses), jax.device_get(state["params"])
+
+
+@pytest.fixture(scope="module")
+def runs(config):
+    mesh = sharding.make_mesh(config.mesh)
+    with jax.set_mesh(mesh):
+        singles = [_single_run(config, s, mesh) for s in SEEDS]
+        ensemble = _ensemble_run(config, SEEDS, mesh)
+    return singles, ensemble
+
+
+def _by_path(tree) -> dict[str, np.ndarray]:
+    """Leaves by their key path, dict keys as strings (Orbax restores list indices as "0")."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {"/".join(str(getattr(k, "key", k)) for k in path): x for path, x in leaves}
+
+
+def _assert_params_close(actual, expected):
+    actual, expected = _by_path(actual), _by_path(expected)
+    assert actual.keys() == expected.keys()
+    for name, x in actual.items():
+        np.testing.assert_allclose(x, expected[name], rtol=RTOL, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("k", range(len(SEEDS)))
+def test_member_is_its_single_run(runs, k):
+    singles, (losses_TS, params_S) = runs
+    single_losses, single_params = singles[k]
+    np.testing.assert_allclose(losses_TS[:, k], single_losses, rtol=RTOL)
+    _assert_params_close(ensemble_probe.unstack(params_S, k), single_params)
+
+
+def test_seeds_differ(runs):
+    """Two seeds' trajectories differ by far more than the tolerance above, so a seed axis that
+    mixed up or duplicated seeds fails it. Step 1's loss is log(10) for every seed (the
+    classifier starts at zero); from step 2 on the losses differ."""
+    singles, (losses_TS, params_S) = runs
+    for a, b in ((singles[0][0], singles[1][0]), (losses_TS[:, 0], losses_TS[:, 1])):
+        assert np.all(np.abs(a[1:] - b[1:]) > 10 * RTOL * np.abs(a[1:])), (a, b)
+    deltas = [np.max(np.abs(x[0] - x[1])) for x in jax.tree.leaves(params_S)]
+    assert max(deltas) > 1e-3
+
+
+def test_member_is_the_real_run(config, tmp_path, runs):
+    """Seed k of the ensemble is ``train.train_and_evaluate``'s run of seed k (its per-step
+    losses in metrics.jsonl and its checkpointed parameters): keys, init and batches are the
+    ones the training job uses."""
+    k = 1
+    workdir = str(tmp_path / "run")
+    train.train_and_evaluate(ensemble_probe.seed_config(config, SEEDS[k]), workdir)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        logged = [json.loads(line) for line in f]
+    losses = [r["loss"] for r in logged if "loss" in r]
+    _, (losses_TS, params_S) = runs
+    np.testing.assert_allclose(losses_TS[:, k], losses, rtol=RTOL)
+    step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
+    assert step == STEPS
+    _assert_params_close(ensemble_probe.unstack(params_S, k), state["params"])
+
+
+def test_device_input_is_the_host_input(config):
+    """The device-made stacked batches are the members' in-memory batches, across an epoch's
+    end (batch 468 of 128 straddles epochs 0 and 1 of the 60,000 examples)."""
+    configs = [ensemble_probe.seed_config(config, s) for s in SEEDS]
+    for c in configs:
+        c.batch_size = 128
+    start, count = 467, 3
+    mesh = sharding.make_mesh(config.mesh)
+    host = ensemble_probe.ensemble_batches(configs, mesh, start)
+    device = ensemble_probe.device_batches(configs, mesh, start, chunk=2)
+    for _ in range(count):
+        expected, actual = next(host), next(device)
+        np.testing.assert_array_equal(actual["label"], expected["label"])
+        np.testing.assert_allclose(actual["image"], expected["image"], rtol=RTOL, atol=1e-6)
+        assert not np.array_equal(actual["label"][0], actual["label"][1])
