@@ -24,9 +24,12 @@ goes on:
    ``experiments/device_recipes.json``) on the platform's first attention backend and for the
    first four encoders on the others, at batch 64: lowered one after the other and compiled by
    ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
-   until the stage's deadline (the steps not compiled by then are recorded as skipped). LieRE
-   8x8 is compiled again with what its platform does not use by default (``variant``): on the
-   first backend, right after RoPE-Mixed, LieRE 8x8 and NoPE, the other form of the
+   until the stage's deadline (the steps not started by then are recorded as skipped; those
+   compiling are waited for). RoPE-Mixed, LieRE 8x8, NoPE and dense LieRE come first
+   (``LEAD_ENCODERS``). LieRE 8x8 is compiled again with what its platform does not use by
+   default (``variant``), leaving out what a run measured slower on this platform
+   (``variants.MEASURED_SLOWER``; all with ``--every-variant``): on the first backend, right
+   after ``LEAD_ENCODERS``, the other form of the
    exponentials' small products (``expm.SMALL_PRODUCTS``: multiply-adds of slices, or one
    multiply summed), the other layer plan (``position_hook.LAYER_PLANS``: one precompute per
    layer, or one for all), the other squaring loops (``expm.SQUARING_LOOPS``: a loop whose
@@ -35,9 +38,10 @@ goes on:
    (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla". Circulant-STRING is compiled again with the
    real DFT's products in place of the FFT (``lie.SPECTRAL_TRANSFORMS``, the variant
    ``spectral=dft``; ``ENCODER_VARIANTS``) right after its own step on the first backend.
-4. ``steps``: every compiled step timed, min and median over ``--steps`` steps after 2
-   warm-ups: rows ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms``
-   is the min. Then the goal's encoders (``GOAL_ENCODERS``: RoPE-Mixed, LieRE 8x8, NoPE with
+4. ``steps``: every compiled step timed from its encoder's initial state (a copy: the step
+   donates it), min and median over ``--steps`` steps after 2 warm-ups: rows
+   ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms`` is the min.
+   Then the goal's encoders (``GOAL_ENCODERS``: RoPE-Mixed, LieRE 8x8, NoPE with
    their defaults on the first backend) are timed again in reverse order (rows with ``case``
    "repeat"), and the goal's ratios are given from each pass: the spread says whether a ratio
    near its goal is resolved by this run.
@@ -102,7 +106,7 @@ from experiments.device.recipes import (
 )
 from experiments.device.results import Results, markdown
 from experiments.device.run import DEFAULT_OUT, DRY, FULL, STAGE_FNS, main, parse_args
-from experiments.device.steps import ATTENTIONS, GOAL_ENCODERS
+from experiments.device.steps import ATTENTIONS, GOAL_ENCODERS, LEAD_ENCODERS
 from experiments.device.tests_stage import (
     ENCODER_TESTS,
     GPU_TESTS,
@@ -134,6 +138,7 @@ __all__ = [
     "ENCODER_TESTS",
     "FULL",
     "GOAL_ENCODERS",
+    "LEAD_ENCODERS",
     "GPU_TESTS",
     "JAX_APIS",
     "MEMORY_SHARE",

@@ -24,21 +24,37 @@ from experiments.device.steps import (
 MEMORY_SHARE = 0.92
 
 
-def batch_candidates(memory: dict | None, batch: int, limit: int | None, max_batch: int) -> list:
+def batch_candidates(
+    memory: dict | None, batch: int, limit: int | None, max_batch: int, in_use: int = 0
+) -> list:
     """Batches to try, largest first: the largest power of two whose predicted peak fits
-    ``MEMORY_SHARE`` of ``limit``, and its half (at least ``2 batch``; ``max_batch`` at most).
+    ``MEMORY_SHARE`` of ``limit`` beside the ``in_use`` bytes the device already holds (the
+    other encoders' initial states), and its half (at least ``2 batch``; ``max_batch`` at most).
 
     The prediction is linear in the batch from one compile at ``batch``: the arguments (train
     state and images) stay, everything else (activations, gradients' temporaries) scales.
-    Without a device limit (XLA:CPU) the candidates are ``max_batch`` and its half.
+    Without a device limit (XLA:CPU) the candidates are ``max_batch`` and its half. The half is
+    there because the prediction can still fail at run time: on an H100 (run 2026-11-28-1) a
+    predicted fit at batch 512 could not allocate one 41 GiB buffer.
     """
     if limit is None or memory is None:
         top = max_batch
     else:
         per_image = max(1.0, (memory["peak"] - memory["argument"]) / batch)
-        fits = (MEMORY_SHARE * limit - memory["argument"]) / per_image
+        fits = (MEMORY_SHARE * limit - in_use - memory["argument"]) / per_image
         top = min(max_batch, 2 ** int(math.floor(math.log2(max(fits, 1.0)))))
     return [b for b in (top, top // 2) if b >= 2 * batch] or []
+
+
+def bytes_in_use() -> int:
+    """The bytes the first device holds now (0 where it does not say: XLA:CPU)."""
+    import jax
+
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # a backend without memory statistics
+        return 0
+    return int((stats or {}).get("bytes_in_use", 0))
 
 
 def stage_largest_batch(q: Queue) -> str:
@@ -50,8 +66,9 @@ def stage_largest_batch(q: Queue) -> str:
             break
         row = best[encoder]
         case64 = q.compiled[(encoder, row["attention"], row["batch"], None)]
+        in_use = bytes_in_use()
         candidates = batch_candidates(
-            case64.get("memory"), row["batch"], limit, q.shapes["max_batch"]
+            case64.get("memory"), row["batch"], limit, q.shapes["max_batch"], in_use
         )
         if not candidates:
             continue
@@ -92,6 +109,7 @@ def stage_largest_batch(q: Queue) -> str:
         if result is not None:
             result["case"] = "largest_batch"
             result["candidates"] = candidates
+            result["bytes_in_use"] = in_use
             q.data["rows"].append(result)
             found.append(f"{encoder} {result['batch']}")
             q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])

@@ -16,7 +16,7 @@ import re
 import tempfile
 
 from experiments.device.queue import Queue
-from experiments.device.steps import ATTENTIONS, _done, best_rows
+from experiments.device.steps import ATTENTIONS, best_rows, initial_state
 from experiments.device.variants import liere_variants, other_variant, variant_label
 
 PROFILED = ("liere", "rope_mixed")
@@ -139,7 +139,7 @@ def profile_case(q: Queue, key: tuple, case: dict) -> dict:
         for k, v in (cost or {}).items()
         if k in ("flops", "bytes accessed", "transcendentals")
     }
-    state, other = q.states[key[0]].result()
+    state, other = initial_state(q, key[0])
     data = bench.random_batch(case["config"], key[2], case["mesh"])
     rng = jax.random.key(1)
     state, m = compiled(state, data, other, rng)
@@ -150,7 +150,7 @@ def profile_case(q: Queue, key: tuple, case: dict) -> dict:
             for _ in range(steps):
                 state, m = compiled(state, data, other, rng)
             jax.block_until_ready(m)
-        q.states[key[0]] = _done((state, other))
+        del state
         paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
         if not paths:
             out["trace"] = {"source": None, "note": "the profiler wrote no .xplane.pb"}
@@ -169,7 +169,8 @@ def stage_profile(q: Queue) -> str:
             targets[encoder] = (encoder, row["attention"], row["batch"], None)
     if "liere" in targets:  # LieRE 8x8's variants: on the same backend when compiled there,
         platform = q.data["platform"]  # else where they were
-        for other in (*liere_variants(platform), other_variant("product", platform)):
+        every = getattr(q.args, "every_variant", False)
+        for other in (*liere_variants(platform, every), other_variant("product", platform)):
             for attention in (targets["liere"][1], *ATTENTIONS):
                 key = ("liere", attention, q.shapes["batch"], other)
                 if "compiled" in q.compiled.get(key, {}):

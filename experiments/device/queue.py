@@ -50,9 +50,10 @@ class Queue:
         self.recipes = read_recipes(args.recipes)
         self.compiled: dict[tuple, dict] = {}  # (encoder, attention, batch, variant) -> info
         self.cases: list[tuple] = []  # the keys of stage 3, in the order they are timed
-        self.states: dict[str, Any] = {}  # encoder -> future of (state, other)
+        self.states: dict[str, Any] = {}  # encoder -> future of its initial (state, other)
         self.background: dict[str, Any] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(args.compile_threads)
+        self.init_pool = concurrent.futures.ThreadPoolExecutor(1)  # the encoders' initial states
 
     @property
     def data(self) -> dict:
@@ -63,6 +64,10 @@ class Queue:
 
     def left(self, stage: str) -> float:
         return self.deadline(stage) - time.monotonic()
+
+    def elapsed(self) -> float:
+        """Seconds since the run started."""
+        return time.monotonic() - self.start
 
     def run_stage(self, name: str, fn) -> None:
         """Run one stage, recording its status, time and any error; never raise."""

@@ -80,6 +80,11 @@ def parse_args(argv=None):
     parser.add_argument("--encoders", default="", help="a subset of ENCODERS, comma-separated")
     parser.add_argument("--attention", default="", help="a subset of the backends")
     parser.add_argument("--skip", default="", help="stages not to run, comma-separated")
+    parser.add_argument(
+        "--every-variant",
+        action="store_true",
+        help="also the variants measured slower on this platform (variants.MEASURED_SLOWER)",
+    )
     parser.add_argument("--compile-threads", type=int, default=0, help="0: 4, or 2 on CPU")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak")
     parser.add_argument("--recipes", default=RECIPES, help="the encoders' recipes (JSON)")
@@ -142,6 +147,7 @@ def main(argv=None) -> dict | None:
         watchdog.cancel()
         stop_background(q)
         q.pool.shutdown(wait=True, cancel_futures=True)
+        q.init_pool.shutdown(wait=True, cancel_futures=True)
         data["seconds"] = round(time.monotonic() - q.start, 1)
         results.save()
     print(f"wrote {results.json_path} and {results.md_path} in {data['seconds']} s", flush=True)

@@ -20,6 +20,7 @@ from experiments.device.variants import (
     ENCODER_VARIANTS,
     liere_variants,
     other_variant,
+    queued,
     variant,
     variant_choices,
 )
@@ -76,20 +77,27 @@ def memory_bytes(compiled) -> dict | None:
 
 
 # The encoders of issue 47's goal figures (LieRE 8x8 and RoPE-Mixed, RoPE-Mixed and NoPE), first
-# in ``ENCODERS``.
+# in ``ENCODERS``; timed again at the end of the steps stage (``repeat_goal_steps``).
 GOAL_ENCODERS = ("rope_mixed", "liere", "nope")
+# Compiled first, before LieRE 8x8's variants: the goal's encoders and dense LieRE (whose ratio
+# to RoPE-Mixed is the goal's third figure).
+LEAD_ENCODERS = (*GOAL_ENCODERS, "liere_dense")
 
 
 def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
     """(encoder, attention, variant) of stage 3, in the order they are compiled and timed:
-    every encoder on the first backend, then the next; on the first backend LieRE 8x8's
-    variants (``liere_variants``) come right after the encoders of issue 47's goal figures
-    (``GOAL_ENCODERS``), before the rest, so that a compile stage cut short by its deadline
-    still times them; each encoder's own variants (``ENCODER_VARIANTS``) right after its row on
-    the first backend; LieRE 8x8 with the other block product after each backend's rows."""
+    every encoder on the first backend, then the next, ``LEAD_ENCODERS`` first; on the first
+    backend LieRE 8x8's variants (``liere_variants``) come right after ``LEAD_ENCODERS``,
+    before the rest, so that a compile stage cut short by its deadline still times them; each
+    encoder's own variants (``ENCODER_VARIANTS``) right after its row on the first backend;
+    LieRE 8x8 with the other block product after each backend's rows. Variants measured slower
+    on this platform are left out (``variants.MEASURED_SLOWER``) unless ``--every-variant``."""
     from rope_lie.models.backends import BACKENDS
 
-    encoders = [e for e in ENCODERS if not q.args.encoders or e in q.args.encoders.split(",")]
+    every = getattr(q.args, "every_variant", False)
+    chosen = [e for e in ENCODERS if not q.args.encoders or e in q.args.encoders.split(",")]
+    encoders = [e for e in LEAD_ENCODERS if e in chosen]
+    encoders += [e for e in chosen if e not in LEAD_ENCODERS]
     attentions = [
         a
         for a in ATTENTIONS
@@ -109,12 +117,14 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
                 for row in [(e, a, v)] + [(e, a, o) for o in ENCODER_VARIANTS.get(e, ())]
             ]
         if "liere" in encoders and i == 0:
-            first = sum(e in GOAL_ENCODERS for e in encoders)
-            variants = [("liere", attention, v) for v in liere_variants(platform)]
+            first = sum(e in LEAD_ENCODERS for e in encoders[:limit])
+            variants = [("liere", attention, v) for v in liere_variants(platform, every)]
             rows = rows[:first] + variants + rows[first:]
         cases += rows
-        if "liere" in encoders and attention in ("cudnn", "xla"):
-            cases.append(("liere", attention, other_variant("product", platform)))
+        product = other_variant("product", platform)
+        wanted = attention in ("cudnn", "xla") and queued(product, platform, every)
+        if "liere" in encoders and wanted:
+            cases.append(("liere", attention, product))
     return cases
 
 
@@ -172,24 +182,37 @@ def stage_compile(q: Queue) -> str:
         except Exception as e:
             q.compiled[key] = {"error": f"lowering: {type(e).__name__}: {e}"[:2000]}
             continue
-        if encoder not in q.states:
-            q.states[encoder] = q.pool.submit(case["init"], jax.random.key(0))
+        if encoder not in q.states:  # its own thread: never queued behind a compile
+            q.states[encoder] = q.init_pool.submit(case["init"], jax.random.key(0))
         futures[q.pool.submit(_compile, case)] = key
-    # Until the stage's deadline: a ViT-B step took ~40 s to compile on an H100 machine, so not
-    # every case may fit; the steps compiled by then are timed, the others recorded as skipped
-    # (a compile already running finishes in its thread, unused).
+
+    # Until the stage's deadline: a ViT-B step took 12-93 s to compile on an H100 machine (four
+    # at once, beside the tests; run 2026-11-28-1), so not every case may fit; the steps
+    # compiled by then are timed, those not yet started are recorded as skipped, and those
+    # already compiling are waited for (and timed):
+    # XLA:GPU times candidate kernels on the device while it compiles, which would disturb the
+    # steps timed beside it.
+    def record(future, key):
+        try:
+            q.compiled[key] = future.result()
+        except Exception as e:
+            q.compiled[key] = {"error": f"compile: {type(e).__name__}: {e}"[:2000]}
+
     try:
         for future in concurrent.futures.as_completed(futures, timeout=max(0.0, q.left("compile"))):
-            key = futures[future]
-            try:
-                q.compiled[key] = future.result()
-            except Exception as e:
-                q.compiled[key] = {"error": f"compile: {type(e).__name__}: {e}"[:2000]}
+            record(future, futures[future])
     except concurrent.futures.TimeoutError:
+        running = []
         for future, key in futures.items():
-            if not future.done():
-                future.cancel()
-                q.compiled[key] = {"skipped": "no time left in the compile stage"}
+            if future.done() and key not in q.compiled:
+                record(future, key)
+            elif not future.done():
+                if future.cancel():
+                    q.compiled[key] = {"skipped": "no time left in the compile stage"}
+                else:
+                    running.append(future)
+        for future in concurrent.futures.as_completed(running):
+            record(future, futures[future])
     ok = sum("compiled" in c for c in q.compiled.values())
     skipped = sum("skipped" in c for c in q.compiled.values())
     failed = len(q.compiled) - ok - skipped
@@ -210,11 +233,17 @@ def empty_row(encoder: str, attention: str, batch: int, **note) -> dict:
 
 
 def time_case(q: Queue, key: tuple, case: dict) -> dict:
-    """Time one compiled step; its row."""
+    """Time one compiled step from a copy of its encoder's initial state; its row.
+
+    Every row starts from the same state: a variant timed on a state trained by the rows
+    before it could run LieRE's squaring loop another number of times (its trip count follows
+    the generators' norms), and a step that fails after its input was donated leaves the
+    initial state whole for the next."""
     import jax
 
     from experiments.benchmarks import device as bench
 
+    began = time.monotonic()
     encoder, attention, batch, name = key
     row = empty_row(encoder, attention, batch, case="fixed_batch")
     if encoder.startswith("liere"):
@@ -230,7 +259,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         row["platform_default"] = False
     if "error" in case or "skipped" in case:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
-    state, other = q.states[encoder].result()
+    state, other = initial_state(q, encoder)
     data = bench.random_batch(case["config"], batch, case["mesh"])
     try:
         timing, state = bench.time_compiled(
@@ -243,8 +272,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
             warmup=q.shapes["warmup"],
         )
     finally:
-        del data
-    q.states[encoder] = _done((state, other))
+        del data, state
     seconds = timing["step_ms_min"] / 1e3
     peak = (q.data.get("peak_tflops") or 0) * 1e12
     model_flops = q.data["flops_per_image"] * batch
@@ -257,13 +285,16 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         compile_s=round(case["compile_s"], 1),
         lower_s=round(case["lower_s"], 1),
         memory=case.get("memory"),
+        seconds=round(time.monotonic() - began, 1),  # the row's wall time, waits included
     )
 
 
-def _done(value) -> concurrent.futures.Future:
-    future = concurrent.futures.Future()
-    future.set_result(value)
-    return future
+def initial_state(q: Queue, encoder: str) -> tuple:
+    """A copy of ``encoder``'s initial train state (the steps donate theirs), and the rest."""
+    import jax
+
+    state, other = q.states[encoder].result()
+    return jax.tree.map(lambda x: x.copy(), state), other
 
 
 def stage_steps(q: Queue) -> str:
@@ -286,15 +317,12 @@ def stage_steps(q: Queue) -> str:
         q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])
         q.results.save()
         print(
-            f"  {key}: {_fmt(row.get('step_ms'), '.2f')} ms {row.get('error', '')[:200]}",
+            f"  [{q.elapsed():.0f} s] {key}: {_fmt(row.get('step_ms'), '.2f')} ms in "
+            f"{row.get('seconds', '')} s {row.get('error', '')[:200]}",
             flush=True,
         )
     repeated = repeat_goal_steps(q)
     return f"{timed} steps timed" + (f", {repeated} timed again" if repeated else "")
-
-
-# The encoders of issue 47's step ratios, timed a second time at the end of the steps stage.
-GOAL_ENCODERS = ("rope_mixed", "liere", "nope")
 
 
 def repeat_goal_steps(q: Queue) -> int:
@@ -302,11 +330,8 @@ def repeat_goal_steps(q: Queue) -> int:
     first order (a drift of the device's clocks over the stage then moves the two passes' ratios
     opposite ways): rows with ``case`` "repeat". RoPE-Mixed / NoPE was 1.049 against a goal of
     1.05 in one run and RoPE-Mixed's step moved 5 % between two runs on the same kind of card,
-    so one pass does not resolve a ratio that close. Each is timed from its initial state
-    again, as in the first pass: LieRE's squarings loop as long as its generators' norms ask,
-    so a state trained by the rows in between could take another trip count."""
-    import jax
-
+    so one pass does not resolve a ratio that close. Each is timed from its initial state, as
+    every row is (``time_case``)."""
     if not q.cases:
         return 0
     first_backend = q.cases[0][1]
@@ -317,8 +342,6 @@ def repeat_goal_steps(q: Queue) -> int:
         if q.left("steps") <= 0 or "compiled" not in case:
             continue
         try:
-            q.states.pop(key[0], None)
-            q.states[key[0]] = _done(case["init"](jax.random.key(0)))
             row = time_case(q, key, case) | {"case": "repeat"}
         except Exception as e:
             row = empty_row(*key[:3], case="repeat", error=f"{type(e).__name__}: {e}"[:2000])
@@ -326,7 +349,8 @@ def repeat_goal_steps(q: Queue) -> int:
         timed += row.get("step_ms") is not None
         q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])
         q.results.save()
-        print(f"  {key} again: {_fmt(row.get('step_ms'), '.2f')} ms", flush=True)
+        step_ms = _fmt(row.get("step_ms"), ".2f")
+        print(f"  [{q.elapsed():.0f} s] {key} again: {step_ms} ms", flush=True)
     return timed
 
 

@@ -71,8 +71,10 @@ _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 #   count read on the host, no kernel per iteration), each product a broadcast multiply summed
 #   over k, masked past each matrix's s as the loops are. For H up to ``PALLAS_MAX`` (larger:
 #   the "while" loop). Interpret mode on CPU (slow: for the tests), compiled by Pallas's Triton
-#   backend on GPUs, the "while" loop on TPUs (no Mosaic kernel written). Unmeasured on any
-#   GPU: ``python -m experiments.device`` times it (the variant squarings=pallas).
+#   backend on GPUs, the "while" loop on TPUs (no Mosaic kernel written). On an H100 the step
+#   took 39.76 ms against the "while" loop's 41.78 ms (benchmarks README, section 13), but it
+#   stays an option: jax 0.11 deprecates Pallas's Triton backend (it warns when the kernel is
+#   lowered for CUDA, and a later release removes it); a default would need a Mosaic GPU kernel.
 SQUARING_LOOPS: dict[str, str] = {"default": "while"}
 _LOOPS = ("while", "fixed", "pallas")
 # How the small products (H <= ``Host.broadcast_max``) are written, by platform:
@@ -80,11 +82,12 @@ _LOOPS = ("while", "fixed", "pallas")
 #   CPU's (measured there: benchmarks README, section 14).
 # - "reduce": one broadcast multiply summed over k, no slices, and the same form where a product
 #   must be computed once (``materialised``; "adds" uses a batched dot there). On an H100,
-#   under the batched layer plan, the squaring loop ran the "adds" form's slices as kernels of
-#   their own (``wrapped_slice``: 6.1 ms of LieRE 8x8's 40.4 ms of GPU work per ViT-B/16 step,
-#   section 13), and the backward pass's batched 8 x 8 dots ran as matrix-multiply kernels
-#   (``gemm_fusion_dot``, 5.1 ms). Not yet timed: ``python -m experiments.device`` times it
-#   ("small_products=reduce").
+#   under the batched layer plan, the "fixed" squaring loop ran the "adds" form's slices as
+#   kernels of their own (``wrapped_slice``: 6.1 ms of LieRE 8x8's 40.4 ms of GPU work per
+#   ViT-B/16 step, run NVIDIA_H100_80GB_HBM3-2026-11-27-4), and the backward pass's batched
+#   8 x 8 dots ran as matrix-multiply kernels (``gemm_fusion_dot``, 5 ms). "reduce" was slower
+#   there: the step took 44.39 ms against 41.78 ms with "adds", its products fused into one
+#   reduction of 11.0 ms a step (benchmarks README, section 13).
 SMALL_PRODUCTS: dict[str, str] = {"default": "adds"}
 _SMALL = ("adds", "reduce")
 # The ImageNet recipe's LieRE at 224 px needs s <= 5 at initialisation (8x8 blocks; dense: 7),
