@@ -1,8 +1,10 @@
 """The vmapped seed ensemble (experiments/studies/ensemble_probe.py) against single runs: seed
 k's losses and parameters are those of the run of seed k, and different seeds differ."""
 
+import itertools
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -137,3 +139,120 @@ def test_device_input_is_the_host_input(config):
         np.testing.assert_array_equal(actual["label"], expected["label"])
         np.testing.assert_allclose(actual["image"], expected["image"], rtol=RTOL, atol=1e-6)
         assert not np.array_equal(actual["label"][0], actual["label"][1])
+
+
+# --------------------------------------------------------------------------- the command line
+
+PROBE_CONFIG = "configs/fashion_mnist.py:pe=liere,block=8,smoke,input=memory,resolution_evals=false"
+STEP_ROWS = ("single (seeds in turn)", "ensemble (vmapped)")
+STREAM_ROWS = ("single, host input", "ensemble, host input", "ensemble, device input")
+INPUT_ROWS = ("host input alone (batches/s)", "device input alone (batches/s)")
+PHASES = (  # the lines that say what the probe is doing, in order, each with its seconds
+    "loading the data into memory",
+    "building the setup and 2 seeds' step-0 states",
+    "making the batch pool",
+    "compiling the single step",
+    "compiling the ensemble step",
+    "compiling the device input",
+    "timing single (seeds in turn)",
+)
+
+
+def _probe(tmp_path, *args):
+    out = str(tmp_path / "probe.json")
+    seeds = ",".join(map(str, SEEDS))
+    argv = ["--config", PROBE_CONFIG, "--seeds", seeds, "--out", out, *args]
+    result = ensemble_probe.main(argv)
+    with open(out) as f:
+        return result, json.load(f)
+
+
+def _assert_phase_lines(err):
+    """Each phase is announced, then said with its seconds, in order, on stderr."""
+    position = 0
+    for phase in PHASES:
+        done = re.compile(
+            rf"^\[ensemble_probe +\d+\.\d s\] {re.escape(phase)}.*: \d+\.\d\d s$", re.M
+        )
+        match = done.search(err, position)
+        assert match, (phase, err)
+        assert f"] {phase}" in err[position : match.start()], (phase, "not announced before")
+        position = match.end()
+
+
+def test_probe_says_each_phase_and_writes_every_row(config, tmp_path, capsys):
+    """Without a budget every row is timed for all its steps, the JSON keeps the probe's
+    original keys (config, seeds, steps, device, rows) and says it is complete, and stderr
+    has a line per phase as it starts and one with its seconds as it ends."""
+    result, written = _probe(tmp_path, "--steps", "2", "--warmup", "1", "--stream")
+    err = capsys.readouterr().err
+    assert written == json.loads(json.dumps(result))
+    assert written["config"] == PROBE_CONFIG and written["seeds"] == list(SEEDS)
+    assert written["steps"] == 2 and written["device"] == jax.devices()[0].device_kind
+    assert list(written["rows"]) == [*STEP_ROWS, *STREAM_ROWS, *INPUT_ROWS]
+    assert all(rate > 0 and np.isfinite(rate) for rate in written["rows"].values())
+    batches = written["input_batches"]
+    assert batches == 20
+    expected = {name: batches if name in INPUT_ROWS else 2 for name in written["rows"]}
+    assert written["steps_timed"] == expected
+    assert written["complete"] is True and written["skipped"] == [] and written["budget"] is None
+    for phase in PHASES:  # and their seconds in the JSON
+        assert any(name.startswith(phase) for name in written["phases"]), phase
+    _assert_phase_lines(err)
+
+
+@pytest.mark.parametrize("budget", [30, 9])
+def test_budget_stops_timing_and_writes_what_was_timed(
+    config, tmp_path, capsys, monkeypatch, budget
+):
+    """With --budget the timing stops when the budget is spent, and the JSON (and the table)
+    hold the rates of the steps that were timed, how many, and the rows left out. The budget's
+    clock is made to advance one second per reading, so the budget is spent after a fixed
+    number of readings however fast this machine steps; 50 steps are asked for, far more than
+    30 readings allow. At 30 every row is cut short but timed (each may use its share of what is
+    left, so the first does not spend the others'); at 9 the first row's share is one step and
+    the budget is spent after it, so the rows after it are skipped."""
+    ticks = itertools.count()
+    monkeypatch.setattr(ensemble_probe, "clock", lambda: float(next(ticks)))
+    args = ("--steps", "50", "--warmup", "1", "--budget", str(budget))
+    result, written = _probe(tmp_path, *args)
+    captured = capsys.readouterr()
+    assert written == json.loads(json.dumps(result))
+    assert written["complete"] is False and written["budget"] == budget
+    assert set(written["rows"]) | set(written["skipped"]) == {*STEP_ROWS, *INPUT_ROWS}
+    assert not set(written["rows"]) & set(written["skipped"])
+    timed = written["steps_timed"]
+    assert set(timed) == set(written["rows"])
+    assert "single (seeds in turn)" in timed, "the first row was not timed at all"
+    for name, steps in timed.items():
+        assert 1 <= steps < (written["input_batches"] if name in INPUT_ROWS else 50), name
+        assert written["rows"][name] > 0 and np.isfinite(written["rows"][name])
+    assert "budget share spent after" in captured.err
+    n = timed["single (seeds in turn)"]
+    assert re.search(rf"single \(seeds in turn\) .*\({n} of 50\)", captured.out), captured.out
+    if budget == 30:  # each row had its share: the first did not spend the others'
+        assert written["skipped"] == [], written["skipped"]
+    if budget == 9:
+        assert written["skipped"] == [*STEP_ROWS[1:], *INPUT_ROWS]
+        assert re.search(r"ensemble \(vmapped\) +skipped", captured.out), captured.out
+    _assert_phase_lines(captured.err)
+
+
+def test_a_run_stopped_midway_leaves_what_it_measured(config, tmp_path, monkeypatch):
+    """The JSON is rewritten after every phase, so a run killed in the ensemble's timing (here
+    an exception raised there) leaves the phases so far and the single row's rate."""
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed in the ensemble's timing")
+
+    monkeypatch.setattr(ensemble_probe, "time_ensemble", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _probe(tmp_path, "--steps", "2", "--warmup", "1")
+    with open(tmp_path / "probe.json") as f:
+        written = json.load(f)
+    assert written["complete"] is False
+    assert list(written["rows"]) == ["single (seeds in turn)"]
+    assert written["rows"]["single (seeds in turn)"] > 0
+    assert written["steps_timed"] == {"single (seeds in turn)": 2}
+    for phase in PHASES:
+        assert any(name.startswith(phase) for name in written["phases"]), phase

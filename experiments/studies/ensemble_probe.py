@@ -22,6 +22,20 @@ loop's host input (``in_memory.data_train_batches``, a few dispatches per member
 stacked) and the same batches made on the device in one dispatch (``device_batches``).
 ``--stream`` also times the steps with batches read from each input as they are needed.
 
+Progress: each phase (loading the data, building the seeds' states, compiling the single and
+the ensemble step and the device input, each timed row's warm-up and timing) is announced on
+stderr with its elapsed seconds as it starts and ends, flushed, with a line every
+``PROGRESS_SECONDS`` during a timed loop; the table comes on stdout at the end. Before these
+lines the probe printed nothing until every row was timed (about a minute on this CPU with
+``--steps 5``): a run under ``timeout`` on a lent GPU that ran out of time left an empty log.
+With ``--out`` the JSON is rewritten after every phase (``"complete": false`` until the end),
+so a killed run keeps what it measured. ``--budget SECONDS`` (counted from the start of
+``main``) stops timing when it is spent: each row may use its share of what is left (the
+remainder over the rows still to time), a row stopped early keeps the rate of the steps it
+timed (``steps_timed``), rows not reached are listed under ``skipped``, and the JSON and the
+table are written as usual. A compile is not interrupted: leave ``timeout`` a margin over the
+budget for the imports, the backend's start and a compile in flight.
+
 Needs no TensorFlow: jax, flax, optax, orbax, chex, numpy, ml_collections, and tqdm (imported
 by ``rope_lie/loop.py``, which ``rope_lie.train`` imports); the config's ``input`` must be
 ``memory``.
@@ -30,10 +44,15 @@ by ``rope_lie/loop.py``, which ``rope_lie.train`` imports); the config's ``input
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import functools
 import importlib.util
 import itertools
 import json
+import math
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -48,6 +67,8 @@ from rope_lie import in_memory, loop, sharding, train
 from rope_lie.config_lib import data_seed
 
 POOL = 4  # distinct batches per seed cycled through by the timed steps
+PROGRESS_SECONDS = 5.0  # seconds between progress lines in a timed loop
+clock = time.monotonic  # the budget's clock (the rates are timed with time.perf_counter)
 
 
 def load_config(spec: str) -> mc.ConfigDict:
@@ -127,21 +148,32 @@ def ensemble_batches(configs: Sequence[mc.ConfigDict], mesh, start: int = 0) -> 
         yield jax.device_put(batch, stacked_sharding(mesh))
 
 
-def member_indices(configs: Sequence[mc.ConfigDict], start: int, count: int) -> np.ndarray:
+def member_indices(
+    configs: Sequence[mc.ConfigDict],
+    start: int,
+    count: int,
+    nums: Sequence[int] | None = None,
+) -> np.ndarray:
     """int32 (count, S, B): the example indices of steps start..start+count-1 of every member
     (``in_memory.batch_indices`` of its data seed), computed seed by seed so that each epoch's
-    permutation is drawn once per chunk (``in_memory.epoch_order`` caches two)."""
+    permutation is drawn once per chunk (``in_memory.epoch_order`` caches two). `nums`: the
+    members' training-set sizes (None: read here, once per member)."""
+    nums = [_num_train(c) for c in configs] if nums is None else nums
     per_seed = [
         [
-            in_memory.batch_indices(data_seed(c), t, c.batch_size, _num_train(c))
+            in_memory.batch_indices(data_seed(c), t, c.batch_size, num)
             for t in range(start, start + count)
         ]
-        for c in configs
+        for c, num in zip(configs, nums, strict=True)
     ]
     return np.asarray(per_seed, np.int32).transpose(1, 0, 2)
 
 
 def _num_train(config: mc.ConfigDict) -> int:
+    """The run's number of training examples. Not cheap: ``in_memory.train_arrays`` copies the
+    training set onto its canvas at every call (5 ms for Fashion-MNIST on this CPU), so it is
+    read once per member, not once per member and step (which cost 1.4-1.7 s every 64 steps
+    of five seeds' device input)."""
     return len(in_memory.train_arrays(config.dataset)[1])
 
 
@@ -177,52 +209,195 @@ def make_device_input(configs: Sequence[mc.ConfigDict], mesh) -> Callable:
     return functools.partial(members, jnp.asarray(images), jnp.asarray(labels), keys_S)
 
 
-def device_batches(configs: Sequence[mc.ConfigDict], mesh, start: int = 0, chunk: int = 64):
+def device_batches(
+    configs: Sequence[mc.ConfigDict],
+    mesh,
+    start: int = 0,
+    chunk: int = 64,
+    make: Callable | None = None,
+):
     """Stacked batches from step `start` on, made by ``make_device_input`` from indices
-    computed `chunk` steps at a time and sent to the device once per chunk."""
-    make = make_device_input(configs, mesh)
+    computed `chunk` steps at a time and sent to the device once per chunk. `make`: that
+    function of these configs, to share one compiled program between streams (None: a new one,
+    compiled on its first batch)."""
+    make = make_device_input(configs, mesh) if make is None else make
+    nums = [_num_train(c) for c in configs]
     for first in itertools.count(start, chunk):
-        index_CSB = jnp.asarray(member_indices(configs, first, chunk))
+        index_CSB = jnp.asarray(member_indices(configs, first, chunk, nums))
         for i in range(chunk):
             yield make(index_CSB[i], first + i)
 
 
-def build(config: mc.ConfigDict, seeds: Sequence[int], mesh) -> dict:
+def build(
+    config: mc.ConfigDict, seeds: Sequence[int], mesh, progress: Progress | None = None
+) -> dict:
     """The single-run step, the ensemble step and the members' step-0 states of `config`, with
-    the run's learning-rate schedule (``train.schedule_steps``)."""
-    total, _, _ = train.schedule_steps(config, in_memory.prepare_data(config))
-    setup, _, init, _ = train.create_setup_and_state(config, mesh, total)
+    the run's learning-rate schedule (``train.schedule_steps``); `progress` announces the data's
+    loading and the states' building."""
+    progress = Progress.silent() if progress is None else progress
+    with progress.phase("loading the data into memory (in_memory.prepare_data)"):
+        num_train = in_memory.prepare_data(config)
+    with progress.phase(f"building the setup and {len(seeds)} seeds' step-0 states"):
+        total, _, _ = train.schedule_steps(config, num_train)
+        setup, _, init, _ = train.create_setup_and_state(config, mesh, total)
+        members = jax.block_until_ready(init_members(init, seeds))
     return {
         "total": total,
         "setup": setup,
         "step": train.make_train_step(setup),
         "ensemble_step": make_ensemble_step(setup),
-        "members": init_members(init, seeds),
+        "members": members,
         "configs": [seed_config(config, s) for s in seeds],
     }
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """What the probe is doing, said as it goes, and what it has measured, written as it goes.
+
+    Each phase is a line on stderr (flushed) when it starts and one with its seconds when it
+    ends, prefixed with the seconds since this object was made; `result` collects the rows,
+    the steps each timed, the rows skipped and the phases' seconds, and is written to `out` (if
+    any) after every phase (``main`` sets ``"complete"`` at the end). `budget`: seconds (of
+    ``clock``, from this object's making) after which nothing more is timed; None: no limit.
+    """
+
+    def __init__(
+        self,
+        budget: float | None = None,
+        out: str | None = None,
+        quiet: bool = False,
+        result: dict[str, Any] | None = None,
+    ):
+        self.start = time.perf_counter()
+        self.budget_start = clock()
+        self.budget = budget
+        self.out = out
+        self.quiet = quiet
+        self.row_end = math.inf  # budget clock time at which the row being timed stops
+        self.result: dict[str, Any] = {} if result is None else result
+
+    @classmethod
+    def silent(cls) -> Progress:
+        return cls(quiet=True)
+
+    def say(self, message: str) -> None:
+        if not self.quiet:
+            elapsed = time.perf_counter() - self.start
+            print(f"[ensemble_probe {elapsed:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Announce `name`, run the block, then say and record its seconds and write."""
+        self.say(f"{name} ...")
+        tick = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - tick
+        self.result.setdefault("phases", {})[name] = round(seconds, 3)
+        self.say(f"{name}: {seconds:.2f} s")
+        self.write()
+
+    def left(self) -> float:
+        """Budget seconds left (infinite without a budget)."""
+        if self.budget is None:
+            return math.inf
+        return self.budget - (clock() - self.budget_start)
+
+    def spent(self) -> bool:
+        return self.left() <= 0
+
+    def start_row(self, rows_left: int) -> None:
+        """The row about to be timed may use its share of the budget that is left."""
+        self.row_end = clock() + self.left() / rows_left
+
+    def row_spent(self) -> bool:
+        return clock() >= self.row_end or self.spent()
+
+    def write(self) -> None:
+        """`result` as JSON to `out`, through a temporary file (a kill leaves the last whole
+        one)."""
+        if self.out:
+            tmp = self.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.result, f, indent=1)
+            os.replace(tmp, self.out)
 
 
 # --------------------------------------------------------------------------- timing
 
 
-def _timed_steps(step_fn: Callable, n: int, warmup: int) -> float:
-    """Seconds for `n` calls of step_fn(i) -> metrics after `warmup` untimed ones, reading call
-    i-1's metrics after call i is dispatched (``loop.run_steps``'s host sync)."""
+@dataclasses.dataclass
+class Timing:
+    """A timed loop: `steps` calls timed (fewer than asked when the budget stopped it, 0 when
+    it stopped in the warm-up) in `seconds`, each worth `per_call` seed-steps (or batches)."""
+
+    steps: int
+    seconds: float
+    per_call: int = 1
+    warmup_seconds: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        """Seed-steps (or batches) per second; None when no call was timed."""
+        return self.per_call * self.steps / self.seconds if self.steps else None
+
+
+def _timed_steps(
+    step_fn: Callable,
+    n: int,
+    warmup: int,
+    progress: Progress | None = None,
+    name: str = "steps",
+    per_call: int = 1,
+) -> Timing:
+    """`n` calls of step_fn(i) -> metrics timed after `warmup` untimed ones, reading call i-1's
+    metrics after call i is dispatched (``loop.run_steps``'s host sync). Stops early, with the
+    calls timed so far, when `progress`'s row share of the budget is spent (after at least one
+    timed call), or in the warm-up when the whole budget is; says how far it got every
+    ``PROGRESS_SECONDS``."""
+    progress = Progress.silent() if progress is None else progress
     pending = None
+    start = tick = last_line = time.perf_counter()
+    timed = 0
     for i in range(warmup + n):
         if i == warmup:
             jax.block_until_ready(pending)
-            tick = time.perf_counter()
+            tick = last_line = time.perf_counter()
+            progress.say(f"  {name}: warm-up ({warmup} steps) {tick - start:.2f} s; timing {n}")
+        elif i < warmup and progress.spent():
+            jax.device_get(pending)
+            progress.say(f"  {name}: budget spent in the warm-up, after {i} of {warmup} steps")
+            return Timing(0, 0.0, per_call, time.perf_counter() - start)
         m = step_fn(i)
         if pending is not None:
             jax.device_get(pending)
         pending = m
+        if i >= warmup:
+            timed += 1
+            now = time.perf_counter()
+            if now - last_line >= PROGRESS_SECONDS:
+                rate = per_call * (timed - 1) / (now - tick)  # call `timed` may still run
+                progress.say(f"  {name}: {timed}/{n} steps in {now - tick:.1f} s, ~{rate:.1f}/s")
+                last_line = now
+            if timed < n and progress.row_spent():
+                progress.say(f"  {name}: budget share spent after {timed} of {n} steps")
+                break
     jax.device_get(pending)
-    return time.perf_counter() - tick
+    return Timing(timed, time.perf_counter() - tick, per_call, tick - start)
 
 
-def time_single(built: dict, batches: Callable, n: int, warmup: int) -> float:
-    """Seed-steps per second of the members' plain steps, one seed after another per step.
+def time_single(
+    built: dict,
+    batches: Callable,
+    n: int,
+    warmup: int,
+    progress: Progress | None = None,
+    name: str = "single",
+) -> Timing:
+    """The members' plain steps, one seed after another per step (its rate: seed-steps per
+    second).
 
     `batches(k, i)` is member k's batch of call i."""
     step = built["step"]
@@ -235,65 +410,160 @@ def time_single(built: dict, batches: Callable, n: int, warmup: int) -> float:
             out.append(m)
         return out
 
-    seconds = _timed_steps(one, n, warmup)
-    return len(states) * n / seconds
+    return _timed_steps(one, n, warmup, progress, name, per_call=len(states))
 
 
-def time_ensemble(built: dict, batches: Callable, n: int, warmup: int) -> float:
-    """Seed-steps per second of the vmapped ensemble step; `batches(i)` is call i's stack."""
+def ensemble_state(built: dict) -> tuple[Any, Any, jax.Array]:
+    """(state_S, other_S, dropout_key_S): the members' step-0 states stacked (fresh arrays: the
+    ensemble step donates its state)."""
     members = built["members"]
     state = stack([s for s, _, _ in members])
     other, dropout_key = stack([o for _, o, _ in members]), jnp.stack([d for _, _, d in members])
+    return state, other, dropout_key
+
+
+def time_ensemble(
+    built: dict,
+    batches: Callable,
+    n: int,
+    warmup: int,
+    progress: Progress | None = None,
+    name: str = "ensemble",
+) -> Timing:
+    """The vmapped ensemble step (its rate: seed-steps per second); `batches(i)` is call i's
+    stack."""
+    state, other, dropout_key = ensemble_state(built)
 
     def one(i):
         nonlocal state
         state, m = built["ensemble_step"](state, batches(i), other, dropout_key)
         return m
 
-    seconds = _timed_steps(one, n, warmup)
-    return len(members) * n / seconds
+    return _timed_steps(one, n, warmup, progress, name, per_call=len(built["members"]))
 
 
-def time_input(stream: Iterator, n: int) -> float:
-    """Stacked S-seed batches per second that `stream` makes (input work alone, no step)."""
+def time_input(
+    stream: Iterator, n: int, progress: Progress | None = None, name: str = "input"
+) -> Timing:
+    """Stacked S-seed batches that `stream` makes (input work alone, no step; its rate: batches
+    per second), after one untimed batch; stops early when the row's budget share is spent."""
+    progress = Progress.silent() if progress is None else progress
+    start = time.perf_counter()
     jax.block_until_ready(next(stream))
     tick = time.perf_counter()
-    last = None
+    last, made = None, 0
     for batch in itertools.islice(stream, n):
-        last = batch
+        last, made = batch, made + 1
+        if made < n and progress.row_spent():
+            progress.say(f"  {name}: budget share spent after {made} of {n} batches")
+            break
     jax.block_until_ready(last)
-    return n / (time.perf_counter() - tick)
+    return Timing(made, time.perf_counter() - tick, 1, tick - start)
 
 
-def probe(config: mc.ConfigDict, seeds: Sequence[int], steps: int, warmup: int, stream: bool):
-    """The rows of the table: name -> seed-steps (or S-seed batches) per second."""
+def probe(
+    config: mc.ConfigDict,
+    seeds: Sequence[int],
+    steps: int,
+    warmup: int,
+    stream: bool,
+    progress: Progress | None = None,
+) -> dict[str, float]:
+    """The rows of the table: name -> seed-steps (or S-seed batches) per second.
+
+    `progress` says each phase as it goes and collects in its `result` the rows, the steps
+    each timed (``steps_timed``), the rows the budget left out (``skipped``) and the phases'
+    seconds. Rows are timed after everything is compiled; each may use its share of the
+    budget left. Returns the rows measured (all of them without a budget)."""
     if not in_memory.uses_memory(config):
         raise ValueError(f"input={config.get('input')!r}; the probe reads input='memory'")
+    progress = Progress.silent() if progress is None else progress
+    result = progress.result
+    rows, steps_timed, skipped = result.setdefault("rows", {}), {}, []
+    result.update(steps_timed=steps_timed, skipped=skipped)
+    s = len(seeds)
+    n_input = max(20, steps // 4)
+    result["input_batches"] = n_input
     mesh = sharding.make_mesh(config.mesh)
     with jax.set_mesh(mesh):
-        built = build(config, seeds, mesh)
+        built = build(config, seeds, mesh, progress)
         configs = built["configs"]
-        pool = [list(itertools.islice(member_batches(c, mesh), POOL)) for c in configs]
-        pool_S = [stack([pool[k][i] for k in range(len(seeds))]) for i in range(POOL)]
-        rows = {
-            "single (seeds in turn)": time_single(
-                built, lambda k, i: pool[k][i % POOL], steps, warmup
-            ),
-            "ensemble (vmapped)": time_ensemble(built, lambda i: pool_S[i % POOL], steps, warmup),
-        }
+        state, other, key = built["members"][0]
+        with progress.phase(f"making the batch pool ({POOL} batches per seed)"):
+            pool = [list(itertools.islice(member_batches(c, mesh), POOL)) for c in configs]
+            pool_S = [stack([pool[k][i] for k in range(s)]) for i in range(POOL)]
+            jax.block_until_ready(pool_S)
+        if not progress.spent():
+            with progress.phase("compiling the single step (and one step of seed 0)"):
+                copy = jax.tree.map(jnp.copy, state)  # the step donates its state
+                jax.block_until_ready(built["step"](copy, pool[0][0], other, key))
+        if not progress.spent():
+            with progress.phase(f"compiling the ensemble step (and one step of {s} seeds)"):
+                state_S, other_S, key_S = ensemble_state(built)
+                jax.block_until_ready(built["ensemble_step"](state_S, pool_S[0], other_S, key_S))
+        make = None
+        if not progress.spent():
+            with progress.phase("compiling the device input (and one stacked batch)"):
+                make = make_device_input(configs, mesh)
+                jax.block_until_ready(next(device_batches(configs, mesh, make=make)))
+
+        single_pool = functools.partial(time_single, built, lambda k, i: pool[k][i % POOL])
+        ensemble_pool = functools.partial(time_ensemble, built, lambda i: pool_S[i % POOL])
+        plan: list[tuple[str, Callable[[str], Timing]]] = [
+            ("single (seeds in turn)", lambda name: single_pool(steps, warmup, progress, name)),
+            ("ensemble (vmapped)", lambda name: ensemble_pool(steps, warmup, progress, name)),
+        ]
         if stream:
             singles = [member_batches(c, mesh) for c in configs]
-            host, device = ensemble_batches(configs, mesh), device_batches(configs, mesh)
-            rows["single, host input"] = time_single(
-                built, lambda k, i: next(singles[k]), steps, warmup
-            )
-            rows["ensemble, host input"] = time_ensemble(built, lambda i: next(host), steps, warmup)
-            rows["ensemble, device input"] = time_ensemble(
-                built, lambda i: next(device), steps, warmup
-            )
-        n = max(20, steps // 4)
-        rows["host input alone (batches/s)"] = time_input(ensemble_batches(configs, mesh), n)
-        rows["device input alone (batches/s)"] = time_input(device_batches(configs, mesh), n)
+            host = ensemble_batches(configs, mesh)
+            device = device_batches(configs, mesh, make=make)
+            plan += [
+                (
+                    "single, host input",
+                    lambda name: time_single(
+                        built, lambda k, i: next(singles[k]), steps, warmup, progress, name
+                    ),
+                ),
+                (
+                    "ensemble, host input",
+                    lambda name: time_ensemble(
+                        built, lambda i: next(host), steps, warmup, progress, name
+                    ),
+                ),
+                (
+                    "ensemble, device input",
+                    lambda name: time_ensemble(
+                        built, lambda i: next(device), steps, warmup, progress, name
+                    ),
+                ),
+            ]
+        plan += [
+            (
+                "host input alone (batches/s)",
+                lambda name: time_input(ensemble_batches(configs, mesh), n_input, progress, name),
+            ),
+            (
+                "device input alone (batches/s)",
+                lambda name: time_input(
+                    device_batches(configs, mesh, make=make), n_input, progress, name
+                ),
+            ),
+        ]
+        for index, (name, run) in enumerate(plan):
+            if progress.spent():
+                skipped.extend(row for row, _ in plan[index:])
+                progress.say(f"budget spent: skipping {', '.join(skipped)}")
+                progress.write()
+                break
+            progress.start_row(len(plan) - index)
+            with progress.phase(f"timing {name}"):
+                timing = run(name)
+                if timing.rate is None:
+                    skipped.append(name)
+                else:
+                    rows[name], steps_timed[name] = timing.rate, timing.steps
+                    unit = "batches" if "batches" in name else "steps"
+                    progress.say(f"{name}: {timing.rate:.1f} /s over {timing.steps} {unit}")
     return rows
 
 
@@ -305,21 +575,42 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps after compiling")
     parser.add_argument("--stream", action="store_true", help="also time with streamed input")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds after which timing stops and what was measured is written (default: none)",
+    )
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error(f"--steps={args.steps} must be >= 1 and --warmup={args.warmup} >= 0")
     seeds = [int(s) for s in args.seeds.split(",")]
+    result = {"config": args.config, "seeds": seeds, "steps": args.steps, "device": None}
+    result.update(rows={}, warmup=args.warmup, stream=args.stream, budget=args.budget)
+    result["complete"] = False
+    progress = Progress(args.budget, args.out, result=result)
+    budget = f"budget {args.budget:g} s" if args.budget is not None else "no budget"
+    progress.say(f"{args.config}  S={len(seeds)}  {args.steps} steps  {budget}")
+    with progress.phase("starting the backend"):
+        result["device"] = device = jax.devices()[0].device_kind
     config = load_config(args.config)
-    rows = probe(config, seeds, args.steps, args.warmup, args.stream)
-    single = rows["single (seeds in turn)"]
-    device = jax.devices()[0].device_kind
+    rows = probe(config, seeds, args.steps, args.warmup, args.stream, progress)
+    planned = {name: result["input_batches"] if "batches" in name else args.steps for name in rows}
+    result["complete"] = not result["skipped"] and result["steps_timed"] == planned
+    result["seconds"] = round(time.perf_counter() - progress.start, 3)
+    single = rows.get("single (seeds in turn)")
     print(f"{args.config}  S={len(seeds)}  {args.steps} steps  on {device}")
     for name, value in rows.items():
-        ratio = f"{value / single:5.2f}x" if "batches" not in name else ""
-        print(f"  {name:34s} {value:10.1f} /s  {ratio}")
-    result = {"config": args.config, "seeds": seeds, "steps": args.steps, "device": device}
-    result["rows"] = rows
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        ratio = f"{value / single:5.2f}x" if "batches" not in name and single else ""
+        short = f"  ({result['steps_timed'][name]} of {planned[name]})" * (
+            result["steps_timed"][name] < planned[name]
+        )
+        print(f"  {name:34s} {value:10.1f} /s  {ratio}{short}")
+    for name in result["skipped"]:
+        print(f"  {name:34s}    skipped (budget spent)")
+    sys.stdout.flush()
+    progress.write()
+    progress.say(f"done ({'complete' if result['complete'] else 'partial'})")
     return result
 
 
