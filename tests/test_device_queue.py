@@ -144,7 +144,7 @@ def test_dry_run_times_every_row_from_its_encoder_s_initial_state(dry_run):
         for r in dry_run["rows"]
         if r["encoder"] == "liere" and r.get("case") == "fixed_batch" and r["attention"] == "xla"
     ]
-    assert len(rows) == 7, rows
+    assert len(rows) == 8, rows  # the defaults, six variants, the other block product
     losses = [r["loss"] for r in rows]
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), losses
     assert all(r["seconds"] >= 0 for r in rows)  # each row's wall time, for the next budget
@@ -165,19 +165,21 @@ def test_dry_run_times_circulant_string_with_the_dft_right_after_its_own_step(dr
 def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
     variants = {
         (r["attention"], r["block_product"], r["layer_plan"], r["squaring_loop"])
-        + (r["small_products"], r["platform_default"])
+        + (r["small_products"], r["combination_backward"], r["platform_default"])
         for r in dry_run["rows"]
         if r["encoder"] == "liere" and r.get("case") == "fixed_batch"
     }
     assert variants == {
-        ("xla", "einsum", "each", "while", "adds", True),  # the CPU's defaults, every backend
-        ("chunked", "einsum", "each", "while", "adds", True),
-        ("xla", "broadcast", "each", "while", "adds", False),
-        ("xla", "einsum", "batched", "while", "adds", False),
-        ("xla", "einsum", "each", "fixed", "adds", False),
-        ("xla", "einsum", "each", "while", "reduce", False),
-        ("xla", "einsum", "each", "pallas", "adds", False),  # interpret mode on CPU
-        ("xla", "einsum", "each", "pallas", "reduce", False),  # device.COMBINED
+        # the CPU's defaults, every backend
+        ("xla", "einsum", "each", "while", "adds", "frechet", True),
+        ("chunked", "einsum", "each", "while", "adds", "frechet", True),
+        ("xla", "broadcast", "each", "while", "adds", "frechet", False),
+        ("xla", "einsum", "batched", "while", "adds", "frechet", False),
+        ("xla", "einsum", "each", "fixed", "adds", "frechet", False),
+        ("xla", "einsum", "each", "while", "reduce", "frechet", False),
+        ("xla", "einsum", "each", "pallas", "adds", "frechet", False),  # interpret mode on CPU
+        ("xla", "einsum", "each", "while", "adds", "reverse", False),
+        ("xla", "einsum", "each", "pallas", "adds", "reverse", False),  # device.COMBINED
     }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
     assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
@@ -205,12 +207,13 @@ def test_dry_run_times_liere_s_exponentials_alone_with_each_variant(dry_run):
 
     rows = dry_run["exponentials"]
     assert [r["variant"] for r in rows] == list(EXPONENTIAL_VARIANTS)
-    assert {(r["squarings"], r["small_products"]) for r in rows} == {
-        ("while", "adds"),  # the CPU's defaults
-        ("while", "reduce"),
-        ("pallas", "adds"),
-        ("pallas", "reduce"),
-        ("fixed", "adds"),
+    assert {(r["squarings"], r["small_products"], r["backward"]) for r in rows} == {
+        ("while", "adds", "frechet"),  # the CPU's defaults
+        ("while", "adds", "reverse"),
+        ("pallas", "adds", "frechet"),
+        ("pallas", "adds", "reverse"),  # device.COMBINED
+        ("while", "reduce", "frechet"),
+        ("fixed", "adds", "frechet"),
     }
     for r in rows:
         assert "error" not in r, r
@@ -234,7 +237,8 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         "liere (fixed squaring loop)",
         "liere (reduce small product)",
         "liere (pallas squaring loop)",
-        "liere (reduce small product, pallas squaring loop)",
+        "liere (reverse combination backward)",
+        "liere (reverse combination backward, pallas squaring loop)",
     }
     for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
@@ -379,6 +383,7 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "squarings": "while",
         "small_products": "adds",
         "spectral": "fft",
+        "backward": "frechet",
     }
     others = [device.other_variants(kind, "gpu") for kind in device.VARIANT_KINDS]
     assert others == [
@@ -387,27 +392,32 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         ["squarings=fixed", "squarings=pallas"],
         ["small_products=reduce"],
         ["spectral=dft"],
+        ["backward=reverse"],
     ]
     assert device.other_variants("squarings", "tpu") == ["squarings=fixed"]  # no Mosaic kernel
     every = [
-        "small_products=reduce",
+        "backward=reverse",
         "squarings=pallas",
         device.COMBINED,
+        "small_products=reduce",
         "layers=each",
         "squarings=fixed",
     ]
     assert device.liere_variants("gpu", every=True) == every
     # Those an H100 run measured slower than the defaults are no longer compiled there.
-    assert device.liere_variants("gpu") == ["squarings=pallas"]
+    assert device.liere_variants("gpu") == ["backward=reverse", "squarings=pallas", device.COMBINED]
     assert device.liere_variants("cpu") == device.liere_variants("cpu", every=True)
     assert device.variant_choices(device.COMBINED, "gpu") == {
         "product": "by_size",
         "layers": "batched",
         "squarings": "pallas",
-        "small_products": "reduce",
+        "small_products": "adds",
         "spectral": "fft",
+        "backward": "reverse",
     }
-    assert device.variant_label(device.COMBINED) == "reduce small product, pallas squaring loop"
+    assert device.variant_label(device.COMBINED) == (
+        "reverse combination backward, pallas squaring loop"
+    )
     assert device.variant_choices("squarings=fixed", "gpu")["squarings"] == "fixed"
     with pytest.raises(ValueError, match="variant 'broadcast': expected '<kind>=<choice>'"):
         device.split_variant("broadcast")
@@ -431,5 +441,6 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     assert ("liere", "cudnn", "product=einsum") not in cases  # measured slower on an H100
     q.args.every_variant = True
     cases = steps.step_cases(q, "gpu")
-    assert cases[4 : 4 + 5] == [("liere", "cudnn", v) for v in device.liere_variants("gpu", True)]
+    every = device.liere_variants("gpu", True)
+    assert cases[4 : 4 + len(every)] == [("liere", "cudnn", v) for v in every]
     assert cases.index(("liere", "cudnn", "product=einsum")) > cases.index(("ape", "cudnn", None))

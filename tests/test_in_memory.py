@@ -229,6 +229,17 @@ def test_the_stream_resumes_exactly_and_data_seed_sets_it(real_subset, at):
     assert not np.array_equal(first(seed=0), first(seed=1))
 
 
+def test_interleaved_streams_compute_each_epoch_order_once():
+    # A seed ensemble reads its members' streams in turn; each epoch's permutation is then
+    # computed once per stream, not once per batch.
+    in_memory.epoch_order.cache_clear()
+    seeds, num, batch = range(5), 1_000, 128  # batch 7 straddles epochs 0 and 1
+    for step in range(12):
+        for seed in seeds:
+            in_memory.batch_indices(seed, step, batch, num)
+    assert in_memory.epoch_order.cache_info().misses == 2 * len(seeds)
+
+
 def test_it_refuses_what_it_does_not_do(real_subset, at):
     at(real_subset)
     with pytest.raises(ValueError, match="augment.crop='inception'; it supports 'none' or 'pad'"):

@@ -33,8 +33,9 @@ goes on:
    exponentials' small products (``expm.SMALL_PRODUCTS``: multiply-adds of slices, or one
    multiply summed), the other layer plan (``position_hook.LAYER_PLANS``: one precompute per
    layer, or one for all), the other squaring loops (``expm.SQUARING_LOOPS``: a loop whose
-   trip count is read from the data, a fixed count first, or one Pallas kernel where it runs)
-   and ``COMBINED`` (two of these at once); and the other block product
+   trip count is read from the data, a fixed count first, or one Pallas kernel where it runs),
+   the exponentials' VJP in reverse mode (``expm_combination.COMBINATION_BACKWARDS``) and
+   ``COMBINED`` (two of these at once); and the other block product
    (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla". Circulant-STRING is compiled again with the
    real DFT's products in place of the FFT (``lie.SPECTRAL_TRANSFORMS``, the variant
    ``spectral=dft``; ``ENCODER_VARIANTS``) right after its own step on the first backend.

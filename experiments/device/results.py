@@ -75,6 +75,7 @@ def markdown(data: dict) -> str:
             choices = f"block product {r['block_product']}, layers {r.get('layer_plan')}"
             choices += f", squarings {r.get('squaring_loop')}"
             choices += f", small products {r.get('small_products')}"
+            choices += f", backward {r.get('combination_backward')}"
             note = choices + (f"; {note}" if note else "")
         ms = (
             f"{r['step_ms']:.2f} / {r['step_ms_median']:.2f}"
@@ -113,13 +114,13 @@ def markdown(data: dict) -> str:
             "",
             "## LieRE 8x8's exponentials alone (every layer, vmapped)",
             "",
-            "| squarings | small products | rotations | forward ms | forward + backward ms | max abs(R^T R - I) |",  # noqa: E501
-            "|---|---|---|---|---|---|",
+            "| squarings | small products | backward | rotations | forward ms | forward + backward ms | max abs(R^T R - I) |",  # noqa: E501
+            "|---|---|---|---|---|---|---|",
         ]
         for r in data["exponentials"]:
             shape = "x".join(map(str, r.get("shape", [])))
             lines.append(
-                f"| {r['squarings']} | {r['small_products']} | {shape} | "
+                f"| {r['squarings']} | {r['small_products']} | {r.get('backward')} | {shape} | "
                 f"{_fmt(r.get('forward_ms'), '.3f')} | {_fmt(r.get('forward_backward_ms'), '.3f')}"
                 f" | {_fmt(r.get('orthogonality_error'), '.1e')} |"
                 + (f" {r['error'][:120]}" if r.get("error") else "")

@@ -31,9 +31,10 @@ from experiments.device.variants import COMBINED, variant, variant_choices
 # The variants of the exponentials timed alone, beside the platform's defaults (None).
 EXPONENTIAL_VARIANTS = (
     None,
-    "small_products=reduce",
+    "backward=reverse",
     "squarings=pallas",
     COMBINED,
+    "small_products=reduce",
     "squarings=fixed",
 )
 
@@ -78,6 +79,7 @@ def stage_rotations(q: Queue) -> str:
         choices = variant_choices(name, q.data["platform"])
         row = {"variant": name, "squarings": choices["squarings"]}
         row["small_products"] = choices["small_products"]
+        row["backward"] = choices["backward"]
         try:
             row |= time_exponentials(name, config, q.shapes["steps"] + 9)
         except Exception as e:

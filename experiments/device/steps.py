@@ -253,6 +253,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         row["layer_plan"] = choices["layers"]
         row["squaring_loop"] = choices["squarings"]
         row["small_products"] = choices["small_products"]
+        row["combination_backward"] = choices["backward"]
         row["platform_default"] = name is None
     elif name is not None:
         row["variant"] = name

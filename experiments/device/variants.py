@@ -39,7 +39,8 @@ def jax_clear_caches() -> None:
 # LieRE 8x8's variants, each one choice its platform does not make by default, named
 # "<kind>=<choice>": kind "product" a block product (``lie.BLOCK_PRODUCTS``), "layers" a layer
 # plan (``position_hook.LAYER_PLANS``), "squarings" a squaring loop (``expm.SQUARING_LOOPS``),
-# "small_products" how the exponentials' small products are written (``expm.SMALL_PRODUCTS``).
+# "small_products" how the exponentials' small products are written (``expm.SMALL_PRODUCTS``),
+# "backward" how the exponentials' VJP is computed (``expm_combination.COMBINATION_BACKWARDS``).
 # Each is a per-platform table read when a program is traced; a variant sets it everywhere.
 VARIANT_KINDS = {
     "product": "block product",
@@ -47,6 +48,7 @@ VARIANT_KINDS = {
     "squarings": "squaring loop",
     "small_products": "small product",
     "spectral": "spectral transform",
+    "backward": "combination backward",
 }
 # The variants of other encoders than LieRE 8x8 the queue compiles on the first backend (each
 # right after the encoder's own step): Circulant-STRING's rotation with the real DFT's products
@@ -55,10 +57,11 @@ ENCODER_VARIANTS = {"circulant_string": ("spectral=dft",)}
 
 
 def variant_table(kind: str) -> dict:
-    from rope_lie.encodings import expm, lie
+    from rope_lie.encodings import expm, expm_combination, lie
     from rope_lie.models import position_hook
 
     tables = {
+        "backward": expm_combination.COMBINATION_BACKWARDS,
         "product": lie.BLOCK_PRODUCTS,
         "layers": position_hook.LAYER_PLANS,
         "squarings": expm.SQUARING_LOOPS,
@@ -96,9 +99,11 @@ def variant(name: str | None):
 
 def platform_choice(kind: str, platform: str) -> str:
     """What ``platform`` uses of a variant kind by default."""
-    from rope_lie.encodings import expm
+    from rope_lie.encodings import expm, expm_combination
     from rope_lie.models import position_hook
 
+    if kind == "backward":
+        return expm_combination.combination_backward(platform)
     if kind == "layers":
         return position_hook.layer_plan(platform)
     if kind == "squarings":
@@ -119,6 +124,7 @@ _CHOICES = {
     "squarings": ("while", "fixed", "pallas"),
     "small_products": ("adds", "reduce"),
     "spectral": ("fft", "dft"),
+    "backward": ("frechet", "reverse"),
 }
 
 
@@ -146,9 +152,10 @@ def variant_choices(name: str | None, platform: str) -> dict[str, str]:
     return choices | dict(variant_pairs(name))
 
 
-# The pair of choices the H100's profile pointed to together (benchmarks README, section 13):
-# the exponentials' products without slices or batched dots, and their squarings in one kernel.
-COMBINED = "small_products=reduce,squarings=pallas"
+# The pair of choices the H100's profile pointed to together (benchmarks README, section 13): the
+# exponentials' backward pass without per-row products of tangents (its batched 8 x 8 dots took
+# 5.0 ms of LieRE 8x8's step), and the squarings in one kernel.
+COMBINED = "backward=reverse,squarings=pallas"
 
 
 # Variants timed on a platform and slower there than its defaults: the queue no longer
@@ -160,7 +167,7 @@ COMBINED = "small_products=reduce,squarings=pallas"
 MEASURED_SLOWER = {
     "gpu": {
         "small_products=reduce": "44.39 ms (2026-11-28-1)",
-        COMBINED: "44.19 ms (2026-11-28-1)",
+        "small_products=reduce,squarings=pallas": "44.19 ms (2026-11-28-1)",
         "layers=each": "46.64 ms (2026-11-28-1)",
         "squarings=fixed": "45.65 ms (2026-11-28-1); 44.41 against 41.92 (2026-11-27-4)",
         "product=einsum": "49.16 ms against 44.41 ms, both with fixed squarings (2026-11-27-4)",
@@ -181,7 +188,7 @@ def liere_variants(platform: str, every: bool = False) -> list[str]:
     deadline still has them), then every other choice it does not make of the small products,
     the layer plan and the squaring loop; without those measured slower on ``platform``
     (``MEASURED_SLOWER``) unless ``every``."""
-    kinds = ("small_products", "layers", "squarings")
+    kinds = ("backward", "small_products", "layers", "squarings")
     singles = [v for kind in kinds for v in other_variants(kind, platform)]
     parts = COMBINED.split(",")
     first = [v for v in parts if v in singles]

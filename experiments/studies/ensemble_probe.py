@@ -156,7 +156,7 @@ def member_indices(
 ) -> np.ndarray:
     """int32 (count, S, B): the example indices of steps start..start+count-1 of every member
     (``in_memory.batch_indices`` of its data seed), computed seed by seed so that each epoch's
-    permutation is drawn once per chunk (``in_memory.epoch_order`` caches two). `nums`: the
+    permutation is drawn once per chunk. `nums`: the
     members' training-set sizes (None: read here, once per member)."""
     nums = [_num_train(c) for c in configs] if nums is None else nums
     per_seed = [

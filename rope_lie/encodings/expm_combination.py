@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import expm, lie
+from rope_lie.encodings import _checks, expm, lie
 from rope_lie.encodings.expm import Host
 
 # Taylor degree of expm_skew_combination by number of axes: the per-token product has
@@ -189,9 +189,11 @@ def _combination_fwd(coef_XA, gen_AYHH, host):
 
 
 def _combination_bwd(host, res, r_bar_XYHH):
-    # The Frechet adjoint at A^T per row, as in expm_skew's VJP: as fast as a reverse-mode
-    # adjoint through the squarings, without its extra code.
+    # The Frechet adjoint at A^T per row, as in expm_skew's VJP; or reverse mode
+    # (``COMBINATION_BACKWARDS``, defined below).
     coef_XA, gen_AYHH = res
+    if combination_backward(host.platform) == "reverse":
+        return _reverse_bwd(host, coef_XA, gen_AYHH, r_bar_XYHH)
     impl = functools.partial(lie.on_matrix_batch, functools.partial(expm.expm_skew_chunked, host))
 
     def rows(coef_xa, r_bar_xyhh):
@@ -211,6 +213,66 @@ _combination.defvjp(_combination_fwd, _combination_bwd)
 def _closed_form_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Array:
     a = jnp.einsum("xa,ayij->xyij", coef_XA, gen_AYHH, precision=expm.HIGHEST)
     return lie.on_matrix_batch(expm.closed_form, a)
+
+
+# How the combination's VJP is computed, by platform (``Host.platform``, read when a program is
+# traced; "default" for platforms not named):
+# - "frechet": the Frechet derivative at A^T per row, as ``expm.expm_skew``'s VJP: the forward
+#   mode of a whole exponential of A = sum_a coef_a G_a (its Paterson-Stockmeyer powers and
+#   squarings, each with its tangent). Every platform's.
+# - "reverse": reverse mode through this module's own forward program. The Taylor rows' one
+#   large product and the word basis are differentiated by JAX (large products again, and
+#   small work per generator set); the squarings' adjoint is one loop beside them
+#   (``_squarings_adjoint``), with no stored intermediates. No products of tangents per row: on
+#   an H100 the Frechet pass's batched 8 x 8 products ran as matrix-multiply kernels of 5.0 ms
+#   in LieRE 8x8's 41.8 ms ViT-B/16 step (benchmarks README, section 13). Equal to "frechet"
+#   to float32 rounding (``tests/encodings/test_combination_backward.py``). Not yet timed on a
+#   GPU: ``python -m experiments.device`` times it (the variant ``backward=reverse``).
+COMBINATION_BACKWARDS: dict[str, str] = {"default": "frechet"}
+_BACKWARDS = ("frechet", "reverse")
+
+
+def combination_backward(platform: str) -> str:
+    """How ``platform`` computes the combination's VJP (``COMBINATION_BACKWARDS``)."""
+    return _checks.platform_choice(
+        COMBINATION_BACKWARDS, "COMBINATION_BACKWARDS", platform, _BACKWARDS
+    )
+
+
+def _squarings_adjoint(host: Host, s_Z: jax.Array, t_ZHH: jax.Array, z_ZHH: jax.Array):
+    """The VJP of ``expm.square`` at T (R = T^(2^s), s per matrix) applied to Z = R-bar.
+
+    Reverse mode through R_(k+1) = R_k R_k maps Z to Z R_k^T + R_k^T Z, from the last squaring
+    to the first. The R_k = T^(2^k) are powers of one matrix and commute, so these maps commute
+    too (left and right products by commuting matrices), and they can be applied from the first
+    squaring on, each R_k squared from the one before: three products per squaring, nothing
+    stored. Each matrix's Z stops at its own s, as the forward squarings do; its P squares on
+    unread (they are rotations: they stay bounded).
+    """
+
+    def body(carry):
+        k, p, z = carry
+        live = (k < s_Z)[:, None, None]
+        p_t = jnp.matrix_transpose(p)
+        z_next = expm.product(z, p_t, host) + expm.product(p_t, z, host)
+        return k + 1, expm.product(p, p, host), jnp.where(live, z_next, z)
+
+    init = (jnp.int32(0), t_ZHH, z_ZHH)
+    return jax.lax.while_loop(lambda c: c[0] < jnp.max(s_Z), body, init)[2]
+
+
+def _reverse_bwd(host: Host, coef_XA, gen_AYHH, r_bar_XYHH):
+    """The combination's VJP in reverse mode (``COMBINATION_BACKWARDS`` "reverse")."""
+    num_gen, h = gen_AYHH.shape[1], gen_AYHH.shape[-1]
+
+    def taylor(coef, gen):
+        s_X, b_XA, basis, degree = _combination_setup(coef, gen)
+        return _taylor_rows(b_XA, basis, degree), s_X
+
+    t_ZHH, taylor_vjp, s_X = jax.vjp(taylor, coef_XA, gen_AYHH, has_aux=True)
+    z_ZHH = r_bar_XYHH.reshape(-1, h, h)
+    t_bar = _squarings_adjoint(host, jnp.repeat(s_X, num_gen), t_ZHH, z_ZHH)
+    return taylor_vjp(t_bar)
 
 
 _combination_jit = jax.jit(_combination, static_argnums=2)
