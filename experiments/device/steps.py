@@ -109,7 +109,8 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         # every encoder on the first backend, a few on the others (each is the same path with
         # another attention function; a ViT-B step compiles in ~40 s on an H100 machine)
         limit = q.shapes.get("other_backend_encoders") if i else None
-        rows = [(e, attention, None) for e in encoders[:limit]]
+        # (the others: the first few in ``ENCODERS`` order, ALiBi's bias among them)
+        rows = [(e, attention, None) for e in (chosen[:limit] if i else encoders)]
         if i == 0:
             rows = [
                 row
