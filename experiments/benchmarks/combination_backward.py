@@ -1,0 +1,113 @@
+"""LieRE 8x8's exponentials, forward and backward, with each of the combination's VJPs.
+
+``expm_combination.COMBINATION_BACKWARDS``: "frechet" (every platform's default: the Frechet
+derivative of each token's exponential in forward mode) against "reverse" (reverse mode
+through the Taylor rows' large product, the squarings' adjoint in one loop). The rotations of
+the ImageNet recipe's ViT-B/16 at 224 px (197 tokens, the class token at position 0, 12 heads
+of 64 channels in 8 x 8 blocks, ``liere.init``'s generators), for one layer (the CPU's layer
+plan, ``position_hook.LAYER_PLANS`` "each") and for 12 layers at once (``jax.vmap``, the GPU's
+and TPU's "batched" plan); forward alone and forward plus the backward pass to the
+generators, all cases round-robin (``common.timeit_interleaved``), with the ratios of
+"reverse" to "frechet" from the same run, and the two gradients' largest difference over the
+largest gradient. On this process's platform (on a GPU the device queue times the same in a
+train step: its variant ``backward=reverse``). Run:
+``python -m experiments.benchmarks.combination_backward [--out FILE.json] [--repeats 7]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.benchmarks import common
+from rope_lie.encodings import expm_combination, liere, positions
+
+HEADS, HEAD_DIM, BLOCK, GRID, DEPTH = 12, 64, 8, (14, 14), 12
+BACKWARDS = ("frechet", "reverse")
+
+
+def cases(layers: int, backward: str) -> tuple:
+    """(forward, forward and backward, its gradient) compiled with ``backward``."""
+    pos = positions.grid_positions(list(GRID), "integer", num_prefix=1)
+    keys = jax.random.split(jax.random.key(0), layers)
+    params = jax.vmap(
+        lambda k: liere.init(k, num_heads=HEADS, head_dim=HEAD_DIM, num_axes=2, block_size=BLOCK)
+    )(keys)
+
+    def rotations(p):
+        def one(q):
+            return liere.precompute(q, pos, num_heads=HEADS, head_dim=HEAD_DIM, num_prefix=1)
+
+        return jax.vmap(one)(p).r_TNKbb
+
+    shape = jax.eval_shape(rotations, params).shape
+    cot = jnp.asarray(np.random.default_rng(1).normal(size=shape), jnp.float32)
+    saved = dict(expm_combination.COMBINATION_BACKWARDS)
+    expm_combination.COMBINATION_BACKWARDS.update({k: backward for k in saved})
+    jax.clear_caches()
+    try:
+        forward = jax.jit(rotations).lower(params).compile()
+        both = jax.jit(lambda p: jax.vjp(rotations, p)[1](cot)).lower(params).compile()
+    finally:
+        expm_combination.COMBINATION_BACKWARDS.clear()
+        expm_combination.COMBINATION_BACKWARDS.update(saved)
+        jax.clear_caches()
+    return (lambda: forward(params)), (lambda: both(params)), both(params)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the results as JSON")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    results = {"machine": common.machine(), "repeats": args.repeats, "rows": []}
+    rows = []
+    for layers, plan in ((1, "each"), (DEPTH, "batched")):
+        fns, grads = {}, {}
+        for backward in BACKWARDS:
+            fwd, both, grads[backward] = cases(layers, backward)
+            fns[f"{backward} forward"] = fwd
+            fns[f"{backward} forward + backward"] = both
+        times = common.timeit_interleaved(fns, repeats=args.repeats)
+        a, b = (np.asarray(jax.tree.leaves(grads[k])[0]) for k in BACKWARDS)
+        diff = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+        for part in ("forward", "forward + backward"):
+            ratio = common.ratio(times[f"reverse {part}"], times[f"frechet {part}"])
+            row = {
+                "layers": layers,
+                "plan": plan,
+                "pass": part,
+                "frechet": times[f"frechet {part}"],
+                "reverse": times[f"reverse {part}"],
+                "reverse_over_frechet": ratio,
+                "gradient_difference": diff,
+            }
+            results["rows"].append(row)
+            rows.append(
+                [
+                    f"{layers} ({plan})",
+                    part,
+                    common.fmt_time(row["frechet"]),
+                    common.fmt_time(row["reverse"]),
+                    common.fmt_ratio(ratio),
+                    f"{diff:.1e}",
+                ]
+            )
+    common.print_table(
+        f"LieRE 8x8's exponentials, ViT-B/16 224 px, {jax.default_backend()} (ms min / median)",
+        ["layers", "pass", "frechet", "reverse", "reverse / frechet", "gradient difference"],
+        rows,
+    )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
