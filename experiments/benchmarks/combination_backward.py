@@ -1,17 +1,19 @@
-"""LieRE 8x8's exponentials, forward and backward, with each of the combination's VJPs.
+"""LieRE's exponentials, forward and backward, with each of the combination's VJPs.
 
 ``expm_combination.COMBINATION_BACKWARDS``: "frechet" (every platform's default: the Frechet
 derivative of each token's exponential in forward mode) against "reverse" (reverse mode
 through the Taylor rows' large product, the squarings' adjoint in one loop). The rotations of
 the ImageNet recipe's ViT-B/16 at 224 px (197 tokens, the class token at position 0, 12 heads
-of 64 channels in 8 x 8 blocks, ``liere.init``'s generators), for one layer (the CPU's layer
+of 64 channels in 8 x 8 blocks, or ``--block 64`` for dense LieRE; ``liere.init``'s
+generators), for one layer (the CPU's layer
 plan, ``position_hook.LAYER_PLANS`` "each") and for 12 layers at once (``jax.vmap``, the GPU's
 and TPU's "batched" plan); forward alone and forward plus the backward pass to the
 generators, all cases round-robin (``common.timeit_interleaved``), with the ratios of
 "reverse" to "frechet" from the same run, and the two gradients' largest difference over the
 largest gradient. On this process's platform (on a GPU the device queue times the same in a
 train step: its variant ``backward=reverse``). Run:
-``python -m experiments.benchmarks.combination_backward [--out FILE.json] [--repeats 7]``.
+``python -m experiments.benchmarks.combination_backward [--out FILE.json] [--repeats 7]
+[--block 8] [--layers 1,12]``.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ HEADS, HEAD_DIM, BLOCK, GRID, DEPTH = 12, 64, 8, (14, 14), 12
 BACKWARDS = ("frechet", "reverse")
 
 
-def cases(layers: int, backward: str) -> tuple:
+def cases(layers: int, backward: str, block: int = BLOCK) -> tuple:
     """(forward, forward and backward, its gradient) compiled with ``backward``."""
     pos = positions.grid_positions(list(GRID), "integer", num_prefix=1)
     keys = jax.random.split(jax.random.key(0), layers)
     params = jax.vmap(
-        lambda k: liere.init(k, num_heads=HEADS, head_dim=HEAD_DIM, num_axes=2, block_size=BLOCK)
+        lambda k: liere.init(k, num_heads=HEADS, head_dim=HEAD_DIM, num_axes=2, block_size=block)
     )(keys)
 
     def rotations(p):
@@ -63,13 +65,21 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the results as JSON")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--block", type=int, default=BLOCK, help="8 (LieRE 8x8) or 64 (dense)")
+    parser.add_argument("--layers", default="1,12", help="layer counts: 1 each, more vmapped")
     args = parser.parse_args(argv)
-    results = {"machine": common.machine(), "repeats": args.repeats, "rows": []}
+    results = {
+        "machine": common.machine(),
+        "repeats": args.repeats,
+        "block": args.block,
+        "rows": [],
+    }
     rows = []
-    for layers, plan in ((1, "each"), (DEPTH, "batched")):
+    for layers in map(int, args.layers.split(",")):
+        plan = "each" if layers == 1 else "batched"
         fns, grads = {}, {}
         for backward in BACKWARDS:
-            fwd, both, grads[backward] = cases(layers, backward)
+            fwd, both, grads[backward] = cases(layers, backward, args.block)
             fns[f"{backward} forward"] = fwd
             fns[f"{backward} forward + backward"] = both
         times = common.timeit_interleaved(fns, repeats=args.repeats)
@@ -98,7 +108,8 @@ def main(argv=None) -> dict:
                 ]
             )
     common.print_table(
-        f"LieRE 8x8's exponentials, ViT-B/16 224 px, {jax.default_backend()} (ms min / median)",
+        f"LieRE's exponentials in {args.block} x {args.block} blocks, ViT-B/16 224 px, "
+        f"{jax.default_backend()} (ms min / median)",
         ["layers", "pass", "frechet", "reverse", "reverse / frechet", "gradient difference"],
         rows,
     )

@@ -271,7 +271,8 @@ def _reverse_bwd(host: Host, coef_XA, gen_AYHH, r_bar_XYHH):
 
     t_ZHH, taylor_vjp, s_X = jax.vjp(taylor, coef_XA, gen_AYHH, has_aux=True)
     z_ZHH = r_bar_XYHH.reshape(-1, h, h)
-    t_bar = _squarings_adjoint(host, jnp.repeat(s_X, num_gen), t_ZHH, z_ZHH)
+    adjoint = functools.partial(_squarings_adjoint, host)  # one chunk per core on a CPU
+    t_bar = expm.chunked(adjoint, host, jnp.repeat(s_X, num_gen), t_ZHH, z_ZHH)
     return taylor_vjp(t_bar)
 
 
