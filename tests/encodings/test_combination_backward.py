@@ -71,8 +71,9 @@ def _expm64(a_ZHH: np.ndarray) -> np.ndarray:
     return np.real(np.einsum("zij,zj,zkj->zik", v, np.exp(-1j * lam), v.conj()))
 
 
-def test_reverse_gradient_matches_float64_central_differences(backward):
-    coef, gen, weight = _problem(8, 3.0, seed=1)
+@pytest.mark.parametrize("h", [8, 64])  # LieRE 8x8's blocks and dense LieRE's
+def test_reverse_gradient_matches_float64_central_differences(backward, h):
+    coef, gen, weight = _problem(h, 3.0, seed=1, rows=9, sets=2)
     backward("reverse")
     grad_c, grad_g = _grads(coef, gen, weight)
     rng = np.random.default_rng(2)
@@ -80,10 +81,10 @@ def test_reverse_gradient_matches_float64_central_differences(backward):
     dg = dg - np.swapaxes(dg, -1, -2)  # along skew generators, where _expm64 holds
 
     def loss64(c, g):
-        a = np.einsum("xa,ayij->xyij", c, g).reshape(-1, 8, 8)
+        a = np.einsum("xa,ayij->xyij", c, g).reshape(-1, h, h)
         return float(np.sum(weight * _expm64(a).reshape(weight.shape)))
 
-    eps = 1e-5
+    eps = 1e-6
     numeric = (
         loss64(coef + eps * dc, gen + eps * dg) - loss64(coef - eps * dc, gen - eps * dg)
     ) / (2 * eps)
