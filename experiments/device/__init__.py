@@ -11,8 +11,9 @@ goes on:
 
 1. ``environment``: the device kind and memory, the versions, and whether the jax APIs
    rope_lie uses that have moved or may move between releases import.
-2. ``tests``: the GPU tests (``GPU_TESTS``: cuDNN attention against "xla", LieRE's two block
-   products, and the Pallas squarings against the loop) on the device, through pytest in a
+2. ``tests``: the GPU tests (``GPU_TESTS``, the quick files first: the Pallas squarings
+   against the loop, the FFT against the DFT's products, LieRE's two VJPs, LieRE's two block
+   products, then cuDNN attention against "xla") on the device, through pytest in a
    subprocess (pass/fail counts, failing test ids); meanwhile the encoder tests
    (``tests/encodings``) run in another subprocess on the device machine's CPU with its jax
    (``JAX_PLATFORMS=cpu``): the current-jax check of issue 47.4.

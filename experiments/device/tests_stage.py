@@ -28,6 +28,7 @@ from experiments.device.recipes import ROOT
 GPU_TESTS = (
     "tests/encodings/test_expm_pallas.py",  # the Pallas squarings compiled by Triton
     "tests/encodings/test_spectral_transforms.py",  # cuFFT against the real DFT's products
+    "tests/encodings/test_combination_backward.py",  # LieRE's two VJPs on the device
     "tests/encodings/test_block_products.py",
     "tests/models/test_attention_gpu.py",
 )
