@@ -34,7 +34,8 @@ Design:
   good checkpoint): one program cannot drop a member.
 - **Evaluations**: per member, on its slice of the parameters, through the single run's
   ``loop.evals`` and ``train._make_run`` (its evaluation seed ``config.seed`` and its own
-  ``best``), so ``final.json`` and ``eval_examples.npz`` have the single run's fields.
+  ``best``), so ``final.json`` and ``eval_examples.npz`` have the single run's fields; the
+  members share one compiled evaluation step.
 - **Checkpoints**: the stacked state in ``ensemble_dir/checkpoints`` (``rope_lie.checkpoint``,
   every ``config.checkpoint.every_steps``), meta ``{"step", "best": [per member], "seeds"}``.
   A rerun with the same arguments resumes from the latest (each member's ``metrics.jsonl``
@@ -57,7 +58,6 @@ import functools
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -378,8 +378,11 @@ def _train(configs, workdirs, ensemble_dir, mesh) -> list[dict[str, Any]]:
         metrics.MetricsWriter(w, start_step=start, tensorboard=c.tensorboard)
         for c, w in zip(configs, workdirs, strict=True)
     ]
+    # one evaluation step for every member (compiled once per resolution): it evaluates with
+    # train=False, so it does not read the members' RNG streams (`other`)
+    eval_step = train.make_eval_fn(p0.setup, others[0])
     runs = [
-        train._make_run(c, w, p, o, dropout_key, writer, b)
+        train._make_run(c, w, p, o, dropout_key, writer, b, eval_step)
         for c, w, p, o, (_, dropout_key), writer, b in zip(
             configs, workdirs, prepared, others, keys, writers, best, strict=True
         )
@@ -576,7 +579,12 @@ def run(argv: list[str]) -> int:
     f = _define_flags()
     cli = f["cli"]
     if any(a in cli._HELP for a in argv[1:]):
-        print(__doc__.strip().split("\n\nDesign:")[0])
+        from absl import flags
+
+        names = ("config", "seeds", "data_seeds", "workdirs", "ensemble_dir")
+        lines = [f"  --{n}: {flags.FLAGS[n].help}" for n in names]
+        lines.append("  --config.<field>=<value>: override one field of every member's config")
+        print(__doc__.strip().split("\n\nDesign:")[0] + "\n\nFlags:\n" + "\n".join(lines))
         return 0
     try:
         config, workdir = cli._parse(list(argv))
@@ -615,7 +623,7 @@ def run(argv: list[str]) -> int:
 
 
 def main() -> None:
-    sys.exit(run(sys.argv))
+    _define_flags()["cli"].main(run)  # rope_lie.main's exit (a closed pipe included)
 
 
 if __name__ == "__main__":

@@ -289,9 +289,11 @@ def _remove_if_empty(workdir: str) -> None:
         os.rmdir(root)
 
 
-def main() -> None:
+def main(run_fn=None) -> None:
+    """Run the command line (`run_fn`: another one of ``run``'s form, ``rope_lie.ensemble``'s)
+    and exit with its status."""
     try:
-        status = run(sys.argv)
+        status = (run if run_fn is None else run_fn)(sys.argv)
         sys.stdout.flush()
     except BrokenPipeError:  # `--list | head`: the reader closed the pipe; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
