@@ -250,9 +250,16 @@ def run(argv: list[str]) -> int:
 def _train(config, workdir: str) -> int:
     from rope_lie import train
 
-    existed = os.path.exists(workdir)
+    return guarded(lambda: train.train_and_evaluate(config, workdir), [workdir])
+
+
+def guarded(train_fn, workdirs: list[str]) -> int:
+    """Run ``train_fn()`` (returning a run's result, or a list of them) and turn its outcome
+    into the exit status; the workdirs it created are removed again after a user error that
+    left them empty."""
+    existed = {w: os.path.exists(w) for w in workdirs}
     try:
-        result = train.train_and_evaluate(config, workdir)
+        result = train_fn()
     except KeyboardInterrupt:
         print("\nerror: interrupted (Ctrl-C); the latest checkpoint is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -261,10 +268,12 @@ def _train(config, workdir: str) -> int:
     except errors.USER_ERROR_TYPES as e:
         if not errors.is_user_error(e):
             raise
-        if not existed:
-            _remove_if_empty(workdir)
+        for w, was_there in existed.items():
+            if not was_there:
+                _remove_if_empty(w)
         return _fail(_message(e))
-    if result.get("signal") == "SIGINT":
+    results = result if isinstance(result, list) else [result]
+    if any(r.get("signal") == "SIGINT" for r in results):
         return EXIT_INTERRUPTED
     return 0
 
@@ -280,9 +289,11 @@ def _remove_if_empty(workdir: str) -> None:
         os.rmdir(root)
 
 
-def main() -> None:
+def main(run_fn=None) -> None:
+    """Run the command line (`run_fn`: another one of ``run``'s form, ``rope_lie.ensemble``'s)
+    and exit with its status."""
     try:
-        status = run(sys.argv)
+        status = (run if run_fn is None else run_fn)(sys.argv)
         sys.stdout.flush()
     except BrokenPipeError:  # `--list | head`: the reader closed the pipe; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

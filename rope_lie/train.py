@@ -391,11 +391,15 @@ def input_module(config: mc.ConfigDict):
     return run_inputs
 
 
-def _make_run(config, workdir, p: _Prepared, other, dropout_key, writer, best) -> loop.Run:
-    """The loop's pieces: the steps, the batches and evaluations of the config, the numbers."""
+def _make_run(
+    config, workdir, p: _Prepared, other, dropout_key, writer, best, eval_step=None
+) -> loop.Run:
+    """The loop's pieces: the steps, the batches and evaluations of the config, the numbers.
+    `eval_step`: ``make_eval_fn(p.setup, other)``'s, to share one between runs of one model (a
+    seed ensemble's members, ``rope_lie/ensemble.py``); None: made here."""
     run_inputs = input_module(config)
     setup, mesh, patch = p.setup, p.setup.mesh, p.setup.patch
-    eval_step = make_eval_fn(setup, other)
+    eval_step = make_eval_fn(setup, other) if eval_step is None else eval_step
 
     def evaluations(params, step, best, final):
         return evaluate.evaluate_all(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.studies import ensemble_probe
-from rope_lie import checkpoint, fashion_mnist_files, in_memory, sharding, train
+from rope_lie import checkpoint, ensemble, fashion_mnist_files, in_memory, sharding, train
 
 STEPS = 3
 RTOL = 1e-5  # float32 rounding: the ensemble's program is not the single run's
@@ -71,8 +71,8 @@ def runs(config):
     mesh = sharding.make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         singles = [_single_run(config, s, mesh) for s in SEEDS]
-        ensemble = _ensemble_run(config, SEEDS, mesh)
-    return singles, ensemble
+        together = _ensemble_run(config, SEEDS, mesh)
+    return singles, together
 
 
 def _by_path(tree) -> dict[str, np.ndarray]:
@@ -93,7 +93,7 @@ def test_member_is_its_single_run(runs, k):
     singles, (losses_TS, params_S) = runs
     single_losses, single_params = singles[k]
     np.testing.assert_allclose(losses_TS[:, k], single_losses, rtol=RTOL)
-    _assert_params_close(ensemble_probe.unstack(params_S, k), single_params)
+    _assert_params_close(ensemble.unstack(params_S, k), single_params)
 
 
 def test_seeds_differ(runs):
@@ -121,7 +121,7 @@ def test_member_is_the_real_run(config, tmp_path, runs):
     np.testing.assert_allclose(losses_TS[:, k], losses, rtol=RTOL)
     step, state = checkpoint.load_state(os.path.join(workdir, "checkpoints"))
     assert step == STEPS
-    _assert_params_close(ensemble_probe.unstack(params_S, k), state["params"])
+    _assert_params_close(ensemble.unstack(params_S, k), state["params"])
 
 
 def test_device_input_is_the_host_input(config):

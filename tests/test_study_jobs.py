@@ -5,11 +5,13 @@ resumed), and the machine each run trained on. A stand-in trainer (a Python scri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments.studies import lib
@@ -130,3 +132,111 @@ def test_the_machine_is_the_gpu_where_nvidia_smi_names_one(monkeypatch, tmp_path
     record = lib.record_provenance(str(tmp_path / "run"))
     with open(tmp_path / "run" / lib.PROVENANCE) as f:
         assert json.load(f) == record and record["cpu"] == "NVIDIA H100 80GB HBM3 gpu"
+
+
+# A stand-in ensemble trainer: writes what collect() reads into each of its workdirs and logs
+# its seeds (`<arm>.seeds<a-b-c>`) and its start (which lets the next FAKE run start at once).
+FAKE_ENSEMBLE = r"""
+import json, os, sys
+import numpy as np
+workdirs, seeds, arm, log_dir = sys.argv[1].split(","), sys.argv[2], sys.argv[3], sys.argv[4]
+open(os.path.join(log_dir, f"{arm}.seeds{seeds.replace(',', '-')}"), "w").close()
+open(os.path.join(log_dir, f"{arm}.start"), "w").close()
+evals = {"test": {"accuracy": 0.5, "num_examples": 4}}
+evals["test@pi"] = {"accuracy": 0.25, "num_examples": 4}
+for workdir in workdirs:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 1, "throughput": 10.0}) + "\n")
+    np.savez(os.path.join(workdir, "eval_examples.npz"), **{k: np.ones(4, bool) for k in evals})
+    with open(os.path.join(workdir, "final.json"), "w") as f:
+        json.dump({"step": 1, "evals": evals}, f)
+"""
+
+
+def _finish(workdir: str) -> None:
+    """Write a finished run's files into `workdir`, as a seed trained earlier left them."""
+    os.makedirs(workdir)
+    evals = {"test": {"accuracy": 0.75, "num_examples": 4}}
+    evals["test@pi"] = {"accuracy": 0.5, "num_examples": 4}
+    with open(os.path.join(workdir, "final.json"), "w") as f:
+        json.dump({"step": 1, "evals": evals}, f)
+    np.savez(os.path.join(workdir, "eval_examples.npz"), **{k: np.ones(4, bool) for k in evals})
+
+
+def test_ensemble_trains_an_arms_pending_seeds_as_one_job(tmp_path, fake_trainer, monkeypatch):
+    """With ensemble=True each arm's seeds still to train are one ensemble job (a seed already
+    finished is recorded, not retrained); its tool arm is recorded from the members' workdirs;
+    an arm with one seed left runs rope_lie.main."""
+    script = tmp_path / "fake_ensemble.py"
+    script.write_text(FAKE_ENSEMBLE)
+
+    def ensemble_command(arm, seeds, scale, workdirs, directory, extra=()):
+        name = arm.arg.removeprefix("pe=")
+        assert directory == lib.ensemble_dir(str(tmp_path / "runs"), arm, seeds, scale)
+        args = [",".join(workdirs), ",".join(map(str, seeds)), name, str(fake_trainer)]
+        return [sys.executable, str(script), *args]
+
+    monkeypatch.setattr(lib, "ensemble_command", ensemble_command)
+    study, root = _study("a", "b"), str(tmp_path / "runs")
+    _finish(lib.run_dir(root, study.arm("a"), 1, "cpu"))
+    for seed in (0, 1):
+        _finish(lib.run_dir(root, study.arm("b"), seed, "cpu"))
+    handled = lib.run_study(
+        study,
+        seeds=3,
+        scale="cpu",
+        root=root,
+        study_dir=str(tmp_path / "results"),
+        log=lambda *_: None,
+        ensemble=True,
+    )
+    assert sorted(handled) == sorted((a, s) for a in ("a", "a_pi", "b") for s in range(3))
+    # arm a: seeds 0 and 2 in one job; arm b: seed 2 alone, by the single-run trainer
+    assert sorted(os.listdir(fake_trainer)) == ["a.seeds0-2", "a.start", "b.end", "b.start"]
+    rows = {
+        (r["arm"], r["seed"]): r["accuracy"] for r in lib.read_results(str(tmp_path / "results"))
+    }
+    assert rows["a", 0] == rows["a", 2] == 0.5 and rows["a", 1] == 0.75
+    assert rows["a_pi", 0] == rows["a_pi", 2] == 0.25
+
+
+def test_ensemble_dry_run_prints_one_command_per_arm(tmp_path):
+    """The grouped commands: one rope_lie.ensemble line per arm with its seeds, its members'
+    workdirs (the single runs' names) and its ensemble directory; a data stream's seeds are
+    passed as --data_seeds; the tool arm adds no command of its own."""
+    arms = (
+        lib.Arm("a", "a", "fashion_mnist", "pe=ape,input=memory", (("num_epochs", 2),)),
+        lib.Arm("a_pi", "a, pi", "fashion_mnist", "pe=ape,input=memory", (("num_epochs", 2),)),
+        lib.Arm("s", "s", "fashion_mnist", "pe=rope,input=memory", data_stream=2),
+    )
+    arms = (*arms[:1], dataclasses.replace(arms[1], eval_suffix="@pi"), arms[2])
+    study = lib.Study(name="dry", title="dry", arms=arms, evals=("test",))
+    log, root = [], str(tmp_path / "runs")
+    lib.run_study(
+        study,
+        seeds=3,
+        scale="cpu",
+        root=root,
+        study_dir=str(tmp_path),
+        dry_run=True,
+        log=log.append,
+        ensemble=True,
+        extra_flags=["--config.progress=False"],
+    )
+    cmds = [line for line in log if "rope_lie" in line and not line.startswith("#")]
+    assert len(cmds) == 2 and all("-m rope_lie.ensemble " in c for c in cmds)
+    assert [line for line in log if line.startswith("#")] == [
+        "# [1/9] a seeds 0,1,2 (one ensemble)",
+        "# [3/9] s seeds 0,1,2 (one ensemble)",
+    ]
+    for cmd, arm in zip(cmds, (arms[0], arms[2]), strict=True):
+        workdirs = [lib.run_dir(root, arm, s, "cpu") for s in range(3)]
+        assert f"--workdirs={','.join(workdirs)} " in cmd
+        assert f"--ensemble_dir={lib.ensemble_dir(root, arm, [0, 1, 2], 'cpu')} " in cmd
+        assert "--seeds=0,1,2 " in cmd and cmd.endswith(" --config.progress=False")
+    assert "--config.num_epochs=2" in cmds[0] and "--data_seeds" not in cmds[0]
+    assert "--data_seeds=2000,2001,2002" in cmds[1]
+    assert lib.ensemble_dir(root, arms[0], [0, 2], "cpu") != lib.ensemble_dir(
+        root, arms[0], [0, 1, 2], "cpu"
+    )

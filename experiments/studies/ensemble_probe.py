@@ -60,11 +60,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections as mc
-import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from rope_lie import in_memory, loop, sharding, train
-from rope_lie.config_lib import data_seed
+
+# the ensemble's pieces, in the library since the trainer (rope_lie/ensemble.py) uses them
+from rope_lie.ensemble import (
+    device_batches,
+    make_device_input,
+    make_ensemble_step,
+    run_keys,
+    stack,
+    stacked_sharding,
+)
+from rope_lie.ensemble import member_config as seed_config
 
 POOL = 4  # distinct batches per seed cycled through by the timed steps
 PROGRESS_SECONDS = 5.0  # seconds between progress lines in a timed loop
@@ -80,36 +88,6 @@ def load_config(spec: str) -> mc.ConfigDict:
     recipe = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(recipe)
     return recipe.get_config(arg or None)
-
-
-def seed_config(config: mc.ConfigDict, seed: int) -> mc.ConfigDict:
-    """`config` with ``seed`` set (its ``data_seed`` kept: None follows the seed)."""
-    out = mc.ConfigDict(config.to_dict())
-    out.seed = seed
-    return out
-
-
-def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-    """(init_key, dropout_key) of a run with this seed, as ``rope_lie.train._train`` splits them."""
-    init_key, dropout_key = jax.random.split(jax.random.key(seed))
-    return init_key, dropout_key
-
-
-def stack(trees: Sequence[Any]) -> Any:
-    """Pytrees of one structure -> one pytree whose leaves have a leading axis of len(trees)."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def unstack(tree: Any, k: int) -> Any:
-    """Member k of a stacked pytree."""
-    return jax.tree.map(lambda x: x[k], tree)
-
-
-def make_ensemble_step(setup: train.Setup) -> Callable:
-    """Jitted (state_S, batch_S, other_S, dropout_key_S) -> (state_S, metrics_S): the run's
-    train step (``train.make_train_step``) vmapped over a leading seed axis of every argument;
-    the stacked state is donated."""
-    return jax.jit(jax.vmap(train.make_train_step(setup)), donate_argnums=(0,))
 
 
 def init_members(init: Callable, seeds: Sequence[int]) -> list[tuple[Any, Any, jax.Array]]:
@@ -135,97 +113,12 @@ def member_batches(config: mc.ConfigDict, mesh, start: int = 0) -> Iterator[dict
         yield sharding.shard_batch(train_batch(batch), mesh)
 
 
-def stacked_sharding(mesh) -> jax.sharding.NamedSharding:
-    """A stacked (S, B, ...) batch's: the seed axis whole, the examples split as a run's."""
-    return jax.sharding.NamedSharding(mesh, P(None, *sharding.batch_sharding(mesh).spec))
-
-
 def ensemble_batches(configs: Sequence[mc.ConfigDict], mesh, start: int = 0) -> Iterator[dict]:
     """Stacked (S, B, ...) batches: member k's batch t is run k's batch t."""
     streams = [in_memory.data_train_batches(c, None, start) for c in configs]
     while True:
         batch = stack([train_batch(next(s)) for s in streams])
         yield jax.device_put(batch, stacked_sharding(mesh))
-
-
-def member_indices(
-    configs: Sequence[mc.ConfigDict],
-    start: int,
-    count: int,
-    nums: Sequence[int] | None = None,
-) -> np.ndarray:
-    """int32 (count, S, B): the example indices of steps start..start+count-1 of every member
-    (``in_memory.batch_indices`` of its data seed), computed seed by seed so that each epoch's
-    permutation is drawn once per chunk. `nums`: the
-    members' training-set sizes (None: read here, once per member)."""
-    nums = [_num_train(c) for c in configs] if nums is None else nums
-    per_seed = [
-        [
-            in_memory.batch_indices(data_seed(c), t, c.batch_size, num)
-            for t in range(start, start + count)
-        ]
-        for c, num in zip(configs, nums, strict=True)
-    ]
-    return np.asarray(per_seed, np.int32).transpose(1, 0, 2)
-
-
-def _num_train(config: mc.ConfigDict) -> int:
-    """The run's number of training examples. Not cheap: ``in_memory.train_arrays`` copies the
-    training set onto its canvas at every call (5 ms for Fashion-MNIST on this CPU), so it is
-    read once per member, not once per member and step (which cost 1.4-1.7 s every 64 steps
-    of five seeds' device input)."""
-    return len(in_memory.train_arrays(config.dataset)[1])
-
-
-def make_device_input(configs: Sequence[mc.ConfigDict], mesh) -> Callable:
-    """Jitted (index_SB, step) -> the stacked batch of `step`, made on the device.
-
-    The members' training examples are held on the device once; member k's batch is the same
-    gather, crop, flip and normalisation as ``in_memory.data_train_batches`` (augmentation key
-    fold_in(key(data_seed), step)), vmapped over the members: one dispatch per step, not a few
-    per member. The members must share the dataset and augmentation (seeds of one arm).
-    """
-    ds = configs[0].dataset
-    if any(c.dataset.to_dict() != ds.to_dict() for c in configs):
-        raise ValueError("the members' config.dataset differ; an ensemble is one arm's seeds")
-    images, labels = in_memory.train_arrays(ds)
-    keys_S = jnp.stack([jax.random.key(data_seed(c)) for c in configs])
-    padding = ds.augment.crop_padding if ds.augment.crop == "pad" else 0
-
-    def member(images_NHWC, labels_N, key, index_B, step):
-        out = in_memory.augment_batch(
-            images_NHWC[index_B],
-            jax.random.fold_in(key, step),
-            padding=padding,
-            flip=bool(ds.augment.flip),
-            size=ds.image_size,
-        )
-        return {"image": in_memory.normalise(out, ds), "label": labels_N[index_B]}
-
-    # the examples are arguments, not constants folded into the program
-    members = jax.jit(
-        jax.vmap(member, in_axes=(None, None, 0, 0, None)), out_shardings=stacked_sharding(mesh)
-    )
-    return functools.partial(members, jnp.asarray(images), jnp.asarray(labels), keys_S)
-
-
-def device_batches(
-    configs: Sequence[mc.ConfigDict],
-    mesh,
-    start: int = 0,
-    chunk: int = 64,
-    make: Callable | None = None,
-):
-    """Stacked batches from step `start` on, made by ``make_device_input`` from indices
-    computed `chunk` steps at a time and sent to the device once per chunk. `make`: that
-    function of these configs, to share one compiled program between streams (None: a new one,
-    compiled on its first batch)."""
-    make = make_device_input(configs, mesh) if make is None else make
-    nums = [_num_train(c) for c in configs]
-    for first in itertools.count(start, chunk):
-        index_CSB = jnp.asarray(member_indices(configs, first, chunk, nums))
-        for i in range(chunk):
-            yield make(index_CSB[i], first + i)
 
 
 def build(

@@ -210,16 +210,33 @@ def own_evals(arm: Arm, names) -> dict[str, str]:
 def run_dir(root: str, arm: Arm, seed: int, scale: str) -> str:
     """The run's workdir: readable name plus a hash of everything that defines the run (not the
     runner's extra flags, which must not change what a run computes: a data directory, say)."""
-    arg = arm.argument(scale)
-    overrides = arm.all_overrides(scale)
-    recipe = arm.recipe_for(scale)
-    parts = [recipe, arg, [list(o) for o in overrides], seed, scale]
+    key = json.dumps(_run_parts(arm, scale, seed))
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+    return os.path.join(root, "runs", scale, f"{_readable(arm, scale)}_seed{seed}_{digest}")
+
+
+def _run_parts(arm: Arm, scale: str, seed: int | None) -> list:
+    """What defines the arm's run of `seed` (None: of any seed, the arm's own part)."""
+    overrides = [list(o) for o in arm.all_overrides(scale)]
+    parts = [arm.recipe_for(scale), arm.argument(scale), overrides, seed, scale]
     if arm.data_stream is not None:  # runs without a stream keep the names they had
         parts.append(["data_stream", arm.data_stream])
-    key = json.dumps(parts)
+    return parts
+
+
+def _readable(arm: Arm, scale: str) -> str:
+    name = f"{arm.recipe_for(scale)}_{arm.argument(scale)}"
+    return re.sub(r"[^A-Za-z0-9=.]+", "_", name).strip("_")
+
+
+def ensemble_dir(root: str, arm: Arm, seeds: Sequence[int], scale: str) -> str:
+    """Where the ensemble of `arm`'s `seeds` keeps its stacked checkpoints: the arm's readable
+    name, the seeds, and a hash of the arm and the seed set (an ensemble resumes only as the
+    same seeds)."""
+    key = json.dumps([_run_parts(arm, scale, None), list(seeds)])
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
-    readable = re.sub(r"[^A-Za-z0-9=.]+", "_", f"{recipe}_{arg}").strip("_")
-    return os.path.join(root, "runs", scale, f"{readable}_seed{seed}_{digest}")
+    named = "-".join(map(str, seeds))
+    return os.path.join(root, "runs", scale, f"{_readable(arm, scale)}_seeds{named}_{digest}")
 
 
 def command(arm: Arm, seed: int, scale: str, workdir: str, extra: Sequence[str] = ()) -> list[str]:
@@ -230,6 +247,29 @@ def command(arm: Arm, seed: int, scale: str, workdir: str, extra: Sequence[str] 
     cmd += [f"--workdir={workdir}", f"--config.seed={seed}"]
     if arm.data_stream is not None:
         cmd.append(f"--config.data_seed={arm.data_seed(seed)}")
+    cmd += [f"--config.{k}={v}" for k, v in arm.all_overrides(scale)]
+    return cmd + list(extra)
+
+
+def ensemble_command(
+    arm: Arm,
+    seeds: Sequence[int],
+    scale: str,
+    workdirs: Sequence[str],
+    directory: str,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The ``rope_lie.ensemble`` command line that trains `arm`'s `seeds` in one program, each
+    written to its workdir as ``command``'s run would be."""
+    for path in [*workdirs, directory]:
+        if "," in path:
+            raise ValueError(f"{path!r}: an ensemble's directories are a comma-separated list")
+    config = os.path.join(REPO, "configs", f"{arm.recipe_for(scale)}.py")
+    cmd = [sys.executable, "-m", "rope_lie.ensemble", f"--config={config}:{arm.argument(scale)}"]
+    cmd += [f"--seeds={','.join(map(str, seeds))}", f"--workdirs={','.join(workdirs)}"]
+    cmd.append(f"--ensemble_dir={directory}")
+    if arm.data_stream is not None:
+        cmd.append(f"--data_seeds={','.join(str(arm.data_seed(s)) for s in seeds)}")
     cmd += [f"--config.{k}={v}" for k, v in arm.all_overrides(scale)]
     return cmd + list(extra)
 
@@ -587,13 +627,17 @@ def run_study(
     others: Sequence[tuple[Study, str]] = (),
     jobs: int = 1,
     log=print,
+    ensemble: bool = False,
 ) -> list[tuple[str, int]]:
     """Run every missing (arm, seed) of `study` in order, ``jobs`` at a time.
 
     Seeds are 0..seeds-1, taken seed-major (every arm's seed 0 before any seed 1), so a study
     cut short still has every arm. A run that one of `others` ((study, its results directory)
     pairs) has recorded is copied from there, not trained again. Each run is recorded as it
-    finishes. Returns the (arm, seed) pairs that were run, copied or collected.
+    finishes. With `ensemble`, the seeds of an arm still to train are trained together as one
+    ``rope_lie.ensemble`` job (each in its own workdir, recorded when the job ends; an arm with
+    one such seed runs ``rope_lie.main``). Returns the (arm, seed) pairs that were run, copied
+    or collected.
     """
     if scale not in ("cpu", "paper"):
         raise ValueError(f"scale={scale!r}; expected 'cpu' or 'paper'")
@@ -611,6 +655,7 @@ def run_study(
         handled.append((arm.name, seed))
 
     to_train: dict[str, _Run] = {}  # by workdir
+    group_dry_run = dry_run and ensemble  # the commands are printed once the seeds are grouped
     for i, (arm, seed) in enumerate(todo, 1):
         workdir = run_dir(root, arm, seed, scale)
         cmd = command(arm, seed, scale, workdir, extra_flags)
@@ -622,35 +667,72 @@ def run_study(
                 append_results(study_dir, rows, examples)
                 handled.append((arm.name, seed))
             continue
-        if dry_run:
+        if dry_run and not group_dry_run:
             if arm.eval_suffix is not None:  # the same run as its base arm's
                 log(f"# {arm.name} seed {seed}: the {arm.eval_suffix} evaluations of")
             log(" ".join(cmd))
             continue
-        if is_finished(workdir):
+        if not dry_run and is_finished(workdir):
             record(arm, seed, workdir)
             continue
         if workdir in to_train:  # a tool arm of a run to train: trained once, recorded for each
-            to_train[workdir].readers.append((arm, seed))
+            to_train[workdir].readers.append((arm, seed, workdir))
         else:
-            to_train[workdir] = _Run(f"[{i}/{len(todo)}]", workdir, cmd, [(arm, seed)])
-    _train(list(to_train.values()), jobs, record, log)
+            to_train[workdir] = _Run(f"[{i}/{len(todo)}]", cmd, [(arm, seed, workdir)])
+    runs = list(to_train.values())
+    if ensemble:
+        runs = _ensembles(runs, root, scale, extra_flags)
+    if group_dry_run:
+        for run in runs:
+            log(f"# {run}")
+            log(" ".join(run.cmd))
+        return handled
+    _train(runs, jobs, record, log)
     return handled
+
+
+def _ensembles(runs: list[_Run], root: str, scale: str, extra: Sequence[str]) -> list[_Run]:
+    """`runs` with those of one arm (the same run but for the seed) made one ensemble run,
+    in the order of each arm's first run; an arm with one run to train keeps it."""
+    groups: dict[str, list[_Run]] = {}
+    for run in runs:
+        arm = run.readers[0][0]
+        groups.setdefault(json.dumps(_run_parts(arm, scale, None)), []).append(run)
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.extend(members)
+            continue
+        arm = members[0].readers[0][0]
+        seeds = [m.readers[0][1] for m in members]
+        workdirs = [m.readers[0][2] for m in members]
+        directory = ensemble_dir(root, arm, seeds, scale)
+        cmd = ensemble_command(arm, seeds, scale, workdirs, directory, extra)
+        readers = [r for m in members for r in m.readers]
+        out.append(_Run(members[0].label, cmd, readers))
+    return out
 
 
 @dataclasses.dataclass
 class _Run:
-    """One training run: its log label, workdir and command, and the (arm, seed) pairs that
-    read it (the first is the one it is named for)."""
+    """One training job: its log label and command, and the (arm, seed, workdir) triples that
+    read it (the first is the one it is named for). A ``rope_lie.main`` run has one workdir; a
+    ``rope_lie.ensemble`` job one per seed."""
 
     label: str
-    workdir: str
     cmd: list[str]
-    readers: list[tuple[Arm, int]]
+    readers: list[tuple[Arm, int, str]]
+
+    @property
+    def workdirs(self) -> list[str]:
+        return list(dict.fromkeys(w for _, _, w in self.readers))
 
     def __str__(self) -> str:
-        arm, seed = self.readers[0]
-        return f"{self.label} {arm.name} seed {seed}"
+        arm = self.readers[0][0]
+        seeds = list(dict.fromkeys(s for _, s, _ in self.readers))
+        if len(seeds) == 1:
+            return f"{self.label} {arm.name} seed {seeds[0]}"
+        return f"{self.label} {arm.name} seeds {','.join(map(str, seeds))} (one ensemble)"
 
 
 def _train(runs: list[_Run], jobs: int, record, log) -> None:
@@ -664,8 +746,9 @@ def _train(runs: list[_Run], jobs: int, record, log) -> None:
         while pending or running:
             while pending and len(running) < jobs:
                 run = pending.pop(0)
-                log(f"{run}: {run.workdir}")
-                record_provenance(run.workdir)
+                log(f"{run}: {', '.join(run.workdirs)}")
+                for workdir in run.workdirs:
+                    record_provenance(workdir)
                 proc = subprocess.Popen(run.cmd, cwd=REPO, env=env)
                 running[proc] = (run, time.perf_counter())
             proc = _wait_any(running)
@@ -673,10 +756,11 @@ def _train(runs: list[_Run], jobs: int, record, log) -> None:
             if proc.returncode != 0:
                 raise subprocess.CalledProcessError(proc.returncode, proc.args)
             log(f"{run}: {time.perf_counter() - start:.0f} s")
-            if not is_finished(run.workdir):  # preempted (SIGTERM): the rerun resumes it
-                raise RuntimeError(f"{run.workdir} stopped before the end; rerun to resume it")
-            for arm, seed in run.readers:
-                record(arm, seed, run.workdir)
+            for workdir in run.workdirs:
+                if not is_finished(workdir):  # preempted (SIGTERM): the rerun resumes it
+                    raise RuntimeError(f"{workdir} stopped before the end; rerun to resume it")
+            for arm, seed, workdir in run.readers:
+                record(arm, seed, workdir)
     finally:
         for proc in running:
             proc.terminate()

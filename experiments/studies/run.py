@@ -15,9 +15,14 @@ once, for a GPU, which one small run leaves mostly idle:
 
     python -m experiments.studies.run fashion_plateau --jobs 8     # its arms read from memory
 
-(the ``cpu`` column of ``results.csv`` says where each run trained). ``--flag`` passes a
-``rope_lie.main`` flag to every run that must not change what the run computes (a data
-directory, say): runs are named without it.
+(the ``cpu`` column of ``results.csv`` says where each run trained). ``--ensemble`` trains
+each arm's seeds still to train as one ``rope_lie.ensemble`` job (one program, the seeds
+vmapped; each seed still written to its own run's workdir), for arms that read from memory:
+
+    python -m experiments.studies.run fashion_plateau --seeds 5 --ensemble --jobs 4
+
+``--flag`` passes a ``rope_lie.main`` flag to every run that must not change what the run
+computes (a data directory, say): runs are named without it.
 """
 
 from __future__ import annotations
@@ -80,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs trained at once (default 1; more on a GPU)"
     )
+    parser.add_argument(
+        "--ensemble",
+        action="store_true",
+        help="train each arm's pending seeds as one rope_lie.ensemble job (input=memory arms)",
+    )
     args = parser.parse_args(argv)
     study = STUDIES[args.study]
     seeds = args.seeds if args.seeds is not None else study.default_seeds
@@ -105,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             arms=[a for a in args.arms.split(",") if a] or None,
             others=others,
             jobs=args.jobs,
+            ensemble=args.ensemble,
         )
     if not args.dry_run:
         print(write_report(study.at_scale(args.scale), directory, args.scale))
