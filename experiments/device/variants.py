@@ -160,7 +160,7 @@ COMBINED = "backward=reverse,squarings=pallas"
 
 # Variants timed on a platform and slower there than its defaults: the queue no longer
 # compiles them on that platform unless asked (``--every-variant``), so that its compile stage
-# (about 20 s a ViT-B/16 step on an H100 machine) has room for what is not yet measured. LieRE
+# (12-93 s a ViT-B/16 step on an H100 machine) has room for what is not yet measured. LieRE
 # 8x8's train step, ViT-B/16 224 px, bfloat16, batch 64, cuDNN attention, on an H100 (benchmarks
 # README, section 13): the defaults ("while" squarings, "adds" small products, the batched layer
 # plan, the broadcast block product) 41.78 ms in run 2026-11-28-1.

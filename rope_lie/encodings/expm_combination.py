@@ -7,7 +7,8 @@ counts alpha) / |alpha|!. The M_alpha are computed once per generator set; every
 one row of a single large matrix product, which runs near peak speed (batched small products do
 not), and its squarings (scaling and squaring as in ``expm``). s bounds sum_a |b_a| rho(G_a), so
 no monomial term exceeds the Taylor terms at norm theta. VJP: the Frechet derivative at A^T per
-row, as ``expm.expm_skew``'s. The products, squarings, bounds and the ``Host`` are ``expm``'s
+row, as ``expm.expm_skew``'s, or reverse mode through this program
+(``COMBINATION_BACKWARDS``). The products, squarings, bounds and the ``Host`` are ``expm``'s
 building blocks. ``num_squarings`` gives each row's s (for the benchmarks' cost models).
 Everything is computed in float32 whatever the input dtype.
 """
