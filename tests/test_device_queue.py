@@ -437,6 +437,8 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     lead = [*steps.GOAL_ENCODERS, "liere_dense"]
     assert cases[:4] == [(e, "cudnn", None) for e in lead]
     assert cases[4 : 4 + len(variants)] == [("liere", "cudnn", v) for v in variants]
+    # then the lead encoders' own variants: dense LieRE with the reverse-mode VJP
+    assert cases[4 + len(variants)] == ("liere_dense", "cudnn", "backward=reverse")
     assert {e for e, a, v in cases if a == "cudnn" and v is None} == set(device.ENCODERS)
     assert ("liere", "cudnn", "product=einsum") not in cases  # measured slower on an H100
     q.args.every_variant = True

@@ -37,7 +37,8 @@ goes on:
    trip count is read from the data, a fixed count first, or one Pallas kernel where it runs),
    the exponentials' VJP in reverse mode (``expm_combination.COMBINATION_BACKWARDS``) and
    ``COMBINED`` (two of these at once); and the other block product
-   (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla". Circulant-STRING is compiled again with the
+   (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla". Dense LieRE is compiled again with the
+   reverse-mode VJP right after LieRE 8x8's variants, and Circulant-STRING with the
    real DFT's products in place of the FFT (``lie.SPECTRAL_TRANSFORMS``, the variant
    ``spectral=dft``; ``ENCODER_VARIANTS``) right after its own step on the first backend.
 4. ``steps``: every compiled step timed from its encoder's initial state (a copy: the step

@@ -115,15 +115,16 @@ def step_cases(q: Queue, platform: str) -> list[tuple[str, str, str | None]]:
         # (the others: the first few in ``ENCODERS`` order, ALiBi's bias among them)
         rows = [(e, attention, None) for e in (chosen[:limit] if i else encoders)]
         if i == 0:
-            rows = [
-                row
-                for e, a, v in rows
-                for row in [(e, a, v)] + [(e, a, o) for o in ENCODER_VARIANTS.get(e, ())]
-            ]
-        if "liere" in encoders and i == 0:
-            first = sum(e in LEAD_ENCODERS for e in encoders[:limit])
-            variants = [("liere", attention, v) for v in liere_variants(platform, every)]
-            rows = rows[:first] + variants + rows[first:]
+            # the lead encoders, LieRE 8x8's variants, the lead encoders' own variants, then
+            # every other encoder followed by its own variants
+            own = {e: [(e, attention, o) for o in ENCODER_VARIANTS.get(e, ())] for e in encoders}
+            lead = [r for r in rows if r[0] in LEAD_ENCODERS]
+            rest = [r for r in rows if r[0] not in LEAD_ENCODERS]
+            variants = []
+            if "liere" in encoders:
+                variants = [("liere", attention, v) for v in liere_variants(platform, every)]
+            rows = lead + variants + [v for e, _, _ in lead for v in own[e]]
+            rows += [row for r in rest for row in [r, *own[r[0]]]]
         cases += rows
         product = other_variant("product", platform)
         wanted = attention in ("cudnn", "xla") and queued(product, platform, every)

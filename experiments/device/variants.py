@@ -50,10 +50,15 @@ VARIANT_KINDS = {
     "spectral": "spectral transform",
     "backward": "combination backward",
 }
-# The variants of other encoders than LieRE 8x8 the queue compiles on the first backend (each
-# right after the encoder's own step): Circulant-STRING's rotation with the real DFT's products
-# instead of the FFT (``lie.SPECTRAL_TRANSFORMS``).
-ENCODER_VARIANTS = {"circulant_string": ("spectral=dft",)}
+# The variants of other encoders than LieRE 8x8 the queue compiles on the first backend (right
+# after the encoder's own step; a lead encoder's after LieRE 8x8's variants): Circulant-STRING's
+# rotation with the real DFT's products instead of the FFT (``lie.SPECTRAL_TRANSFORMS``), and
+# dense LieRE's exponentials with the reverse-mode VJP (``COMBINATION_BACKWARDS``; on a CPU it
+# was slower than the Frechet one for 64 x 64 blocks, unlike for 8 x 8).
+ENCODER_VARIANTS = {
+    "liere_dense": ("backward=reverse",),
+    "circulant_string": ("spectral=dft",),
+}
 
 
 def variant_table(kind: str) -> dict:
