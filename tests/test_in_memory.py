@@ -206,6 +206,31 @@ def test_eval_batches_hold_the_tfds_paths_examples(real_subset, at, tfds_dir):
         np.testing.assert_array_equal(labels_m[match], labels_t)
 
 
+def test_eval_batches_are_prepared_once_per_split_and_read_only(real_subset, at, tmp_path):
+    # A run evaluates its test split at every evaluation, and a seed ensemble's members each
+    # do: the second pass reads the kept batches, which no reader can change.
+    at(real_subset)
+    config = _config("pe=ape")
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1}, jax.devices()[:1])
+    in_memory._prepared_eval_batches.cache_clear()
+    first = list(in_memory.eval_batches(config, config.evals["test"], mesh))
+    again = list(in_memory.eval_batches(config, config.evals["test"], mesh))
+    info = in_memory._prepared_eval_batches.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    for a, b in zip(first, again, strict=True):
+        for key in ("image", "label", "mask"):
+            np.testing.assert_array_equal(a[key], b[key])
+    with pytest.raises(ValueError, match="read-only"):
+        first[0]["image"][0, 0, 0, 0] = 1.0
+    # Other files (the same names in another directory) are other batches.
+    images, labels = in_memory.arrays("fashion_mnist_idx/plain", "test")
+    _write_split(tmp_path, "test", 255 - images[..., 0], labels)
+    _write_split(tmp_path, "train", images[..., 0], labels)
+    at(tmp_path)
+    other = list(in_memory.eval_batches(config, config.evals["test"], mesh))
+    assert not np.array_equal(other[0]["image"], first[0]["image"])
+
+
 def test_the_stream_resumes_exactly_and_data_seed_sets_it(real_subset, at):
     at(real_subset)
     config = _config()  # 1,200 images: 9.4 batches of 128 an epoch; batch 9 straddles two
