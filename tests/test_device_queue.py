@@ -137,7 +137,7 @@ def test_dry_run_times_the_goal_encoders_again_in_reverse_order(dry_run):
 def test_dry_run_times_every_row_from_its_encoder_s_initial_state(dry_run):
     # LieRE 8x8's defaults and each variant on "xla", one after another: the same state and
     # batch, so the same loss to float32 rounding. A variant timed on the state the rows before
-    # it trained (the H100 run 2026-11-28-1: losses 5.59 down to 2.47) would differ, and LieRE's
+    # it trained (an H100 run: losses 5.59 down to 2.47) would differ, and LieRE's
     # squaring loop follows its generators' norms.
     rows = [
         r

@@ -34,7 +34,7 @@ def batch_candidates(
     The prediction is linear in the batch from one compile at ``batch``: the arguments (train
     state and images) stay, everything else (activations, gradients' temporaries) scales.
     Without a device limit (XLA:CPU) the candidates are ``max_batch`` and its half. The half is
-    there because the prediction can still fail at run time: on an H100 (run 2026-11-28-1) a
+    there because the prediction can still fail at run time: on an H100 a
     predicted fit at batch 512 could not allocate one 41 GiB buffer.
     """
     if limit is None or memory is None:

@@ -192,7 +192,7 @@ def stage_compile(q: Queue) -> str:
         futures[q.pool.submit(_compile, case)] = key
 
     # Until the stage's deadline: a ViT-B step took 12-93 s to compile on an H100 machine (four
-    # at once, beside the tests; run 2026-11-28-1), so not every case may fit; the steps
+    # at once, beside the tests), so not every case may fit; the steps
     # compiled by then are timed, those not yet started are recorded as skipped, and those
     # already compiling are waited for (and timed) up to ``DRAIN_SHARE`` of the budget: XLA:GPU
     # times candidate kernels on the device while it compiles, which would disturb the steps

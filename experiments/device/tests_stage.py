@@ -23,7 +23,7 @@ from experiments.device.queue import Queue
 from experiments.device.recipes import ROOT
 
 # The quick files first: on an H100 machine the attention file's ViT comparisons did not all
-# finish by the stage's deadline (run 2026-11-28-1: 15 passed in 106 s), and pytest runs the
+# finish by the stage's deadline (15 of 60 passed in 106 s), and pytest runs the
 # files in this order.
 GPU_TESTS = (
     "tests/encodings/test_expm_pallas.py",  # the Pallas squarings compiled by Triton

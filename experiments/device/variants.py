@@ -168,14 +168,14 @@ COMBINED = "backward=reverse,squarings=pallas"
 # (12-93 s a ViT-B/16 step on an H100 machine) has room for what is not yet measured. LieRE
 # 8x8's train step, ViT-B/16 224 px, bfloat16, batch 64, cuDNN attention, on an H100 (benchmarks
 # README, section 13): the defaults ("while" squarings, "adds" small products, the batched layer
-# plan, the broadcast block product) 41.78 ms in run 2026-11-28-1.
+# plan, the broadcast block product) 41.78 ms in the same run.
 MEASURED_SLOWER = {
     "gpu": {
-        "small_products=reduce": "44.39 ms (2026-11-28-1)",
-        "small_products=reduce,squarings=pallas": "44.19 ms (2026-11-28-1)",
-        "layers=each": "46.64 ms (2026-11-28-1)",
-        "squarings=fixed": "45.65 ms (2026-11-28-1); 44.41 against 41.92 (2026-11-27-4)",
-        "product=einsum": "49.16 ms against 44.41 ms, both with fixed squarings (2026-11-27-4)",
+        "small_products=reduce": "44.39 ms",
+        "small_products=reduce,squarings=pallas": "44.19 ms",
+        "layers=each": "46.64 ms",
+        "squarings=fixed": "45.65 ms; 44.41 against 41.92 in the run before",
+        "product=einsum": "49.16 ms against 44.41 ms, both with fixed squarings, the run before",
     },
 }
 

@@ -84,10 +84,10 @@ _LOOPS = ("while", "fixed", "pallas")
 #   must be computed once (``materialised``; "adds" uses a batched dot there). On an H100,
 #   under the batched layer plan, the "fixed" squaring loop ran the "adds" form's slices as
 #   kernels of their own (``wrapped_slice``: 6.1 ms of LieRE 8x8's 40.4 ms of GPU work per
-#   ViT-B/16 step, run NVIDIA_H100_80GB_HBM3-2026-11-27-4), and the backward pass's batched
-#   8 x 8 dots ran as matrix-multiply kernels (``gemm_fusion_dot``, 5 ms). "reduce" was slower
-#   there: the step took 44.39 ms against 41.78 ms with "adds", its products fused into one
-#   reduction of 11.0 ms a step (benchmarks README, section 13).
+#   ViT-B/16 step, in an earlier run of experiments/benchmarks/device/), and the backward
+#   pass's batched 8 x 8 dots ran as matrix-multiply kernels (``gemm_fusion_dot``, 5 ms).
+#   "reduce" was slower there: the step took 44.39 ms against 41.78 ms with "adds", its
+#   products fused into one reduction of 11.0 ms a step (benchmarks README, section 13).
 SMALL_PRODUCTS: dict[str, str] = {"default": "adds"}
 _SMALL = ("adds", "reduce")
 # The ImageNet recipe's LieRE at 224 px needs s <= 5 at initialisation (8x8 blocks; dense: 7),

@@ -30,9 +30,8 @@ __all__ = [
 ]
 
 # Every float32 contraction here at full float32 precision: XLA:GPU contracts float32 in TF32 by
-# default (a block product's error 5e-4 of its largest value on an H100, run
-# NVIDIA_H100_80GB_HBM3-2026-11-27-3 in experiments/benchmarks/device/) and a TPU in bfloat16
-# passes.
+# default (a block product's error 5e-4 of its largest value on an H100, in an earlier run of
+# experiments/benchmarks/device/) and a TPU in bfloat16 passes.
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -183,9 +182,8 @@ def pair_rotation_blocks(angle_XF: jax.Array) -> jax.Array:
 #   T x N x K tiny matrices with the batch axis moved inside.
 # - "by_size": the broadcast for blocks up to ``BROADCAST_MAX_BLOCK``, the einsum above. GPUs'
 #   and TPUs': on an H100 at ViT-B/16's shapes the two tied at 8 x 8 blocks, and at 64 x 64
-#   (dense LieRE) the broadcast took 6x the einsum's time with the einsum in TF32 (run
-#   NVIDIA_H100_80GB_HBM3-2026-11-27-3), 3.7x with it in float32 (benchmarks README, section
-#   13).
+#   (dense LieRE) the broadcast took 6x the einsum's time with the einsum in TF32, 3.7x with it
+#   in float32 (benchmarks README, section 13).
 # Read when a program is traced: a change needs ``jax.clear_caches()`` to reach ``apply_blocks``.
 BLOCK_PRODUCTS: dict[str, str] = {"cpu": "einsum", "default": "by_size"}
 BROADCAST_MAX_BLOCK = 16
