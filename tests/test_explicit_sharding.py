@@ -72,6 +72,11 @@ VIT_CALLS = {
     # (position_hook.LAYER_PLANS "batched"; the CPU's own is "each"), with the squarings' loop
     # of fixed length first (expm.SQUARING_LOOPS "fixed", the option the device queue times)
     "liere_batched": _WITH_GRADIENT,
+    # 8x8 blocks (pico's 16 channels a head): the exponentials' Taylor combination and its VJP,
+    # the Frechet one (every platform's default) and the reverse-mode one
+    # (expm_combination.COMBINATION_BACKWARDS, the option the device queue times on GPUs)
+    "liere_b8": _WITH_GRADIENT,
+    "liere_b8_reverse": _WITH_GRADIENT,
     "circulant_string": _WITH_GRADIENT,
     "alibi": _WITH_GRADIENT,
     "ape": _WITH_GRADIENT,
@@ -158,13 +163,15 @@ _SCRIPT = textwrap.dedent(
 
     images = np.random.default_rng(0).normal(size=(B, 8, 12, 3)).astype(np.float32)
     for case, wanted in cases["vit"].items():
-        pe, gpu = case.removesuffix("_batched"), case.endswith("_batched")
+        gpu, reverse, b8 = (s in case for s in ("_batched", "_reverse", "_b8"))
+        pe = case.split("_b8")[0].removesuffix("_batched")
         position_hook.LAYER_PLANS["cpu"] = "batched" if gpu else "each"
         expm.SQUARING_LOOPS["cpu"] = "fixed" if gpu else "while"
+        expm_combination.COMBINATION_BACKWARDS["cpu"] = "reverse" if reverse else "frechet"
         retrace_liere()
         kw = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5,
                   head_zero_init=False)
-        hp = {"liere": {"block_size": 4}, "alibi": {"learnable": True},
+        hp = {"liere": {"block_size": 8 if b8 else 4}, "alibi": {"learnable": True},
               "cayley_string": {"init_std": 0.1}, "comrope": {"block_size": 4}}.get(pe)
         kw |= dict(pe="nope", additive="ape") if pe == "ape" else dict(pe=pe, pe_hparams=hp)
         graphdef, state = nnx.split(ViT(**kw, rngs=nnx.Rngs(0)))
@@ -182,6 +189,7 @@ _SCRIPT = textwrap.dedent(
             record("vit", f"{case}-{call}", fn, state, jax.device_put(data, split))
     position_hook.LAYER_PLANS["cpu"] = "each"
     expm.SQUARING_LOOPS["cpu"] = "while"
+    expm_combination.COMBINATION_BACKWARDS.pop("cpu")
     retrace_liere()
 
     # One train step of rope_lie/train.py on an Explicit mesh and on the loop's Auto mesh.
