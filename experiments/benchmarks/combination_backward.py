@@ -22,11 +22,10 @@ import argparse
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmarks import common
-from rope_lie.encodings import expm_combination, liere, positions
+from experiments.device.rotations import exponential_programs
 
 HEADS, HEAD_DIM, BLOCK, GRID, DEPTH = 12, 64, 8, (14, 14), 12
 BACKWARDS = ("frechet", "reverse")
@@ -34,30 +33,9 @@ BACKWARDS = ("frechet", "reverse")
 
 def cases(layers: int, backward: str, block: int = BLOCK) -> tuple:
     """(forward, forward and backward, its gradient) compiled with ``backward``."""
-    pos = positions.grid_positions(list(GRID), "integer", num_prefix=1)
-    keys = jax.random.split(jax.random.key(0), layers)
-    params = jax.vmap(
-        lambda k: liere.init(k, num_heads=HEADS, head_dim=HEAD_DIM, num_axes=2, block_size=block)
-    )(keys)
-
-    def rotations(p):
-        def one(q):
-            return liere.precompute(q, pos, num_heads=HEADS, head_dim=HEAD_DIM, num_prefix=1)
-
-        return jax.vmap(one)(p).r_TNKbb
-
-    shape = jax.eval_shape(rotations, params).shape
-    cot = jnp.asarray(np.random.default_rng(1).normal(size=shape), jnp.float32)
-    saved = dict(expm_combination.COMBINATION_BACKWARDS)
-    expm_combination.COMBINATION_BACKWARDS.update({k: backward for k in saved})
-    jax.clear_caches()
-    try:
-        forward = jax.jit(rotations).lower(params).compile()
-        both = jax.jit(lambda p: jax.vjp(rotations, p)[1](cot)).lower(params).compile()
-    finally:
-        expm_combination.COMBINATION_BACKWARDS.clear()
-        expm_combination.COMBINATION_BACKWARDS.update(saved)
-        jax.clear_caches()
+    forward, both, params = exponential_programs(
+        f"backward={backward}", layers, HEADS, HEAD_DIM, GRID, block
+    )
     return (lambda: forward(params)), (lambda: both(params)), both(params)
 
 

@@ -179,26 +179,22 @@ def time_chain(st, x, repeats: int) -> dict:
     )
 
 
-def time_exponentials(name, config, repeats: int) -> dict:
-    """LieRE 8x8's rotations of every layer from one vmapped ``liere.precompute`` (forward, and
-    forward and backward to the generators) under variant ``name``, at the model's depth, heads
-    and head size and the recipe's positions (the class token at position 0)."""
+def exponential_programs(name, layers: int, heads: int, head_dim: int, grid, block: int = 8):
+    """LieRE's rotations of ``layers`` layers from one vmapped ``liere.precompute`` on a grid of
+    integer positions (the class token at position 0), ``liere.init``'s generators in
+    ``block`` x ``block`` blocks: (forward, forward and backward to the generators, their
+    parameters), compiled under variant ``name`` (None: the platform's defaults). The backward
+    pass's cotangent is fixed (normal, seed 1)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from rope_lie.encodings import liere, positions
-    from rope_lie.models import variants
 
-    model = config.model
-    dims, patch = variants.model_dims(model.variant, model.dims, model.patch_size, rank=2)
-    depth, heads = dims["depth"], dims["num_heads"]
-    head_dim = dims["width"] // heads
-    grid = [s // p for s, p in zip(model.image_shape, patch, strict=True)]
-    pos = positions.grid_positions(grid, "integer", num_prefix=1)
-    keys = jax.random.split(jax.random.key(0), depth)
+    pos = positions.grid_positions(list(grid), "integer", num_prefix=1)
+    keys = jax.random.split(jax.random.key(0), layers)
     init = jax.vmap(
-        lambda k: liere.init(k, num_heads=heads, head_dim=head_dim, num_axes=2, block_size=8)
+        lambda k: liere.init(k, num_heads=heads, head_dim=head_dim, num_axes=2, block_size=block)
     )
     params = init(keys)
 
@@ -217,13 +213,29 @@ def time_exponentials(name, config, repeats: int) -> dict:
     with variant(name):
         forward = jax.jit(rotations).lower(params).compile()
         both = jax.jit(forward_backward).lower(params).compile()
-        r = np.asarray(forward(params), np.float64)
+    return forward, both, params
+
+
+def time_exponentials(name, config, repeats: int) -> dict:
+    """LieRE 8x8's rotations of every layer from one vmapped ``liere.precompute`` (forward, and
+    forward and backward to the generators) under variant ``name``, at the model's depth, heads
+    and head size and the recipe's positions (``exponential_programs``)."""
+    import numpy as np
+
+    from rope_lie.models import variants
+
+    model = config.model
+    dims, patch = variants.model_dims(model.variant, model.dims, model.patch_size, rank=2)
+    depth, heads = dims["depth"], dims["num_heads"]
+    grid = [s // p for s, p in zip(model.image_shape, patch, strict=True)]
+    forward, both, params = exponential_programs(name, depth, heads, dims["width"] // heads, grid)
+    r = np.asarray(forward(params), np.float64)
     # Orthogonality of the rotations: how far R^T R is from the identity.
     eye = np.eye(r.shape[-1])
     orth = float(np.max(np.abs(np.einsum("...ji,...jk->...ik", r, r) - eye)))
     return dict(
         layers=depth,
-        shape=list(out_shape.shape),
+        shape=list(r.shape),
         forward_ms=_min_ms(lambda: forward(params), repeats),
         forward_backward_ms=_min_ms(lambda: both(params), repeats),
         orthogonality_error=orth,
