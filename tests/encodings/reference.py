@@ -21,6 +21,13 @@ def random_skew(rng: np.random.Generator, batch: int, h: int, norm: float) -> np
     return a / np.linalg.norm(a, axis=(-2, -1), keepdims=True) * norm
 
 
+def expm_skew64(a_ZHH) -> np.ndarray:
+    """exp(A) of skew-symmetric matrices in float64: i A is Hermitian, so exp(A) = V e^(-i L) V^H
+    from its eigendecomposition (numpy only: the device image has no scipy)."""
+    lam, v = np.linalg.eigh(1j * np.float64(a_ZHH))
+    return np.real(np.einsum("zij,zj,zkj->zik", v, np.exp(-1j * lam), v.conj()))
+
+
 def rotate_pairs(x, angle) -> np.ndarray:
     """Float64 rotation of interleaved pairs (x[2j], x[2j+1]) by `angle[..., j]`, as complex
     numbers (the form of RoFormer and rope-vit's torch.polar)."""

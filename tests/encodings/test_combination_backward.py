@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rope_lie.encodings import expm, expm_combination
-from tests.encodings.reference import random_skew
+from tests.encodings.reference import expm_skew64, random_skew
 
 HOST = expm.Host(jax.default_backend(), 1)
 
@@ -65,12 +65,6 @@ def test_reverse_gradients_equal_the_frechet_ones(backward, h, scale):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-5 * scale_)
 
 
-def _expm64(a_ZHH: np.ndarray) -> np.ndarray:
-    """exp(A) of skew-symmetric matrices in float64 (i A is Hermitian)."""
-    lam, v = np.linalg.eigh(1j * a_ZHH)
-    return np.real(np.einsum("zij,zj,zkj->zik", v, np.exp(-1j * lam), v.conj()))
-
-
 @pytest.mark.parametrize("h", [8, 64])  # LieRE 8x8's blocks and dense LieRE's
 def test_reverse_gradient_matches_float64_central_differences(backward, h):
     coef, gen, weight = _problem(h, 3.0, seed=1, rows=9, sets=2)
@@ -78,11 +72,11 @@ def test_reverse_gradient_matches_float64_central_differences(backward, h):
     grad_c, grad_g = _grads(coef, gen, weight)
     rng = np.random.default_rng(2)
     dc, dg = rng.normal(size=coef.shape), rng.normal(size=gen.shape)
-    dg = dg - np.swapaxes(dg, -1, -2)  # along skew generators, where _expm64 holds
+    dg = dg - np.swapaxes(dg, -1, -2)  # along skew generators, where expm_skew64 holds
 
     def loss64(c, g):
         a = np.einsum("xa,ayij->xyij", c, g).reshape(-1, h, h)
-        return float(np.sum(weight * _expm64(a).reshape(weight.shape)))
+        return float(np.sum(weight * expm_skew64(a).reshape(weight.shape)))
 
     eps = 1e-6
     numeric = (

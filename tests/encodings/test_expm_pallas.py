@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rope_lie.encodings import expm, expm_combination
-from tests.encodings.reference import random_skew
+from tests.encodings.reference import expm_skew64, random_skew
 
 HOST = expm.Host(jax.default_backend(), 1)
 pytestmark = [
@@ -24,13 +24,6 @@ pytestmark = [
     # why "pallas" stays an option and not the GPU's default (expm.SQUARING_LOOPS).
     pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
 ]
-
-
-def _expm_skew64(a_ZHH) -> np.ndarray:
-    """exp(A) of skew-symmetric matrices in float64: i A is Hermitian, so exp(A) = V e^(-i L) V^H
-    from its eigendecomposition (numpy only)."""
-    lam, v = np.linalg.eigh(1j * np.float64(a_ZHH))
-    return np.real(np.einsum("zij,zj,zkj->zik", v, np.exp(-1j * lam), v.conj()))
 
 
 @pytest.fixture
@@ -49,7 +42,7 @@ def squarings(monkeypatch):
 
 def _rotations(rng, z, h):
     """(z, h, h) float32 rotations of angles up to 0.1 (as the Taylor rows are)."""
-    return _expm_skew64(random_skew(rng, z, h, 0.1)).astype(np.float32)
+    return expm_skew64(random_skew(rng, z, h, 0.1)).astype(np.float32)
 
 
 def _calls(fn, *args) -> tuple[int, int]:
@@ -127,7 +120,7 @@ def test_pallas_expm_skew_values_and_gradients_equal_the_while_loop(squarings, h
     assert calls == (2, 0)
     _assert_equal_to_rounding(fused, loop, 1e-5)
     rotations = np.float64(expm.expm_skew(a, host=HOST))
-    exact = _expm_skew64(a)
+    exact = expm_skew64(a)
     np.testing.assert_allclose(rotations, exact, atol=2e-5)
 
 
