@@ -181,6 +181,28 @@ def test_resume_after_kill_9_is_bit_identical(reference, tfds_dir, tmp_path, cap
     assert [drop(r) for r in records] == [drop(r) for r in ref_records]
 
 
+def test_a_carried_run_resumes_to_the_uninterrupted_end(reference, tfds_dir, tmp_path):
+    """A run stopped at step 8 (its step-12 checkpoint, final.json and examples gone), packed
+    with ``experiments/studies/carry.py``, removed, and put back as on another machine: the
+    rerun resumes from step 8 and ends bit-identical to the uninterrupted run."""
+    from experiments.studies import carry
+
+    workdir = str(tmp_path / "machine_a" / "run")
+    shutil.copytree(reference[0], workdir)
+    for name in ("final.json", metrics.EXAMPLES_FILE):
+        os.remove(os.path.join(workdir, name))
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "12"))
+    assert carry.pack(workdir, str(tmp_path / "study"))[1] == 8
+    shutil.rmtree(tmp_path / "machine_a")
+    runs = str(tmp_path / "machine_b")
+    [carried] = carry.unpack(str(tmp_path / "study"), runs, log=lambda _: None)
+    assert os.listdir(os.path.join(carried, "checkpoints")) == ["8"]
+    train.train_and_evaluate(digits_config(tfds_dir), carried)
+    helpers.assert_same_checkpoints(carried, reference[0])
+    with open(os.path.join(carried, "final.json")) as f:
+        assert json.load(f) == json.loads(json.dumps(reference[1]))
+
+
 def _signal_after_saving(monkeypatch, signum, step):
     """Send this process ``signum`` right after the checkpoint of ``step`` is saved, as a
     scheduler (SIGTERM) or a user (Ctrl-C, SIGINT) would while the run goes on."""

@@ -21,6 +21,10 @@ vmapped; each seed still written to its own run's workdir), for arms that read f
 
     python -m experiments.studies.run fashion_plateau --seeds 5 --ensemble --jobs 4
 
+A run longer than the machine it trains on is carried to the next one through the repository
+(``carry.py``): stop the runner, ``--pack`` writes each unfinished run's newest checkpoint to
+``<study>/unfinished/``, to be committed, and the runner on the next machine resumes from it.
+
 ``--flag`` passes a ``rope_lie.main`` flag to every run that must not change what the run
 computes (a data directory, say): runs are named without it.
 """
@@ -31,7 +35,7 @@ import argparse
 import os
 import sys
 
-from experiments.studies import lib, report
+from experiments.studies import carry, lib, report
 from experiments.studies.definitions import STUDIES
 
 
@@ -66,6 +70,29 @@ def write_report(study: lib.Study, directory: str, scale: str = "cpu") -> str:
     return text
 
 
+def pack_unfinished(
+    study: lib.Study, arms: list[lib.Arm], seeds: int, root: str, scale: str, directory: str
+) -> int:
+    """``--pack``: archives the started, unfinished runs of `arms` x seeds 0..seeds-1 that
+    `directory`'s results do not hold yet."""
+    done = {(r["arm"], r["seed"]) for r in lib.read_results(directory)}
+    packed = 0
+    for seed in range(seeds):
+        for arm in arms:
+            workdir = lib.run_dir(root, arm, seed, scale)
+            if (arm.name, seed) in done or lib.is_finished(workdir):
+                continue
+            if carry.newest_step(workdir) is None:
+                continue
+            path, step = carry.pack(workdir, directory)
+            size = f"{os.path.getsize(path) / 2**20:.1f} MiB"
+            print(f"{study.name}: {arm.name} seed {seed} carried at step {step}: {path} ({size})")
+            packed += 1
+    if not packed:
+        print(f"{study.name}: no unfinished run with a checkpoint under {root}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", choices=sorted(STUDIES))
@@ -90,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="train each arm's pending seeds as one rope_lie.ensemble job (input=memory arms)",
     )
+    parser.add_argument(
+        "--pack",
+        action="store_true",
+        help="write each unfinished run's newest checkpoint to <study>/unfinished/ (carry.py)",
+    )
     args = parser.parse_args(argv)
     study = STUDIES[args.study]
     seeds = args.seeds if args.seeds is not None else study.default_seeds
@@ -103,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         for other in STUDIES.values()
         if other.name != study.name
     ]
+    runs_dir = os.path.join(args.root, "runs", args.scale)
+    selected = [study.arm(a) for a in args.arms.split(",") if a] or list(study.arms)
+    if args.pack:
+        return pack_unfinished(study, selected, seeds, args.root, args.scale, directory)
+    if not args.report and not args.dry_run:
+        carry.unpack(directory, runs_dir)
     if not args.report:
         lib.run_study(
             study,
@@ -117,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             ensemble=args.ensemble,
         )
+    if not args.report and not args.dry_run:
+        for path in carry.prune(directory, runs_dir):
+            print(f"finished, no longer carried: {path}")
     if not args.dry_run:
         print(write_report(study.at_scale(args.scale), directory, args.scale))
     return 0
