@@ -163,8 +163,8 @@ def variant_choices(name: str | None, platform: str) -> dict[str, str]:
 COMBINED = "backward=reverse,squarings=pallas"
 
 
-# Variants timed on a platform and slower there than its defaults: the queue no longer
-# compiles them on that platform unless asked (``--every-variant``), so that its compile stage
+# Variants timed on a platform and slower there than its defaults: the queue does not
+# compile them on that platform unless asked (``--every-variant``), so that its compile stage
 # (12-93 s a ViT-B/16 step on an H100 machine) has room for what is not yet measured. LieRE
 # 8x8's train step, ViT-B/16 224 px, bfloat16, batch 64, cuDNN attention, on an H100 (benchmarks
 # README, section 13): the defaults ("while" squarings, "adds" small products, the batched layer

@@ -25,9 +25,7 @@ stacked) and the same batches made on the device in one dispatch (``device_batch
 Progress: each phase (loading the data, building the seeds' states, compiling the single and
 the ensemble step and the device input, each timed row's warm-up and timing) is announced on
 stderr with its elapsed seconds as it starts and ends, flushed, with a line every
-``PROGRESS_SECONDS`` during a timed loop; the table comes on stdout at the end. Before these
-lines the probe printed nothing until every row was timed (about a minute on this CPU with
-``--steps 5``): a run under ``timeout`` on a lent GPU that ran out of time left an empty log.
+``PROGRESS_SECONDS`` during a timed loop; the table comes on stdout at the end.
 With ``--out`` the JSON is rewritten after every phase (``"complete": false`` until the end),
 so a killed run keeps what it measured. ``--budget SECONDS`` (counted from the start of
 ``main``) stops timing when it is spent: each row may use its share of what is left (the
