@@ -14,9 +14,9 @@ goes on:
 2. ``tests``: the GPU tests (``GPU_TESTS``, the quick files first: the Pallas squarings
    against the loop, the FFT against the DFT's products, LieRE's two VJPs, LieRE's two block
    products, then cuDNN attention against "xla") on the device, through pytest in a
-   subprocess (pass/fail counts, failing test ids); meanwhile the encoder tests
-   (``tests/encodings``) run in another subprocess on the device machine's CPU with its jax
-   (``JAX_PLATFORMS=cpu``): the current-jax check of issue 47.4.
+   subprocess with ``GPU_TEST_WORKERS`` workers (pass/fail counts, failing test ids);
+   meanwhile the encoder tests (``tests/encodings``) run in another subprocess on the device
+   machine's CPU with its jax (``JAX_PLATFORMS=cpu``): the current-jax check of issue 47.4.
    Each run's whole log (short tracebacks, each failure's reason) is written beside the JSON,
    ``<stem>-tests-gpu.log`` and ``<stem>-tests-encoders-cpu.log``.
 3. ``compile``: the real train step (``rope_lie.train.make_train_step``, AdamW's or Adam's

@@ -32,6 +32,12 @@ GPU_TESTS = (
     "tests/encodings/test_block_products.py",
     "tests/models/test_attention_gpu.py",
 )
+# pytest-xdist workers for the GPU tests: each compiles on the host (the attention file's ViT
+# comparisons took about 14 s a test per worker with 2 workers, on an H100 machine of 16 cores,
+# beside the encoder tests' workers) and may hold GPU_MEMORY_FRACTION of the device's memory,
+# so 4 of them hold at most 0.8 of it, the rest left to the queue's own process.
+GPU_TEST_WORKERS = 4
+GPU_MEMORY_FRACTION = 0.2
 ENCODER_TESTS = ("tests/encodings",)
 # The dry run checks the stage's path on a CPU, not the tests themselves (the suite runs them):
 # the quick ones of the GPU tests' file.
@@ -137,11 +143,14 @@ def stage_tests(q: Queue) -> str:
         workers=1 if dry else max(1, (os.cpu_count() or 2) // 4),
         log_path=f"{logs}-tests-encoders-cpu.log",
     )
-    gpu_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"}
+    gpu_env = {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": str(GPU_MEMORY_FRACTION),
+    }
     run = start_pytest(
         DRY_TESTS if dry else GPU_TESTS,
         gpu_env,
-        workers=1 if dry else 2,
+        workers=1 if dry else GPU_TEST_WORKERS,
         log_path=f"{logs}-tests-gpu.log",
     )
     gpu = finish_pytest(run, q.deadline("tests"))
