@@ -84,6 +84,15 @@ def test_prune_drops_only_the_archives_of_finished_runs(tmp_path):
     assert os.listdir(os.path.join(study, "unfinished")) == ["going_seed0.tar.gz"]
 
 
+def test_prune_drops_the_archive_of_a_recorded_run_whose_workdir_is_gone(tmp_path):
+    study = str(tmp_path / "study")
+    carry.pack(_workdir(tmp_path / "a", "copied_seed0"), study)
+    assert carry.prune(study, str(tmp_path / "b")) == []
+    assert carry.prune(study, str(tmp_path / "b"), recorded={"copied_seed0"}) == [
+        carry.archive_path(study, "copied_seed0")
+    ]
+
+
 def test_pack_without_a_checkpoint_names_the_run(tmp_path):
     workdir = _workdir(tmp_path, steps=())
     with pytest.raises(ValueError, match="run_seed0_abc: no checkpoint to carry"):

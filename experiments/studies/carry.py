@@ -6,7 +6,8 @@ its workdir with only the newest checkpoint, into ``<study results>/unfinished/<
 (about 2 MB for the Fashion-MNIST ViT), to be committed; ``unpack`` puts it back under the
 runs directory of a new machine, where the runner resumes it from that checkpoint as it would
 after a kill: the metrics past the checkpoint are rewritten and the provenance says
-"+resumed" if the tree or machine changed. ``prune`` drops archives whose run has finished.
+"+resumed" if the tree or machine changed. ``prune`` drops archives whose run has finished or
+is recorded.
 
     python -m experiments.studies.run fashion_plateau_length --pack   # after stopping the runner
 
@@ -20,6 +21,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Collection
 
 from experiments.studies import lib
 
@@ -118,12 +120,14 @@ def unpack(directory: str, runs_dir: str, log=print) -> list[str]:
     return written
 
 
-def prune(directory: str, runs_dir: str) -> list[str]:
-    """Removes the archives of `directory` whose run under `runs_dir` has finished; returns
-    them."""
+def prune(directory: str, runs_dir: str, recorded: Collection[str] = ()) -> list[str]:
+    """Removes the archives of `directory` whose run under `runs_dir` has finished or whose
+    workdir name is in `recorded` (runs the results hold, copied from another study's, say);
+    returns them."""
     removed = []
     for path in _archives(directory):
-        if lib.is_finished(os.path.join(runs_dir, os.path.basename(path)[: -len(SUFFIX)])):
+        name = os.path.basename(path)[: -len(SUFFIX)]
+        if name in recorded or lib.is_finished(os.path.join(runs_dir, name)):
             os.remove(path)
             removed.append(path)
     return removed

@@ -156,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             ensemble=args.ensemble,
         )
     if not args.report and not args.dry_run:
-        for path in carry.prune(directory, runs_dir):
+        recorded = {
+            os.path.basename(lib.run_dir(args.root, study.arm(r["arm"]), r["seed"], args.scale))
+            for r in lib.read_results(directory)
+            if r["arm"] in study.arm_names
+        }
+        for path in carry.prune(directory, runs_dir, recorded):
             print(f"finished, no longer carried: {path}")
     if not args.dry_run:
         print(write_report(study.at_scale(args.scale), directory, args.scale))
