@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.studies import steps_to, training_curves
+from experiments.studies import curves_csv, steps_to
 
 EVAL_STEPS = np.arange(468, 9361, 468)  # one evaluation an epoch, 20 epochs of 468 steps
 
@@ -100,9 +100,7 @@ def test_the_cli_reads_held_out_csv_and_counts_seeds_that_never_reach(tmp_path, 
     rows = _rows({"a": [1000.0, 1100.0, 900.0], "b": [3000.0, 3300.0, 2700.0]}, top={"a": 0.9})
     rows += _rows({"c": [1000.0, 1000.0, 1000.0]}, top={"c": 0.84})
     (tmp_path / "toy").mkdir()
-    training_curves.write_csv(
-        rows, str(tmp_path / "toy" / "held_out.csv"), training_curves.HELD_OUT_COLUMNS
-    )
+    curves_csv.write_csv(rows, str(tmp_path / "toy" / "held_out.csv"), curves_csv.HELD_OUT_COLUMNS)
     steps_to.main(["toy", "a", "b", "--threshold", "0.8,final", f"--results={tmp_path}"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert "as pairs" in lines[0]  # a study the definitions do not know: the seed's data order

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from experiments.studies import definitions, lib, report, run, stats
+from experiments.studies import curves_csv, definitions, lib, report, run, stats
 
 TINY = (("model.variant", "pico"), ("dataset.eval_split", "test[:120]"))  # 2 layers, 120 digits
 SMOKE = lib.Study(
@@ -91,6 +91,16 @@ def test_runs_record_one_row_per_evaluation_and_the_examples(smoke_study):
         correct = examples[f"{row['arm']}/{row['seed']}/{row['eval']}"]
         assert correct.dtype == bool and len(correct) == int(row["num_examples"]) == 120
         assert correct.mean() == pytest.approx(float(row["accuracy"]), abs=1e-6)
+
+
+def test_recorded_runs_leave_their_training_curves_beside_the_results(smoke_study):
+    results, runs, _, _ = smoke_study
+    rows = curves_csv.read_csv(os.path.join(results, curves_csv.TRAINING))
+    assert {(r["arm"], r["seed"]) for r in rows} == {("liere", 0), ("ape", 0)}
+    for arm in SMOKE.arms:
+        run = [r for r in rows if r["arm"] == arm.name]
+        logged = curves_csv.read_run(lib.run_dir(runs, arm, 0, "cpu"))
+        assert [r["step"] for r in run] == [r["step"] for r in logged] and logged
 
 
 def test_rerun_redoes_nothing_and_more_seeds_run_only_the_new_ones(smoke_study, monkeypatch):

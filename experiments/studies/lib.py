@@ -29,7 +29,8 @@ several arms, paired by seed (they share its data orders: ``lib.shares_data``).
 Collecting appends one row per evaluation to ``results.csv`` (columns ``RESULT_COLUMNS``) and the
 per-example results to ``examples.npz`` (packed bits, key ``arm/seed/eval``), both written
 atomically, so killing the runner at any moment loses at most the run in progress, and that
-run resumes from its checkpoint.
+run resumes from its checkpoint. It also adds the run's training and held-out curves to
+``training.csv`` and ``held_out.csv`` (``curves_csv``), so they outlive the workdir.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from experiments.studies import curves_csv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDIES_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -652,6 +655,7 @@ def run_study(
     def record(arm: Arm, seed: int, workdir: str) -> None:
         rows, examples = collect(study, arm, seed, workdir)
         append_results(study_dir, rows, examples)
+        curves_csv.record_run(study_dir, study.arm_names, arm.name, seed, workdir, study.evals)
         handled.append((arm.name, seed))
 
     to_train: dict[str, _Run] = {}  # by workdir

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from experiments.studies import lib, stats, training_curves
+from experiments.studies import curves_csv, lib, stats
 
 
 def steps_to_accuracy(steps_T: np.ndarray, accuracy_T: np.ndarray, threshold: float) -> float:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{path} not found: run python -m experiments.studies.training_curves "
             f"{args.study} first (runs with curve_every)"
         )
-    rows = training_curves.read_csv(path)
+    rows = curves_csv.read_csv(path)
     thresholds = [t for t in args.threshold.split(",") if t]
     for t in thresholds:
         if t != "final" and not 0 < float(t) <= 1:

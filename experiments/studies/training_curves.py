@@ -4,7 +4,8 @@ r"""Training curves of a study's runs: has each arm reached a plateau?
 
 Reads ``metrics.jsonl`` of every finished (arm, seed) run of the study under ``--root`` (the
 runner's workdirs) and writes ``<study>/training.csv`` (arm, seed, step, epoch, loss,
-train_accuracy: the logged training-window means, as the runs logged them) and
+train_accuracy: the logged training-window means, as the runs logged them; the format is
+``curves_csv``'s, and the runner adds each run as it records it) and
 ``<study>/training.png`` (training accuracy and loss against epochs, the mean over seeds per
 arm, the seeds' range shaded). The CSV is what the plot is drawn from, so the figure can be
 redrawn without the workdirs (``--from-csv``). Runs already in the CSV whose workdirs are gone
@@ -14,47 +15,22 @@ redrawn without the workdirs (``--from-csv``). Runs already in the CSV whose wor
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 from collections import defaultdict
 
 import numpy as np
 
 from experiments.studies import lib, report
+from experiments.studies.curves_csv import (
+    HELD_OUT_COLUMNS,
+    has_curve,
+    merged_with,
+    read_csv,
+    read_held_out,
+    read_run,
+    write_csv,
+)
 from experiments.studies.definitions import STUDIES
-
-COLUMNS = ("arm", "seed", "step", "epoch", "loss", "train_accuracy")
-HELD_OUT_COLUMNS = ("arm", "seed", "step", "eval", "accuracy")
-
-
-def read_run(workdir: str) -> list[dict]:
-    """The logged training lines (those with a training loss) of one run."""
-    rows = []
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if "loss" in record and "train_accuracy" in record:
-                rows.append({k: record[k] for k in ("step", "epoch", "loss", "train_accuracy")})
-    return rows
-
-
-def read_held_out(workdir: str, evals: tuple[str, ...]) -> list[dict]:
-    """The held-out accuracies (``<eval>/accuracy``) of one run at every step it evaluated."""
-    rows = []
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            rows += [
-                {"step": record["step"], "eval": name, "accuracy": record[f"{name}/accuracy"]}
-                for name in evals
-                if f"{name}/accuracy" in record
-            ]
-    return rows
 
 
 def _finished_runs(study: lib.Study, root: str, seeds: int):
@@ -79,52 +55,6 @@ def collect_held_out(study: lib.Study, root: str, seeds: int) -> list[dict]:
         for arm, seed, workdir in _finished_runs(study, root, seeds)
         for r in read_held_out(workdir, study.evals)
     ]
-
-
-def write_csv(rows: list[dict], path: str, columns: tuple[str, ...] = COLUMNS) -> None:
-    with open(path + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(
-                {k: f"{row[k]:.6g}" if isinstance(row[k], float) else row[k] for k in columns}
-            )
-    os.replace(path + ".tmp", path)
-
-
-def merge(kept: list[dict], collected: list[dict], arms: tuple[str, ...]) -> list[dict]:
-    """``collected`` (read from workdirs) and those runs of ``kept`` (a CSV's rows) that
-    ``collected`` has no rows for, in the order of ``arms``, then seed; each run's rows keep
-    their order. Rows of arms not in ``arms`` (no longer in the study) are dropped."""
-    fresh = {(r["arm"], r["seed"]) for r in collected}
-    rows = [r for r in kept if (r["arm"], r["seed"]) not in fresh and r["arm"] in arms]
-    position = {arm: i for i, arm in enumerate(arms)}
-    return sorted(rows + collected, key=lambda r: (position[r["arm"]], r["seed"]))  # stable
-
-
-def _merged_with(path: str, collected: list[dict], study: lib.Study) -> list[dict]:
-    if not os.path.exists(path):
-        return collected
-    return merge(read_csv(path), collected, tuple(arm.name for arm in study.arms))
-
-
-def read_csv(path: str) -> list[dict]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        row["seed"], row["step"] = int(row["seed"]), int(row["step"])
-        for key in ("epoch", "loss", "train_accuracy", "accuracy"):
-            if key in row:
-                row[key] = float(row[key])
-    return rows
-
-
-def has_curve(held_out: list[dict]) -> bool:
-    """Whether some run evaluated at more than one step (one end-of-run point is no curve)."""
-    steps = defaultdict(set)
-    for row in held_out:
-        steps[(row["arm"], row["seed"], row["eval"])].add(row["step"])
-    return any(len(s) > 1 for s in steps.values())
 
 
 SEED_STYLES = ("o-", "s--", "^:", "D-.", "v-")  # seed 0, 1, 2, ...
@@ -231,13 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         held_out = read_csv(held_out_path) if os.path.exists(held_out_path) else []
     else:
         collected = collect(study, args.root, args.seeds)
-        rows = _merged_with(path, collected, study)
+        rows = merged_with(path, collected, study.arm_names)
         if not rows:
             raise SystemExit(f"{study.name}: no finished runs under {args.root} nor in {path}")
         os.makedirs(directory, exist_ok=True)
         write_csv(rows, path)
-        held_out = _merged_with(
-            held_out_path, collect_held_out(study, args.root, args.seeds), study
+        held_out = merged_with(
+            held_out_path, collect_held_out(study, args.root, args.seeds), study.arm_names
         )
         if has_curve(held_out):
             write_csv(held_out, held_out_path, HELD_OUT_COLUMNS)
