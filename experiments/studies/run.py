@@ -35,7 +35,7 @@ import argparse
 import os
 import sys
 
-from experiments.studies import carry, lib, report
+from experiments.studies import carry, lib, plateau, report
 from experiments.studies.definitions import STUDIES
 
 
@@ -56,6 +56,8 @@ def write_report(study: lib.Study, directory: str, scale: str = "cpu") -> str:
     if not rows:
         raise SystemExit(f"{study.name}: no results yet in {directory}; run the study first")
     text = report.markdown(study, rows, examples)
+    if study.name == plateau.STUDY:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(plateau.markdown(study, rows)) + "\n"
     with open(os.path.join(directory, "summary.md"), "w") as f:
         f.write(text)
     try:

@@ -1,0 +1,143 @@
+r"""The plateau rule of ``fashion_plateau_length``: where does doubling the run stop paying?
+
+    python -m experiments.studies.plateau          # the verdict so far, as markdown
+    python -m experiments.studies.plateau --next   # the arms still to train, for run.py --arms
+
+Issue 48's rule: an arm's plateau is the epoch count E beyond which doubling the run adds less
+than ``MIN_GAIN`` (0.3 points) of test accuracy, acc(2E) - acc(E) < 0.3 points, for the first
+such E of its ladder (the study's ``curves``: each arm at 10, 20, 40, ... epochs; seed means
+where there are several seeds). The recipe's plateau (``configs/fashion_mnist.py``'s
+``PLATEAU_EPOCHS``) is the longest of the arms' plateaus, known once every arm has one. An
+arm's next length is trained only while its last doubling still added 0.3 points (or it has
+fewer than two lengths). With one seed a 0.3-point step is about one standard error of this
+test set (10,000 images), so the summary prints each step beside the rule's reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from experiments.studies import lib
+
+STUDY = "fashion_plateau_length"
+MIN_GAIN = 0.003  # test accuracy: 0.3 points
+EVAL = "test"
+
+
+def ladders(study: lib.Study, rows: Sequence[dict], eval_name: str = EVAL) -> dict:
+    """{line label: [(epochs, arm name, mean accuracy over seeds or None), ...]} along the
+    study's ``curves``, from results.csv rows."""
+    if study.curves is None:
+        raise ValueError(f"{study.name} has no curves (arms on an epochs axis)")
+    accuracy = defaultdict(list)
+    for row in rows:
+        if row["eval"] == eval_name:
+            accuracy[row["arm"]].append(float(row["accuracy"]))
+    return {
+        label: [
+            (x, name, float(np.mean(accuracy[name])) if accuracy[name] else None)
+            for x, name in line
+        ]
+        for label, line in study.curves[1]
+    }
+
+
+def arm_plateau(ladder: Sequence[tuple[float, str, float | None]]) -> float | None:
+    """The first E of the ladder whose doubling (the next rung, at 2E) added less than
+    ``MIN_GAIN``; None while no measured doubling has."""
+    for (e, _, acc), (e2, _, acc2) in zip(ladder, ladder[1:], strict=False):
+        if acc is None or acc2 is None:
+            return None
+        if e2 != 2 * e:
+            raise ValueError(f"rungs {e} and {e2}: the rule compares doublings")
+        if acc2 - acc < MIN_GAIN:
+            return e
+    return None
+
+
+def next_arms(ladder: Sequence[tuple[float, str, float | None]]) -> list[str]:
+    """The arm to train next on this ladder (none once it has a plateau or every rung ran)."""
+    if arm_plateau(ladder) is not None:
+        return []
+    missing = [name for _, name, acc in ladder if acc is None]
+    return missing[:1]
+
+
+def verdict(study: lib.Study, rows: Sequence[dict]) -> dict:
+    """Per line: its plateau (None: not reached); the recipe's plateau (None until every line
+    has one); the arms to train next."""
+    lines = ladders(study, rows)
+    plateaus = {label: arm_plateau(ladder) for label, ladder in lines.items()}
+    known = [p for p in plateaus.values() if p is not None]
+    return {
+        "plateaus": plateaus,
+        "plateau": max(known) if len(known) == len(plateaus) else None,
+        "next": [name for ladder in lines.values() for name in next_arms(ladder)],
+    }
+
+
+def markdown(study: lib.Study, rows: Sequence[dict]) -> list[str]:
+    """The rule's reading: test accuracy per rung and the gain of each doubling, per line; each
+    line's plateau and the recipe's."""
+    lines = ladders(study, rows)
+    result = verdict(study, rows)
+    out = [
+        f"Plateau rule (issue 48): the epochs E after which doubling adds less than "
+        f"{100 * MIN_GAIN:.1f} points of {EVAL} accuracy (mean over seeds; one seed is about "
+        "0.27 points of standard error on this test set).",
+        "",
+        "| " + " | ".join(["epochs", *lines]) + " |",
+        "|---|" + "---|" * len(lines),
+    ]
+    rungs = sorted({e for ladder in lines.values() for e, _, _ in ladder})
+    for e in rungs:
+        cells = [f"{e:g}"]
+        for ladder in lines.values():
+            at = {x: acc for x, _, acc in ladder}
+            acc, before = at.get(e), at.get(e / 2)
+            cell = "" if acc is None else f"{100 * acc:.2f} %"
+            if acc is not None and before is not None:
+                cell += f" ({100 * (acc - before):+.2f})"
+            cells.append(cell)
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    for label, plateau in result["plateaus"].items():
+        measured = [e for e, _, acc in lines[label] if acc is not None]
+        if plateau is not None:
+            out.append(f"- {label}: plateau at {plateau:g} epochs.")
+        elif measured:
+            out.append(f"- {label}: not reached by {max(measured):g} epochs.")
+        else:
+            out.append(f"- {label}: no runs yet.")
+    if result["plateau"] is not None:
+        out.append(f"- The recipe's plateau: {result['plateau']:g} epochs (PLATEAU_EPOCHS).")
+    else:
+        todo = ", ".join(result["next"]) or "none (every rung ran)"
+        out.append(f"- The recipe's plateau is not known yet; to train next: {todo}.")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from experiments.studies.definitions import STUDIES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default=lib.STUDIES_DIR, help="results root")
+    parser.add_argument("--next", action="store_true", help="only the arms to train next")
+    args = parser.parse_args(argv)
+    study = STUDIES[STUDY]
+    rows = lib.read_results(os.path.join(args.results, STUDY))
+    if args.next:
+        print(",".join(verdict(study, rows)["next"]))
+    else:
+        print("\n".join(markdown(study, rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
