@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tarfile
+import threading
+import time
 
 import pytest
 
@@ -44,7 +47,7 @@ def test_pack_keeps_the_newest_checkpoint_and_unpack_restores_the_run(tmp_path):
     workdir = _workdir(tmp_path / "machine_a")
     path, step = carry.pack(workdir, str(tmp_path / "study"))
     assert step == 200 and path == str(tmp_path / "study" / "unfinished" / "run_seed0_abc.tar.gz")
-    assert carry.archived_step(path) == 200
+    assert carry.read_manifest(path)["step"] == 200
     runs = str(tmp_path / "machine_b")
     assert carry.unpack(str(tmp_path / "study"), runs, log=lambda _: None) == [
         os.path.join(runs, "run_seed0_abc")
@@ -99,12 +102,41 @@ def test_pack_without_a_checkpoint_names_the_run(tmp_path):
         carry.pack(workdir, str(tmp_path / "study"))
 
 
-def test_an_archive_with_two_steps_is_refused(tmp_path):
+def test_an_archive_not_written_by_pack_is_refused(tmp_path):
     path = tmp_path / "two.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
         tar.add(_workdir(tmp_path), arcname="two")
-    with pytest.raises(ValueError, match=r"carries checkpoint steps \[100, 200\]; expected one"):
-        carry.archived_step(str(path))
+    with pytest.raises(ValueError, match="no carry.json; expected an archive written by"):
+        carry.read_manifest(str(path))
+
+
+def test_an_ensemble_travels_with_its_members_and_is_pruned_when_all_have_finished(tmp_path):
+    here, there, study = tmp_path / "here", str(tmp_path / "there"), str(tmp_path / "study")
+    ensemble = _workdir(here, "arm_seeds0-1_abc", steps=(100, 200))
+    members = [_workdir(here, f"arm_seed{k}_abc", steps=()) for k in (0, 1)]
+    path, step = carry.pack(ensemble, study, members)
+    manifest = carry.read_manifest(path)
+    assert step == 200 and manifest == {
+        "lead": "arm_seeds0-1_abc",
+        "runs": ["arm_seed0_abc", "arm_seed1_abc"],
+        "step": 200,
+    }
+    assert carry.unpack(study, there, log=lambda _: None) == [
+        os.path.join(there, "arm_seeds0-1_abc")
+    ]
+    assert sorted(os.listdir(there)) == ["arm_seed0_abc", "arm_seed1_abc", "arm_seeds0-1_abc"]
+    assert carry.newest_step(os.path.join(there, "arm_seeds0-1_abc")) == 200
+    assert os.path.exists(os.path.join(there, "arm_seed1_abc", "metrics.jsonl"))
+    _finish(os.path.join(there, "arm_seed0_abc"))
+    assert carry.prune(study, there) == []  # seed 1 still training
+    _finish(os.path.join(there, "arm_seed1_abc"))
+    assert carry.prune(study, there) == [path]
+
+
+def test_pack_refuses_runs_outside_the_leads_runs_directory(tmp_path):
+    lead, stray = _workdir(tmp_path / "a", "ens"), _workdir(tmp_path / "b", "member")
+    with pytest.raises(ValueError, match="member: not in .*a, the runs directory of"):
+        carry.pack(lead, str(tmp_path / "study"), [stray])
 
 
 # Stands in for rope_lie.main: it fails unless the carried checkpoint is in its workdir, then
@@ -139,9 +171,73 @@ def test_the_runner_packs_then_resumes_the_carried_run_and_prunes_it(tmp_path, m
     args = ["carried", "--seeds", "1", "--results", results]
     assert run.main([*args, "--root", here, "--pack"]) == 0
     archive = carry.archive_path(os.path.join(results, "carried"), workdir)
-    assert carry.archived_step(archive) == 200
+    assert carry.read_manifest(archive)["step"] == 200
 
     assert run.main([*args, "--root", there]) == 0  # a new machine: nothing under its root
     assert lib.is_finished(lib.run_dir(there, arm, 0, "cpu"))
     assert not os.path.exists(archive)
     assert [r["arm"] for r in lib.read_results(os.path.join(results, "carried"))] == ["a"]
+
+
+def test_the_runner_packs_an_arms_seed_ensemble_as_one_archive(tmp_path, monkeypatch):
+    arm = lib.Arm("a", "a", "digits", "pe=a")
+    study = lib.Study(name="carried", title="carried", arms=(arm,), evals=("test",))
+    monkeypatch.setitem(run.STUDIES, "carried", study)
+    root, results = str(tmp_path / "root"), str(tmp_path / "results")
+    ensemble = lib.ensemble_dir(root, arm, [0, 1], "cpu")
+    _workdir(os.path.dirname(ensemble), os.path.basename(ensemble), steps=(300,))
+    for seed in (0, 1):
+        member = lib.run_dir(root, arm, seed, "cpu")
+        _workdir(os.path.dirname(member), os.path.basename(member), steps=())
+    assert (
+        run.main(["carried", "--seeds", "2", "--results", results, "--root", root, "--pack"]) == 0
+    )
+    [archive] = os.listdir(os.path.join(results, "carried", "unfinished"))
+    manifest = carry.read_manifest(os.path.join(results, "carried", "unfinished", archive))
+    assert manifest["lead"] == os.path.basename(ensemble) and manifest["step"] == 300
+    assert manifest["runs"] == [os.path.basename(lib.run_dir(root, arm, s, "cpu")) for s in (0, 1)]
+
+
+# Stands in for a run that saves its next step on SIGTERM, which takes a while, then exits 0.
+SAVES_ON_SIGTERM = r"""
+import os, signal, sys, time
+workdir = sys.argv[1]
+os.makedirs(workdir, exist_ok=True)
+def stopped(*_):
+    time.sleep(0.5)
+    open(os.path.join(workdir, "saved"), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+open(os.path.join(workdir, "started"), "w").close()
+time.sleep(60)
+"""
+
+
+def test_sigterm_stops_the_runner_once_its_runs_have_saved(tmp_path, monkeypatch):
+    arm = lib.Arm("a", "a", "digits", "pe=a")
+    study = lib.Study(name="stopped", title="stopped", arms=(arm,), evals=("test",))
+    monkeypatch.setitem(run.STUDIES, "stopped", study)
+    script = tmp_path / "fake_main.py"
+    script.write_text(SAVES_ON_SIGTERM)
+    monkeypatch.setattr(
+        lib,
+        "command",
+        lambda arm, seed, scale, workdir, extra=(): [sys.executable, str(script), workdir],
+    )
+    root = str(tmp_path / "root")
+    workdir = lib.run_dir(root, arm, 0, "cpu")
+
+    def terminate_once_started():
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(workdir, "started")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=terminate_once_started, daemon=True).start()
+    with pytest.raises(SystemExit, match="SIGTERM: the runs in progress save their next step"):
+        run.main(["stopped", "--seeds", "1", "--root", root, "--results", str(tmp_path / "r")])
+    assert os.path.exists(os.path.join(workdir, "saved"))  # waited for
+    assert signal.getsignal(signal.SIGTERM) == before

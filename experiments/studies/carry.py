@@ -1,33 +1,38 @@
 """Unfinished study runs carried to the next machine through the repository.
 
 A study run can outlast the machine it started on (a 160-epoch Fashion-MNIST run takes about
-3 h of a 2-core CPU; workdirs live outside git). ``pack`` writes what the run needs to resume,
-its workdir with only the newest checkpoint, into ``<study results>/unfinished/<run>.tar.gz``
-(about 2 MB for the Fashion-MNIST ViT), to be committed; ``unpack`` puts it back under the
-runs directory of a new machine, where the runner resumes it from that checkpoint as it would
-after a kill: the metrics past the checkpoint are rewritten and the provenance says
-"+resumed" if the tree or machine changed. ``prune`` drops archives whose run has finished or
-is recorded.
+3 h of a 2-core CPU, and a lent GPU is held for minutes; workdirs live outside git). ``pack``
+writes what a run needs to resume into ``<study results>/unfinished/<name>.tar.gz``, to be
+committed: its workdir with only the newest checkpoint (about 2 MB for the Fashion-MNIST ViT),
+or for a seed ensemble (``rope_lie.ensemble``) the ensemble's directory with its newest stacked
+checkpoint and the members' workdirs. ``unpack`` puts it back under the runs directory of a
+new machine, where the runner resumes it from that checkpoint as it would after a kill: the
+metrics past the checkpoint are rewritten and the provenance says "+resumed" if the tree or
+machine changed. ``prune`` drops archives whose runs have finished or are recorded.
 
     python -m experiments.studies.run fashion_plateau_length --pack   # after stopping the runner
 
-The runner unpacks before it trains and prunes after. Runs of ``rope_lie.main`` only: an
-ensemble's stacked checkpoints are not carried.
+The runner unpacks before it trains and prunes after. An archive holds ``carry.json``
+(``{"lead": the directory with the checkpoints, "runs": the runs' workdirs}``) and those
+directories, named as under ``<root>/runs/<scale>/``.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from experiments.studies import lib
 
 UNFINISHED = "unfinished"  # the folder, beside a study's results.csv, of the carried runs
 SUFFIX = ".tar.gz"
 CHECKPOINTS = "checkpoints"  # rope_lie's checkpoint folder in a workdir, one folder per step
+MANIFEST = "carry.json"
 
 
 def newest_step(workdir: str) -> int | None:
@@ -40,33 +45,45 @@ def newest_step(workdir: str) -> int | None:
     return max(steps, default=None)
 
 
-def archive_path(directory: str, workdir: str) -> str:
-    return os.path.join(directory, UNFINISHED, os.path.basename(workdir.rstrip("/")) + SUFFIX)
+def _name(path: str) -> str:
+    return os.path.basename(path.rstrip("/"))
 
 
-def pack(workdir: str, directory: str) -> tuple[str, int]:
-    """Writes `workdir`, its checkpoints but the newest left out, to the archive
-    ``archive_path(directory, workdir)`` (atomically); returns the archive and the step."""
-    step = newest_step(workdir)
+def archive_path(directory: str, lead: str) -> str:
+    return os.path.join(directory, UNFINISHED, _name(lead) + SUFFIX)
+
+
+def pack(lead: str, directory: str, runs: Sequence[str] | None = None) -> tuple[str, int]:
+    """Archives `lead` (the directory with the checkpoints; its newest one only) and `runs`
+    (the runs' workdirs, in the same runs directory; default: `lead` itself, a single run) to
+    ``archive_path(directory, lead)``, atomically; returns the archive and the step."""
+    step = newest_step(lead)
     if step is None:
-        raise ValueError(f"{workdir}: no checkpoint to carry (expected {CHECKPOINTS}/<step>)")
-    name = os.path.basename(workdir.rstrip("/"))
-    keep = os.path.join(name, CHECKPOINTS, str(step))
-    older = os.path.join(name, CHECKPOINTS) + os.sep
+        raise ValueError(f"{lead}: no checkpoint to carry (expected {CHECKPOINTS}/<step>)")
+    runs = [lead] if runs is None else list(runs)
+    parent = os.path.dirname(lead.rstrip("/"))
+    for run in runs:
+        if os.path.dirname(run.rstrip("/")) != parent:
+            raise ValueError(f"{run}: not in {parent}, the runs directory of {lead}")
+    manifest = {"lead": _name(lead), "runs": [_name(r) for r in runs]}
 
-    def only_newest(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        inside = info.name.startswith(older) and not (
-            info.name == keep or info.name.startswith(keep + os.sep)
-        )
-        return None if inside else info
+    def newest_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = info.name.split("/")
+        older = len(parts) >= 3 and parts[1] == CHECKPOINTS and parts[2] != str(step)
+        return None if older else info
 
-    path = archive_path(directory, workdir)
+    path = archive_path(directory, lead)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), suffix=".tmp", delete=False) as f:
         tmp = f.name
     try:
         with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(workdir, arcname=name, filter=only_newest)
+            data = json.dumps(manifest).encode()
+            info = tarfile.TarInfo(MANIFEST)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            for name in dict.fromkeys([manifest["lead"], *manifest["runs"]]):
+                tar.add(os.path.join(parent, name), arcname=name, filter=newest_only)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -74,17 +91,26 @@ def pack(workdir: str, directory: str) -> tuple[str, int]:
     return path, step
 
 
-def archived_step(path: str) -> int:
-    """The checkpoint step an archive carries."""
+def read_manifest(path: str) -> dict:
+    """An archive's ``carry.json`` and the checkpoint step its lead carries (``"step"``)."""
     with tarfile.open(path) as tar:
+        try:
+            manifest = json.load(tar.extractfile(MANIFEST))
+        except KeyError:
+            raise ValueError(
+                f"{path}: no {MANIFEST}; expected an archive written by carry.pack"
+            ) from None
         steps = {
             int(parts[2])
             for parts in (m.name.split("/") for m in tar.getmembers())
-            if len(parts) >= 3 and parts[1] == CHECKPOINTS and parts[2].isdigit()
+            if len(parts) >= 3
+            and parts[0] == manifest["lead"]
+            and parts[1] == CHECKPOINTS
+            and parts[2].isdigit()
         }
     if len(steps) != 1:
         raise ValueError(f"{path}: carries checkpoint steps {sorted(steps)}; expected one")
-    return steps.pop()
+    return {**manifest, "step": steps.pop()}
 
 
 def _archives(directory: str) -> list[str]:
@@ -94,40 +120,46 @@ def _archives(directory: str) -> list[str]:
     return sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(SUFFIX))
 
 
+def _finished(runs_dir: str, manifest: dict) -> bool:
+    return all(lib.is_finished(os.path.join(runs_dir, r)) for r in manifest["runs"])
+
+
 def unpack(directory: str, runs_dir: str, log=print) -> list[str]:
-    """Puts each archive of `directory` under `runs_dir` where the run there is missing or
-    behind it (a finished run, or one at the same or a later step, is kept); returns the
-    workdirs written."""
+    """Puts each archive of `directory` under `runs_dir` where its runs there are missing or
+    behind it (finished runs, or a lead at the same or a later step, are kept); returns the
+    leads written."""
     written = []
     for path in _archives(directory):
-        workdir = os.path.join(runs_dir, os.path.basename(path)[: -len(SUFFIX)])
-        step = archived_step(path)
-        here = newest_step(workdir) if os.path.isdir(workdir) else None
-        if lib.is_finished(workdir) or (here is not None and here >= step):
+        manifest = read_manifest(path)
+        lead = os.path.join(runs_dir, manifest["lead"])
+        here = newest_step(lead) if os.path.isdir(lead) else None
+        if _finished(runs_dir, manifest) or (here is not None and here >= manifest["step"]):
             continue
         os.makedirs(runs_dir, exist_ok=True)
         staging = tempfile.mkdtemp(dir=runs_dir, prefix=".unpack-")
         try:
             with tarfile.open(path) as tar:
                 tar.extractall(staging, filter="data")
-            if os.path.isdir(workdir):
-                shutil.rmtree(workdir)
-            os.replace(os.path.join(staging, os.path.basename(workdir)), workdir)
+            for name in dict.fromkeys([manifest["lead"], *manifest["runs"]]):
+                target = os.path.join(runs_dir, name)
+                if os.path.isdir(target):
+                    shutil.rmtree(target)
+                os.replace(os.path.join(staging, name), target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        log(f"carried in: {os.path.basename(workdir)} at step {step} (from {path})")
-        written.append(workdir)
+        log(f"carried in: {manifest['lead']} at step {manifest['step']} (from {path})")
+        written.append(lead)
     return written
 
 
 def prune(directory: str, runs_dir: str, recorded: Collection[str] = ()) -> list[str]:
-    """Removes the archives of `directory` whose run under `runs_dir` has finished or whose
-    workdir name is in `recorded` (runs the results hold, copied from another study's, say);
-    returns them."""
+    """Removes the archives of `directory` whose runs under `runs_dir` have all finished or
+    whose workdir names are all in `recorded` (runs the results hold, copied from another
+    study's, say); returns them."""
     removed = []
     for path in _archives(directory):
-        name = os.path.basename(path)[: -len(SUFFIX)]
-        if name in recorded or lib.is_finished(os.path.join(runs_dir, name)):
+        manifest = read_manifest(path)
+        if set(manifest["runs"]) <= set(recorded) or _finished(runs_dir, manifest):
             os.remove(path)
             removed.append(path)
     return removed

@@ -32,7 +32,9 @@ computes (a data directory, say): runs are named without it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 
 from experiments.studies import carry, lib, plateau, report
@@ -72,25 +74,56 @@ def write_report(study: lib.Study, directory: str, scale: str = "cpu") -> str:
     return text
 
 
+@contextlib.contextmanager
+def sigterm_stops_the_runs():
+    """While the runner trains, SIGTERM (a scheduler's, or ``timeout``'s on a lent machine)
+    stops it as Ctrl-C does: the runs in progress get SIGTERM, save their next step and exit,
+    and the runner waits for them (``lib._train``), so that ``--pack`` right after it finds
+    their checkpoints written. Without this the runner would die at once and leave them
+    saving behind it."""
+
+    def stop(signum, frame):
+        del frame
+        raise SystemExit(
+            f"{signal.Signals(signum).name}: the runs in progress save their next step and "
+            "stop; rerun to resume them, or --pack to carry them to another machine"
+        )
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def pack_unfinished(
     study: lib.Study, arms: list[lib.Arm], seeds: int, root: str, scale: str, directory: str
 ) -> int:
     """``--pack``: archives the started, unfinished runs of `arms` x seeds 0..seeds-1 that
-    `directory`'s results do not hold yet."""
+    `directory`'s results do not hold yet: an arm's seed ensemble (``--ensemble``) as one
+    archive, other runs one by one."""
     done = {(r["arm"], r["seed"]) for r in lib.read_results(directory)}
-    packed = 0
-    for seed in range(seeds):
-        for arm in arms:
-            workdir = lib.run_dir(root, arm, seed, scale)
-            if (arm.name, seed) in done or lib.is_finished(workdir):
-                continue
-            if carry.newest_step(workdir) is None:
-                continue
-            path, step = carry.pack(workdir, directory)
-            size = f"{os.path.getsize(path) / 2**20:.1f} MiB"
-            print(f"{study.name}: {arm.name} seed {seed} carried at step {step}: {path} ({size})")
-            packed += 1
-    if not packed:
+    leads: dict[str, tuple[str, list[str]]] = {}  # lead -> (what, runs): tool arms share runs
+    for arm in arms:
+        pending = {
+            seed: lib.run_dir(root, arm, seed, scale)
+            for seed in range(seeds)
+            if (arm.name, seed) not in done
+            and not lib.is_finished(lib.run_dir(root, arm, seed, scale))
+        }
+        ensemble = lib.ensemble_dir(root, arm, list(pending), scale)
+        if len(pending) > 1 and carry.newest_step(ensemble) is not None:
+            what = f"{arm.name} seeds {','.join(map(str, pending))} (one ensemble)"
+            leads.setdefault(ensemble, (what, list(pending.values())))
+            continue
+        for seed, workdir in pending.items():
+            if carry.newest_step(workdir) is not None:
+                leads.setdefault(workdir, (f"{arm.name} seed {seed}", [workdir]))
+    for lead, (what, runs) in leads.items():
+        path, step = carry.pack(lead, directory, runs)
+        size = f"{os.path.getsize(path) / 2**20:.1f} MiB"
+        print(f"{study.name}: {what} carried at step {step}: {path} ({size})")
+    if not leads:
         print(f"{study.name}: no unfinished run with a checkpoint under {root}")
     return 0
 
@@ -144,19 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report and not args.dry_run:
         carry.unpack(directory, runs_dir)
     if not args.report:
-        lib.run_study(
-            study,
-            seeds=seeds,
-            scale=args.scale,
-            root=args.root,
-            study_dir=directory,
-            dry_run=args.dry_run,
-            extra_flags=args.flag,
-            arms=[a for a in args.arms.split(",") if a] or None,
-            others=others,
-            jobs=args.jobs,
-            ensemble=args.ensemble,
-        )
+        with contextlib.ExitStack() as stack:
+            if not args.dry_run:
+                stack.enter_context(sigterm_stops_the_runs())
+            lib.run_study(
+                study,
+                seeds=seeds,
+                scale=args.scale,
+                root=args.root,
+                study_dir=directory,
+                dry_run=args.dry_run,
+                extra_flags=args.flag,
+                arms=[a for a in args.arms.split(",") if a] or None,
+                others=others,
+                jobs=args.jobs,
+                ensemble=args.ensemble,
+            )
     if not args.report and not args.dry_run:
         recorded = {
             os.path.basename(lib.run_dir(args.root, study.arm(r["arm"]), r["seed"], args.scale))
