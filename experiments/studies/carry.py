@@ -163,3 +163,54 @@ def prune(directory: str, runs_dir: str, recorded: Collection[str] = ()) -> list
             os.remove(path)
             removed.append(path)
     return removed
+
+
+def pack_study(
+    study: lib.Study,
+    arms: Sequence[lib.Arm],
+    seeds: int,
+    root: str,
+    scale: str,
+    directory: str,
+    log=print,
+) -> list[str]:
+    """The runner's ``--pack``: archives the started, unfinished runs of `arms` x seeds
+    0..seeds-1 under `root` that `directory`'s results do not hold yet, an arm's seed ensemble
+    (``--ensemble``) as one archive and other runs one by one; returns the archives."""
+    done = {(r["arm"], r["seed"]) for r in lib.read_results(directory)}
+    leads: dict[str, tuple[str, list[str]]] = {}  # lead -> (what, runs): tool arms share runs
+    for arm in arms:
+        pending = {
+            seed: lib.run_dir(root, arm, seed, scale)
+            for seed in range(seeds)
+            if (arm.name, seed) not in done
+            and not lib.is_finished(lib.run_dir(root, arm, seed, scale))
+        }
+        ensemble = lib.ensemble_dir(root, arm, list(pending), scale)
+        if len(pending) > 1 and newest_step(ensemble) is not None:
+            what = f"{arm.name} seeds {','.join(map(str, pending))} (one ensemble)"
+            leads.setdefault(ensemble, (what, list(pending.values())))
+            continue
+        for seed, workdir in pending.items():
+            if newest_step(workdir) is not None:
+                leads.setdefault(workdir, (f"{arm.name} seed {seed}", [workdir]))
+    paths = []
+    for lead, (what, runs) in leads.items():
+        path, step = pack(lead, directory, runs)
+        size = f"{os.path.getsize(path) / 2**20:.1f} MiB"
+        log(f"{study.name}: {what} carried at step {step}: {path} ({size})")
+        paths.append(path)
+    if not leads:
+        log(f"{study.name}: no unfinished run with a checkpoint under {root}")
+    return paths
+
+
+def prune_study(study: lib.Study, root: str, scale: str, directory: str) -> list[str]:
+    """``prune`` of `directory`'s archives against the runs under `root` and the runs its
+    results hold."""
+    recorded = {
+        _name(lib.run_dir(root, study.arm(r["arm"]), r["seed"], scale))
+        for r in lib.read_results(directory)
+        if r["arm"] in study.arm_names
+    }
+    return prune(directory, os.path.join(root, "runs", scale), recorded)

@@ -96,38 +96,6 @@ def sigterm_stops_the_runs():
         signal.signal(signal.SIGTERM, previous)
 
 
-def pack_unfinished(
-    study: lib.Study, arms: list[lib.Arm], seeds: int, root: str, scale: str, directory: str
-) -> int:
-    """``--pack``: archives the started, unfinished runs of `arms` x seeds 0..seeds-1 that
-    `directory`'s results do not hold yet: an arm's seed ensemble (``--ensemble``) as one
-    archive, other runs one by one."""
-    done = {(r["arm"], r["seed"]) for r in lib.read_results(directory)}
-    leads: dict[str, tuple[str, list[str]]] = {}  # lead -> (what, runs): tool arms share runs
-    for arm in arms:
-        pending = {
-            seed: lib.run_dir(root, arm, seed, scale)
-            for seed in range(seeds)
-            if (arm.name, seed) not in done
-            and not lib.is_finished(lib.run_dir(root, arm, seed, scale))
-        }
-        ensemble = lib.ensemble_dir(root, arm, list(pending), scale)
-        if len(pending) > 1 and carry.newest_step(ensemble) is not None:
-            what = f"{arm.name} seeds {','.join(map(str, pending))} (one ensemble)"
-            leads.setdefault(ensemble, (what, list(pending.values())))
-            continue
-        for seed, workdir in pending.items():
-            if carry.newest_step(workdir) is not None:
-                leads.setdefault(workdir, (f"{arm.name} seed {seed}", [workdir]))
-    for lead, (what, runs) in leads.items():
-        path, step = carry.pack(lead, directory, runs)
-        size = f"{os.path.getsize(path) / 2**20:.1f} MiB"
-        print(f"{study.name}: {what} carried at step {step}: {path} ({size})")
-    if not leads:
-        print(f"{study.name}: no unfinished run with a checkpoint under {root}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", choices=sorted(STUDIES))
@@ -170,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         for other in STUDIES.values()
         if other.name != study.name
     ]
-    runs_dir = os.path.join(args.root, "runs", args.scale)
-    selected = [study.arm(a) for a in args.arms.split(",") if a] or list(study.arms)
+    arms = [a for a in args.arms.split(",") if a] or None
     if args.pack:
-        return pack_unfinished(study, selected, seeds, args.root, args.scale, directory)
+        selected = [study.arm(a) for a in arms] if arms else list(study.arms)
+        carry.pack_study(study, selected, seeds, args.root, args.scale, directory)
+        return 0
     if not args.report and not args.dry_run:
-        carry.unpack(directory, runs_dir)
+        carry.unpack(directory, os.path.join(args.root, "runs", args.scale))
     if not args.report:
         with contextlib.ExitStack() as stack:
             if not args.dry_run:
@@ -188,18 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                 study_dir=directory,
                 dry_run=args.dry_run,
                 extra_flags=args.flag,
-                arms=[a for a in args.arms.split(",") if a] or None,
+                arms=arms,
                 others=others,
                 jobs=args.jobs,
                 ensemble=args.ensemble,
             )
     if not args.report and not args.dry_run:
-        recorded = {
-            os.path.basename(lib.run_dir(args.root, study.arm(r["arm"]), r["seed"], args.scale))
-            for r in lib.read_results(directory)
-            if r["arm"] in study.arm_names
-        }
-        for path in carry.prune(directory, runs_dir, recorded):
+        for path in carry.prune_study(study, args.root, args.scale, directory):
             print(f"finished, no longer carried: {path}")
     if not args.dry_run:
         print(write_report(study.at_scale(args.scale), directory, args.scale))
