@@ -152,17 +152,25 @@ with open(os.path.join(workdir, "final.json"), "w") as f:
 """
 
 
-def test_the_runner_packs_then_resumes_the_carried_run_and_prunes_it(tmp_path, monkeypatch):
+def _one_arm_study(name, tmp_path, monkeypatch, trainer: str | None = None) -> lib.Arm:
+    """A study `name` of one arm, known to the runner; `trainer`: a script that stands in for
+    rope_lie.main, run with the workdir as its argument."""
     arm = lib.Arm("a", "a", "digits", "pe=a")
-    study = lib.Study(name="carried", title="carried", arms=(arm,), evals=("test",))
-    monkeypatch.setitem(run.STUDIES, "carried", study)
-    script = tmp_path / "fake_main.py"
-    script.write_text(FINISH_IF_CARRIED)
-    monkeypatch.setattr(
-        lib,
-        "command",
-        lambda arm, seed, scale, workdir, extra=(): [sys.executable, str(script), workdir],
-    )
+    study = lib.Study(name=name, title=name, arms=(arm,), evals=("test",))
+    monkeypatch.setitem(run.STUDIES, name, study)
+    if trainer is not None:
+        script = tmp_path / "fake_main.py"
+        script.write_text(trainer)
+        monkeypatch.setattr(
+            lib,
+            "command",
+            lambda arm, seed, scale, workdir, extra=(): [sys.executable, str(script), workdir],
+        )
+    return arm
+
+
+def test_the_runner_packs_then_resumes_the_carried_run_and_prunes_it(tmp_path, monkeypatch):
+    arm = _one_arm_study("carried", tmp_path, monkeypatch, FINISH_IF_CARRIED)
     monkeypatch.setattr(run, "write_report", lambda *a, **k: "")
     results = str(tmp_path / "results")
     here, there = str(tmp_path / "here"), str(tmp_path / "there")
@@ -180,9 +188,7 @@ def test_the_runner_packs_then_resumes_the_carried_run_and_prunes_it(tmp_path, m
 
 
 def test_the_runner_packs_an_arms_seed_ensemble_as_one_archive(tmp_path, monkeypatch):
-    arm = lib.Arm("a", "a", "digits", "pe=a")
-    study = lib.Study(name="carried", title="carried", arms=(arm,), evals=("test",))
-    monkeypatch.setitem(run.STUDIES, "carried", study)
+    arm = _one_arm_study("carried", tmp_path, monkeypatch)
     root, results = str(tmp_path / "root"), str(tmp_path / "results")
     ensemble = lib.ensemble_dir(root, arm, [0, 1], "cpu")
     _workdir(os.path.dirname(ensemble), os.path.basename(ensemble), steps=(300,))
@@ -214,16 +220,7 @@ time.sleep(60)
 
 
 def test_sigterm_stops_the_runner_once_its_runs_have_saved(tmp_path, monkeypatch):
-    arm = lib.Arm("a", "a", "digits", "pe=a")
-    study = lib.Study(name="stopped", title="stopped", arms=(arm,), evals=("test",))
-    monkeypatch.setitem(run.STUDIES, "stopped", study)
-    script = tmp_path / "fake_main.py"
-    script.write_text(SAVES_ON_SIGTERM)
-    monkeypatch.setattr(
-        lib,
-        "command",
-        lambda arm, seed, scale, workdir, extra=(): [sys.executable, str(script), workdir],
-    )
+    arm = _one_arm_study("stopped", tmp_path, monkeypatch, SAVES_ON_SIGTERM)
     root = str(tmp_path / "root")
     workdir = lib.run_dir(root, arm, 0, "cpu")
 
