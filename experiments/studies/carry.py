@@ -180,11 +180,11 @@ def pack_study(
     done = {(r["arm"], r["seed"]) for r in lib.read_results(directory)}
     leads: dict[str, tuple[str, list[str]]] = {}  # lead -> (what, runs): tool arms share runs
     for arm in arms:
+        workdirs = {seed: lib.run_dir(root, arm, seed, scale) for seed in range(seeds)}
         pending = {
-            seed: lib.run_dir(root, arm, seed, scale)
-            for seed in range(seeds)
-            if (arm.name, seed) not in done
-            and not lib.is_finished(lib.run_dir(root, arm, seed, scale))
+            seed: workdir
+            for seed, workdir in workdirs.items()
+            if (arm.name, seed) not in done and not lib.is_finished(workdir)
         }
         ensemble = lib.ensemble_dir(root, arm, list(pending), scale)
         if len(pending) > 1 and newest_step(ensemble) is not None:
