@@ -227,8 +227,10 @@ def _closed_form_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Arr
 #   (``_squarings_adjoint``), with no stored intermediates. No products of tangents per row: on
 #   an H100 the Frechet pass's batched 8 x 8 products ran as matrix-multiply kernels of 5.0 ms
 #   in LieRE 8x8's 41.8 ms ViT-B/16 step (benchmarks README, section 13). Equal to "frechet"
-#   to float32 rounding (``tests/encodings/test_combination_backward.py``). Not yet timed on a
-#   GPU: ``python -m experiments.device`` times it (the variant ``backward=reverse``).
+#   to float32 rounding on CPU (``tests/encodings/test_combination_backward.py``). On an H200
+#   it took 4.9 ms of GPU work off that step (30.7 ms to 25.8 ms, profiled), but two of those
+#   tests failed there, their messages lost (benchmarks README, section 13): no platform's
+#   default until the device queue's recorded failure messages say why.
 COMBINATION_BACKWARDS: dict[str, str] = {"default": "frechet"}
 _BACKWARDS = ("frechet", "reverse")
 
