@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -296,6 +297,56 @@ def test_a_pytest_run_that_collects_nothing_is_an_error_with_its_log(tmp_path):
     assert out["returncode"] == 5
     assert out["error"] == "no tests collected"
     assert "deselected" in out["log_tail"]
+
+
+# A test file for the stage's pytest runs: one failure, then a test that outlives any deadline.
+# The failure's message quotes a -v line, which must not be counted as a result.
+_FAILS_THEN_SLEEPS = textwrap.dedent(
+    """
+    import time
+
+    def test_fails():
+        off = 1.5e-3
+        assert off < 1e-3, f"tests/other.py::test_quoted PASSED is not a result; off by {off}"
+
+    def test_outlives_the_deadline():
+        time.sleep(600)
+    """
+)
+
+
+def _wait_for(path, text: str, timeout: float = 120.0) -> None:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        with open(path) as f:
+            if text in f.read():
+                return
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failure_s_message_is_kept_when_the_deadline_stops_pytest(tmp_path, workers):
+    # On the H200 the GPU tests were stopped at the stage's deadline, before pytest's
+    # end-of-session tracebacks: two failures were logged without a word of why.
+    (tmp_path / "test_cut.py").write_text(_FAILS_THEN_SLEEPS)
+    log_path = tmp_path / "log"
+    run = device.start_pytest(
+        (str(tmp_path / "test_cut.py"),), {}, workers=workers, log_path=str(log_path)
+    )
+    # Stopped once test_fails is over: without xdist, when the next test starts; with it (a
+    # worker each), when the report is in the log.
+    _wait_for(log_path, "test_outlives_the_deadline" if workers == 1 else device.FAILURE_PREFIX)
+    out = device.finish_pytest(run, deadline=time.monotonic())
+    assert out["timed_out"], out
+    assert out["counts"] == {"failed": 1}, out
+    (failed,) = out["failed"]
+    assert failed.endswith("test_cut.py::test_fails"), out
+    message = out["failure_messages"][failed]
+    assert message.startswith("AssertionError: tests/other.py::test_quoted PASSED"), message
+    assert "off by 0.0015" in message, message
+    with open(log_path) as f:  # written once, by xdist's controller alone
+        assert f.read().count(f"{device.FAILURE_PREFIX}{failed} (call):") == 1
+    assert f"- failed: {failed}: AssertionError: " in device.markdown({"tests": {"gpu": out}})
 
 
 def test_pytest_counts_read_plain_and_xdist_lines_of_a_cut_run():

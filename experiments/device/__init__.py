@@ -112,6 +112,7 @@ from experiments.device.run import DEFAULT_OUT, DRY, FULL, STAGE_FNS, main, pars
 from experiments.device.steps import ATTENTIONS, GOAL_ENCODERS, LEAD_ENCODERS
 from experiments.device.tests_stage import (
     ENCODER_TESTS,
+    FAILURE_PREFIX,
     GPU_TESTS,
     finish_pytest,
     pytest_counts,
@@ -139,6 +140,7 @@ __all__ = [
     "ENCODERS",
     "ENCODER_VARIANTS",
     "ENCODER_TESTS",
+    "FAILURE_PREFIX",
     "FULL",
     "GOAL_ENCODERS",
     "LEAD_ENCODERS",
