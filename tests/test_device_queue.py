@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -148,6 +149,47 @@ def test_dry_run_times_every_row_from_its_encoder_s_initial_state(dry_run):
     losses = [r["loss"] for r in rows]
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), losses
     assert all(r["seconds"] >= 0 for r in rows)  # each row's wall time, for the next budget
+
+
+def test_dry_run_rows_say_where_their_time_went(dry_run):
+    # On an H200 the rows after the first took 37 s each for steps of 22-67 ms, and nothing
+    # said which wait it was.
+    timed = [r for r in dry_run["rows"] if r["step_ms"] is not None]
+    assert timed
+    for r in timed:
+        parts = (r["init_wait_s"], r["batch_s"], r["timed_s"])
+        assert min(parts) >= 0 and r["timed_s"] > 0, r
+        # the parts are the row's wall time, but for its bookkeeping and their roundings
+        assert r["seconds"] - 0.5 <= sum(parts) <= r["seconds"] + 0.1, r
+    compile_stage = dry_run["stages"]["compile"]
+    assert compile_stage["still_compiling"] == 0  # the budget leaves time for every compile
+    assert 0 <= compile_stage["inits_not_ready"] <= len(device.ENCODERS)
+    assert "initial states not ready" in compile_stage["note"]
+
+
+def test_initial_states_of_encoders_with_no_compiled_step_are_dropped():
+    # No stage times them, and an init left to run would share the device with timed steps.
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from experiments.device import steps
+
+    running = Future()
+    assert running.set_running_or_notify_cancel()  # started: it cannot be cancelled
+    q = SimpleNamespace(
+        compiled={
+            ("liere", "xla", 8, None): {"compiled": object()},
+            ("liere_dense", "xla", 8, None): {"error": "compile: XlaRuntimeError"},
+            ("liere_dense", "xla", 8, "backward=reverse"): {"compiled": object()},
+            ("ape", "xla", 8, None): {"skipped": "no time left in the compile stage"},
+            ("alibi", "xla", 8, None): {"skipped": "no time left in the compile stage"},
+        },
+        states={"liere": Future(), "liere_dense": Future(), "ape": Future(), "alibi": running},
+    )
+    kept = dict(q.states)
+    steps.cancel_unused_inits(q)
+    assert q.states == {e: kept[e] for e in ("liere", "liere_dense", "alibi")}
+    assert kept["ape"].cancelled() and not any(f.cancelled() for f in q.states.values())
 
 
 def test_dry_run_times_circulant_string_with_the_dft_right_after_its_own_step(dry_run):
@@ -296,6 +338,56 @@ def test_a_pytest_run_that_collects_nothing_is_an_error_with_its_log(tmp_path):
     assert out["returncode"] == 5
     assert out["error"] == "no tests collected"
     assert "deselected" in out["log_tail"]
+
+
+# A test file for the stage's pytest runs: one failure, then a test that outlives any deadline.
+# The failure's message quotes a -v line, which must not be counted as a result.
+_FAILS_THEN_SLEEPS = textwrap.dedent(
+    """
+    import time
+
+    def test_fails():
+        off = 1.5e-3
+        assert off < 1e-3, f"tests/other.py::test_quoted PASSED is not a result; off by {off}"
+
+    def test_outlives_the_deadline():
+        time.sleep(600)
+    """
+)
+
+
+def _wait_for(path, text: str, timeout: float = 120.0) -> None:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        with open(path) as f:
+            if text in f.read():
+                return
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failure_s_message_is_kept_when_the_deadline_stops_pytest(tmp_path, workers):
+    # On the H200 the GPU tests were stopped at the stage's deadline, before pytest's
+    # end-of-session tracebacks: two failures were logged without a word of why.
+    (tmp_path / "test_cut.py").write_text(_FAILS_THEN_SLEEPS)
+    log_path = tmp_path / "log"
+    run = device.start_pytest(
+        (str(tmp_path / "test_cut.py"),), {}, workers=workers, log_path=str(log_path)
+    )
+    # Stopped once test_fails is over: without xdist, when the next test starts; with it (a
+    # worker each), when the report is in the log.
+    _wait_for(log_path, "test_outlives_the_deadline" if workers == 1 else device.FAILURE_PREFIX)
+    out = device.finish_pytest(run, deadline=time.monotonic())
+    assert out["timed_out"], out
+    assert out["counts"] == {"failed": 1}, out
+    (failed,) = out["failed"]
+    assert failed.endswith("test_cut.py::test_fails"), out
+    message = out["failure_messages"][failed]
+    assert message.startswith("AssertionError: tests/other.py::test_quoted PASSED"), message
+    assert "off by 0.0015" in message, message
+    with open(log_path) as f:  # written once, by xdist's controller alone
+        assert f.read().count(f"{device.FAILURE_PREFIX}{failed} (call):") == 1
+    assert f"- failed: {failed}: AssertionError: " in device.markdown({"tests": {"gpu": out}})
 
 
 def test_pytest_counts_read_plain_and_xdist_lines_of_a_cut_run():

@@ -18,7 +18,9 @@ goes on:
    meanwhile the encoder tests (``tests/encodings``) run in another subprocess on the device
    machine's CPU with its jax (``JAX_PLATFORMS=cpu``): the current-jax check of issue 47.4.
    Each run's whole log (short tracebacks, each failure's reason) is written beside the JSON,
-   ``<stem>-tests-gpu.log`` and ``<stem>-tests-encoders-cpu.log``.
+   ``<stem>-tests-gpu.log`` and ``<stem>-tests-encoders-cpu.log``; each failure's report goes
+   to the log as the test fails, and its message to the JSON (``failure_messages``), so that a
+   run stopped at the deadline still says why.
 3. ``compile``: the real train step (``rope_lie.train.make_train_step``, AdamW's or Adam's
    update included; ViT-B/16 at 224 px, bfloat16 activations, dropout 0) of the ImageNet
    recipe's model for every encoder (``ENCODERS``; the recipes are read from
@@ -43,7 +45,8 @@ goes on:
    ``spectral=dft``; ``ENCODER_VARIANTS``) right after its own step on the first backend.
 4. ``steps``: every compiled step timed from its encoder's initial state (a copy: the step
    donates it), min and median over ``--steps`` steps after 2 warm-ups: rows
-   ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms`` is the min.
+   ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms`` is the min;
+   ``init_wait_s``, ``batch_s`` and ``timed_s`` say where the row's wall time went.
    Then the goal's encoders (``GOAL_ENCODERS``: RoPE-Mixed, LieRE 8x8, NoPE with
    their defaults on the first backend) are timed again in reverse order (rows with ``case``
    "repeat"), and the goal's ratios are given from each pass: the spread says whether a ratio
@@ -112,6 +115,7 @@ from experiments.device.run import DEFAULT_OUT, DRY, FULL, STAGE_FNS, main, pars
 from experiments.device.steps import ATTENTIONS, GOAL_ENCODERS, LEAD_ENCODERS
 from experiments.device.tests_stage import (
     ENCODER_TESTS,
+    FAILURE_PREFIX,
     GPU_TESTS,
     finish_pytest,
     pytest_counts,
@@ -139,6 +143,7 @@ __all__ = [
     "ENCODERS",
     "ENCODER_VARIANTS",
     "ENCODER_TESTS",
+    "FAILURE_PREFIX",
     "FULL",
     "GOAL_ENCODERS",
     "LEAD_ENCODERS",

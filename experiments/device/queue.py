@@ -40,6 +40,13 @@ STAGES = (
     "packing",
 )
 
+# Threads building the encoders' initial states (``Queue.init_pool``), apart from the compiles.
+# With one, on an H200 every timed row after the first took 37 s (its step 22-67 ms), one after
+# another from the compile stage's end, as if each waited for the next init in that one queue.
+# Two halve such a backlog; more would take the CPU from the compile stage's lowering and
+# compiles. Each row records its wait (``init_wait_s``), which says whether two are enough.
+INIT_THREADS = 2
+
 
 class Queue:
     """Shared state of one run: the clock, the results and the compiled programs."""
@@ -53,7 +60,8 @@ class Queue:
         self.states: dict[str, Any] = {}  # encoder -> future of its initial (state, other)
         self.background: dict[str, Any] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(args.compile_threads)
-        self.init_pool = concurrent.futures.ThreadPoolExecutor(1)  # the encoders' initial states
+        # the encoders' initial states, in the order their steps are first lowered (and timed)
+        self.init_pool = concurrent.futures.ThreadPoolExecutor(INIT_THREADS)
 
     @property
     def data(self) -> dict:

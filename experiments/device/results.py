@@ -52,6 +52,13 @@ def _fmt(value, spec: str = ".1f", missing: str = "") -> str:
     return missing if value is None else format(value, spec)
 
 
+def one_line(text: str, width: int = 240) -> str:
+    """``text``'s non-blank lines joined by "; " and cut to ``width`` characters: a failure's
+    message beside its test in the Markdown (the JSON has more, the log all of it)."""
+    joined = "; ".join(" ".join(ln.split()) for ln in text.splitlines() if ln.strip())
+    return joined if len(joined) <= width else joined[: width - 3] + "..."
+
+
 def markdown(data: dict) -> str:
     """The results as Markdown tables."""
     lines = [
@@ -185,7 +192,10 @@ def markdown(data: dict) -> str:
                 extra += " (stopped at the stage's deadline)"
             log = f" (log: {t['log']})" if t.get("log") else ""
             lines.append(f"- {name}: {counts} {extra}{log}".rstrip())
-            lines += [f"  - failed: {f}" for f in t.get("failed", [])[:20]]
+            messages = t.get("failure_messages") or {}
+            for f in t.get("failed", [])[:20]:
+                why = one_line(messages.get(f, ""))
+                lines.append(f"  - failed: {f}" + (f": {why}" if why else ""))
     lines += ["", "## Stages", "", "| stage | status | seconds | note |", "|---|---|---|---|"]
     for name, s in (data.get("stages") or {}).items():
         note = (s.get("error") or s.get("note") or "").splitlines()

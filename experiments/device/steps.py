@@ -224,10 +224,32 @@ def stage_compile(q: Queue) -> str:
             for future in running:
                 if not future.done():
                     q.compiled[futures[future]] = {"skipped": "still compiling at the deadline"}
+    cancel_unused_inits(q)
     ok = sum("compiled" in c for c in q.compiled.values())
     skipped = sum("skipped" in c for c in q.compiled.values())
     failed = len(q.compiled) - ok - skipped
-    return f"{ok} of {len(cases)} steps compiled ({failed} failed, {skipped} out of time)"
+    # What goes on running into the steps stage: compiles past the drain cannot be cancelled
+    # (XLA:GPU autotunes on the device), and the initial states the rows will wait for.
+    left = {
+        "still_compiling": sum(not f.done() for f in futures),
+        "inits_not_ready": sum(not f.done() for f in q.states.values()),
+    }
+    q.data["stages"].setdefault("compile", {}).update(left)
+    return (
+        f"{ok} of {len(cases)} steps compiled ({failed} failed, {skipped} out of time); at its "
+        f"end {left['still_compiling']} still compiling, {left['inits_not_ready']} of "
+        f"{len(q.states)} initial states not ready"
+    )
+
+
+def cancel_unused_inits(q: Queue) -> None:
+    """Drop the initial states not yet started of the encoders with no compiled step: no stage
+    times those, and an init left to run would share the device and the CPU with the steps
+    timed beside it."""
+    used = {key[0] for key, case in q.compiled.items() if "compiled" in case}
+    for encoder in [e for e in q.states if e not in used]:
+        if q.states[encoder].cancel():
+            del q.states[encoder]
 
 
 def flops_per_image(q: Queue) -> float:
@@ -271,8 +293,9 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         row["platform_default"] = False
     if "error" in case or "skipped" in case:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
-    state, other = initial_state(q, encoder)
-    data = bench.random_batch(case["config"], batch, case["mesh"])
+    (state, other), init_wait_s = waited(initial_state, q, encoder)
+    data, batch_s = waited(bench.random_batch, case["config"], batch, case["mesh"])
+    timed = time.monotonic()
     try:
         timing, state = bench.time_compiled(
             case["compiled"],
@@ -285,6 +308,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         )
     finally:
         del data, state
+    timed_s = time.monotonic() - timed
     seconds = timing["step_ms_min"] / 1e3
     peak = (q.data.get("peak_tflops") or 0) * 1e12
     model_flops = q.data["flops_per_image"] * batch
@@ -298,7 +322,22 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         lower_s=round(case["lower_s"], 1),
         memory=case.get("memory"),
         seconds=round(time.monotonic() - began, 1),  # the row's wall time, waits included
+        # where it went: the initial state (waited for, and copied), the batch, the steps
+        init_wait_s=round(init_wait_s, 3),
+        batch_s=round(batch_s, 3),
+        timed_s=round(timed_s, 3),
     )
+
+
+def waited(fn, *args) -> tuple:
+    """``fn(*args)`` and the seconds until its arrays are ready: jax dispatches asynchronously,
+    so without the wait a copy's or a transfer's time would fall into the next part's."""
+    import jax
+
+    began = time.monotonic()
+    out = fn(*args)
+    jax.block_until_ready(out)
+    return out, time.monotonic() - began
 
 
 def initial_state(q: Queue, encoder: str) -> tuple:
@@ -330,11 +369,18 @@ def stage_steps(q: Queue) -> str:
         q.results.save()
         print(
             f"  [{q.elapsed():.0f} s] {key}: {_fmt(row.get('step_ms'), '.2f')} ms in "
-            f"{row.get('seconds', '')} s {row.get('error', '')[:200]}",
+            f"{row.get('seconds', '')} s{row_breakdown(row)} {row.get('error', '')[:200]}",
             flush=True,
         )
     repeated = repeat_goal_steps(q)
     return f"{timed} steps timed" + (f", {repeated} timed again" if repeated else "")
+
+
+def row_breakdown(row: dict) -> str:
+    """Where a timed row's wall time went, for the progress line ("" for a row not timed)."""
+    if row.get("timed_s") is None:
+        return ""
+    return f" (init {row['init_wait_s']}, batch {row['batch_s']}, steps {row['timed_s']} s)"
 
 
 def repeat_goal_steps(q: Queue) -> int:
@@ -362,7 +408,7 @@ def repeat_goal_steps(q: Queue) -> int:
         q.data["goal"] = goal_figures(q.data["rows"], q.shapes["batch"])
         q.results.save()
         step_ms = _fmt(row.get("step_ms"), ".2f")
-        print(f"  [{q.elapsed():.0f} s] {key} again: {step_ms} ms", flush=True)
+        print(f"  [{q.elapsed():.0f} s] {key} again: {step_ms} ms{row_breakdown(row)}", flush=True)
     return timed
 
 

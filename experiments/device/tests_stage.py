@@ -4,7 +4,9 @@ The GPU tests (``GPU_TESTS``) run on the device until the stage's deadline; the 
 (``ENCODER_TESTS``) run on the machine's CPU in the background until their own deadline, which
 ``wait_for_encoder_tests`` waits for before the steps are timed. Each run's pass/fail counts and
 failing ids are read from its ``-v`` log (``pytest_counts``), whose whole text is written beside
-the JSON.
+the JSON; each failure's report is written to that log as the test fails (the plugin
+``pytest_failures``), and its message kept in the JSON (``failure_messages``), since pytest's own
+tracebacks come at the end of a session the deadline may stop first.
 """
 
 from __future__ import annotations
@@ -46,6 +48,41 @@ DRY_ENCODER_TESTS = ("tests/encodings/test_block_products.py", "-k", "lowers")
 
 
 _STATUS = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# Starts every line the plugin pytest_failures writes: a failure's report may quote test ids
+# and status words, which pytest_counts must not count.
+FAILURE_PREFIX = "[failure] "
+# Characters of each failure's message kept in the JSON; the whole report is in the log.
+FAILURE_CHARS = 2000
+
+
+def failure_lines(test_id: str, when: str, report: str) -> list[str]:
+    """A failed report as the log's lines: the test and its phase, then the report's lines."""
+    body = [f"{FAILURE_PREFIX}| {line}".rstrip() for line in report.splitlines()]
+    return [f"{FAILURE_PREFIX}{test_id} ({when}):", *body]
+
+
+def failure_reports(log: str) -> dict[str, str]:
+    """Test id -> its failed reports (``failure_lines``) in ``log``, in the order written."""
+    reports: dict[str, list[str]] = {}
+    current = None
+    for line in log.splitlines():
+        if not line.startswith(FAILURE_PREFIX):
+            continue
+        body = line[len(FAILURE_PREFIX) :]
+        if body.startswith("|"):
+            if current is not None:
+                reports[current].append(body[2:])
+        else:
+            current = body.rstrip(":").rpartition(" (")[0]
+            reports.setdefault(current, [])
+    return {test_id: "\n".join(lines) for test_id, lines in reports.items()}
+
+
+def failure_message(report: str) -> str:
+    """A short report's exception and assertion message (its ``E`` lines, the traceback's
+    frames left to the log), or the whole report where it has none."""
+    lines = [ln[4:] for ln in report.splitlines() if ln == "E" or ln.startswith("E   ")]
+    return "\n".join(lines) if lines else report
 
 
 def pytest_counts(log: str) -> dict:
@@ -57,7 +94,7 @@ def pytest_counts(log: str) -> dict:
     for line in log.splitlines():
         if "short test summary info" in line:
             break
-        if "::" not in line:
+        if "::" not in line or line.startswith(FAILURE_PREFIX):
             continue
         m = _STATUS.search(line)
         if not m:
@@ -73,9 +110,9 @@ def start_pytest(paths: tuple[str, ...], env_extra: dict, workers: int, log_path
     # Plugins an image may carry that warn at start-up (pytest-benchmark beside xdist): the
     # project's filterwarnings make a warning an error, so they are blocked.
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:benchmark"]
-    # -v: a line per test (counted as it runs); short tracebacks and the failures' one-line
-    # reasons (-rfE) at the end, where the log's tail (recorded on failure) shows them.
-    cmd += ["-v", "--tb=short", "-rfE", *paths]
+    # -v: a line per test (counted as it runs); each failure's short report as it fails
+    # (pytest_failures), and the failures' one-line reasons (-rfE) at the end.
+    cmd += ["-v", "--tb=short", "-rfE", "-p", "experiments.device.pytest_failures", *paths]
     if importlib.util.find_spec("xdist") is not None:  # tests/conftest.py uses its hook
         cmd += ["-n", str(workers), "--dist", "load"] if workers > 1 else ["-n", "0"]
     else:
@@ -93,7 +130,7 @@ def start_pytest(paths: tuple[str, ...], env_extra: dict, workers: int, log_path
 
 def finish_pytest(run: dict, deadline: float) -> dict:
     """Wait for a pytest run until ``deadline`` (monotonic), stopping its process group then;
-    its counts, failures, summary line and, on failure, the log's end."""
+    its counts, failures and their messages, summary line and, on failure, the log's end."""
     proc = run["proc"]
     timed_out = False
     try:
@@ -112,6 +149,10 @@ def finish_pytest(run: dict, deadline: float) -> dict:
     with open(run["log_path"]) as f:
         log = f.read()
     out = pytest_counts(log)
+    out["failure_messages"] = {
+        test_id: failure_message(report)[:FAILURE_CHARS]
+        for test_id, report in failure_reports(log).items()
+    }
     summary = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
     out.update(
         command=" ".join(run["cmd"][1:]),
