@@ -165,6 +165,10 @@ def test_dry_run_rows_say_where_their_time_went(dry_run):
     assert compile_stage["still_compiling"] == 0  # the budget leaves time for every compile
     assert 0 <= compile_stage["inits_not_ready"] <= len(device.ENCODERS)
     assert "initial states not ready" in compile_stage["note"]
+    # each timed encoder's initialisation, when it started and how long it took
+    inits = dry_run["inits"]
+    assert {r["encoder"] for r in timed} <= set(inits)
+    assert all(i["seconds"] > 0 and i["started_s"] >= 0 for i in inits.values()), inits
 
 
 def test_initial_states_of_encoders_with_no_compiled_step_are_dropped():

@@ -196,6 +196,13 @@ def markdown(data: dict) -> str:
             for f in t.get("failed", [])[:20]:
                 why = one_line(messages.get(f, ""))
                 lines.append(f"  - failed: {f}" + (f": {why}" if why else ""))
+    inits = data.get("inits") or {}
+    if inits:
+        timed = ", ".join(
+            f"{e} {_fmt(i['seconds'])} s (from {_fmt(i['started_s'], '.0f')} s)"
+            for e, i in inits.items()
+        )
+        lines += ["", f"Initial states (each encoder's init, compiled on first call): {timed}"]
     lines += ["", "## Stages", "", "| stage | status | seconds | note |", "|---|---|---|---|"]
     for name, s in (data.get("stages") or {}).items():
         note = (s.get("error") or s.get("note") or "").splitlines()

@@ -188,7 +188,7 @@ def stage_compile(q: Queue) -> str:
             q.compiled[key] = {"error": f"lowering: {type(e).__name__}: {e}"[:2000]}
             continue
         if encoder not in q.states:  # its own thread: never queued behind a compile
-            q.states[encoder] = q.init_pool.submit(case["init"], jax.random.key(0))
+            q.states[encoder] = q.init_pool.submit(timed_init, q, encoder, case["init"])
         futures[q.pool.submit(_compile, case)] = key
 
     # Until the stage's deadline: a ViT-B step took 12-93 s to compile on an H100 machine (four
@@ -240,6 +240,22 @@ def stage_compile(q: Queue) -> str:
         f"end {left['still_compiling']} still compiling, {left['inits_not_ready']} of "
         f"{len(q.states)} initial states not ready"
     )
+
+
+def timed_init(q: Queue, encoder: str, init) -> tuple:
+    """``init(key 0)``, its arrays ready, with when it started and its seconds recorded under
+    the JSON's ``"inits"``: a ViT-B initialisation is its own program, compiled on first call,
+    and the rows wait for it (``init_wait_s``)."""
+    import jax
+
+    began = time.monotonic()
+    started_s = q.elapsed()
+    out = jax.block_until_ready(init(jax.random.key(0)))
+    q.data.setdefault("inits", {})[encoder] = {
+        "started_s": round(started_s, 1),
+        "seconds": round(time.monotonic() - began, 1),
+    }
+    return out
 
 
 def cancel_unused_inits(q: Queue) -> None:
