@@ -228,9 +228,9 @@ def _closed_form_combination(coef_XA: jax.Array, gen_AYHH: jax.Array) -> jax.Arr
 #   an H100 the Frechet pass's batched 8 x 8 products ran as matrix-multiply kernels of 5.0 ms
 #   in LieRE 8x8's 41.8 ms ViT-B/16 step (benchmarks README, section 13). Equal to "frechet"
 #   to float32 rounding on CPU (``tests/encodings/test_combination_backward.py``). On an H200
-#   it took 4.9 ms of GPU work off that step (30.7 ms to 25.8 ms, profiled), but two of those
-#   tests failed there, their messages lost (benchmarks README, section 13): no platform's
-#   default until the device queue's recorded failure messages say why.
+#   it took 4.9 ms of GPU work off that step (30.7 ms to 25.8 ms, profiled), but its comparison
+#   with "frechet" at 8 x 8 failed there, its message lost (benchmarks README, section 13): no
+#   platform's default until the device queue's recorded failure message says by how much.
 COMBINATION_BACKWARDS: dict[str, str] = {"default": "frechet"}
 _BACKWARDS = ("frechet", "reverse")
 
