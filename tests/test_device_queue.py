@@ -176,7 +176,7 @@ def test_initial_states_of_encoders_with_no_compiled_step_are_dropped():
     from concurrent.futures import Future
     from types import SimpleNamespace
 
-    from experiments.device import steps
+    from experiments.device import compile_stage
 
     running = Future()
     assert running.set_running_or_notify_cancel()  # started: it cannot be cancelled
@@ -191,7 +191,7 @@ def test_initial_states_of_encoders_with_no_compiled_step_are_dropped():
         states={"liere": Future(), "liere_dense": Future(), "ape": Future(), "alibi": running},
     )
     kept = dict(q.states)
-    steps.cancel_unused_inits(q)
+    compile_stage.cancel_unused_inits(q)
     assert q.states == {e: kept[e] for e in ("liere", "liere_dense", "alibi")}
     assert kept["ape"].cancelled() and not any(f.cancelled() for f in q.states.values())
 
@@ -523,14 +523,14 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     # The compile stage stops at its deadline: what issue 47's figures need comes first.
     from types import SimpleNamespace
 
-    from experiments.device import steps
+    from experiments.device import compile_stage
 
     q = SimpleNamespace(
         args=SimpleNamespace(encoders="", attention=""), shapes={"other_backend_encoders": 4}
     )
-    cases = steps.step_cases(q, "gpu")
+    cases = compile_stage.step_cases(q, "gpu")
     variants = device.liere_variants("gpu")
-    lead = [*steps.GOAL_ENCODERS, "liere_dense"]
+    lead = [*compile_stage.GOAL_ENCODERS, "liere_dense"]
     assert cases[:4] == [(e, "cudnn", None) for e in lead]
     assert cases[4 : 4 + len(variants)] == [("liere", "cudnn", v) for v in variants]
     # then the lead encoders' own variants: dense LieRE with the reverse-mode VJP
@@ -538,7 +538,7 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     assert {e for e, a, v in cases if a == "cudnn" and v is None} == set(device.ENCODERS)
     assert ("liere", "cudnn", "product=einsum") not in cases  # measured slower on an H100
     q.args.every_variant = True
-    cases = steps.step_cases(q, "gpu")
+    cases = compile_stage.step_cases(q, "gpu")
     every = device.liere_variants("gpu", True)
     assert cases[4 : 4 + len(every)] == [("liere", "cudnn", v) for v in every]
     assert cases.index(("liere", "cudnn", "product=einsum")) > cases.index(("ape", "cudnn", None))

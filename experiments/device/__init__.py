@@ -91,12 +91,13 @@ and a few fast tests in stage 2.
 The package, a module for each part: ``run`` (the command: ``parse_args``, ``main``), ``queue``
 (the stages' order and deadlines, and the state a run's stages share), ``recipes``, ``results``
 (the JSON and Markdown files), ``variants`` (LieRE 8x8's), and one module for each stage:
-``environment``, ``tests_stage``, ``steps`` (stages 3 and 4), ``rotations``, ``profile``,
+``environment``, ``tests_stage``, ``compile_stage``, ``steps``, ``rotations``, ``profile``,
 ``largest_batch`` and ``packing``. The names below are handed on from them.
 """
 
 from __future__ import annotations
 
+from experiments.device.compile_stage import ATTENTIONS, GOAL_ENCODERS, LEAD_ENCODERS
 from experiments.device.environment import JAX_APIS
 from experiments.device.largest_batch import MEMORY_SHARE, batch_candidates
 from experiments.device.packing import PACKED_ENCODERS, naflex_batches
@@ -112,7 +113,6 @@ from experiments.device.recipes import (
 )
 from experiments.device.results import Results, markdown
 from experiments.device.run import DEFAULT_OUT, DRY, FULL, STAGE_FNS, main, parse_args
-from experiments.device.steps import ATTENTIONS, GOAL_ENCODERS, LEAD_ENCODERS
 from experiments.device.tests_stage import (
     ENCODER_TESTS,
     FAILURE_PREFIX,

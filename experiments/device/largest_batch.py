@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import math
 
+from experiments.device.compile_stage import _compile, lower_case
 from experiments.device.queue import Queue
 from experiments.device.recipes import ENCODERS
-from experiments.device.steps import (
-    _compile,
-    best_rows,
-    empty_row,
-    goal_figures,
-    lower_case,
-    time_case,
-)
+from experiments.device.results import empty_row
+from experiments.device.steps import best_rows, goal_figures, time_case
 
 # A batch whose predicted peak memory fits this share of the device's limit is a candidate.
 MEMORY_SHARE = 0.92

@@ -8,9 +8,9 @@ one's.
 
 from __future__ import annotations
 
+from experiments.device.compile_stage import _compile
 from experiments.device.queue import Queue
 from experiments.device.recipes import run_config
-from experiments.device.steps import _compile
 
 PACKED_ENCODERS = ("rope_mixed", "liere")  # stage 8, in this order
 

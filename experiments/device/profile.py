@@ -15,8 +15,9 @@ import os
 import re
 import tempfile
 
+from experiments.device.compile_stage import ATTENTIONS
 from experiments.device.queue import Queue
-from experiments.device.steps import ATTENTIONS, best_rows, initial_state
+from experiments.device.steps import best_rows, initial_state
 from experiments.device.variants import liere_variants, other_variant, variant_label
 
 PROFILED = ("liere", "rope_mixed")

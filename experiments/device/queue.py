@@ -22,7 +22,7 @@ DEADLINES = {
     "environment": 0.03,
     "tests": 0.20,
     "encoder_tests": 0.45,
-    "compile": 0.51,  # then up to steps.DRAIN_SHARE for the compiles already running
+    "compile": 0.51,  # then up to compile_stage.DRAIN_SHARE for the compiles already running
     "steps": 0.68,
     "rotations": 0.76,  # LieRE's block products and exponentials alone, with each variant
     "profile": 0.84,  # LieRE 8x8, each variant, RoPE-Mixed

@@ -210,3 +210,9 @@ def markdown(data: dict) -> str:
             f"| {name} | {s['status']} | {_fmt(s.get('seconds'))} | {(note[-1] if note else '')[:160]} |"  # noqa: E501
         )
     return "\n".join(lines)
+
+
+def empty_row(encoder: str, attention: str, batch: int, **note) -> dict:
+    """A row of the step table with nothing timed, and why (``skipped=`` or ``error=``)."""
+    timed = dict(step_ms=None, images_per_s=None, mfu=None)
+    return dict(encoder=encoder, attention=attention, batch=batch, **timed, **note)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from experiments.device.compile_stage import stage_compile
 from experiments.device.environment import stage_environment
 from experiments.device.largest_batch import stage_largest_batch
 from experiments.device.packing import stage_packing
@@ -24,7 +25,7 @@ from experiments.device.queue import STAGES, Queue
 from experiments.device.recipes import RECIPES, ROOT, recipes_from_configs
 from experiments.device.results import Results
 from experiments.device.rotations import stage_rotations
-from experiments.device.steps import stage_compile, stage_steps
+from experiments.device.steps import stage_steps
 from experiments.device.tests_stage import stage_tests, stop_background, wait_for_encoder_tests
 
 DEFAULT_OUT = os.path.join(ROOT, "experiments", "benchmarks", "device")
