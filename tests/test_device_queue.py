@@ -145,7 +145,7 @@ def test_dry_run_times_every_row_from_its_encoder_s_initial_state(dry_run):
         for r in dry_run["rows"]
         if r["encoder"] == "liere" and r.get("case") == "fixed_batch" and r["attention"] == "xla"
     ]
-    assert len(rows) == 8, rows  # the defaults, six variants, the other block product
+    assert len(rows) == 9, rows  # the defaults, six variants, the two other block products
     losses = [r["loss"] for r in rows]
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), losses
     assert all(r["seconds"] >= 0 for r in rows)  # each row's wall time, for the next budget
@@ -220,6 +220,7 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
         ("xla", "einsum", "each", "while", "adds", "frechet", True),
         ("chunked", "einsum", "each", "while", "adds", "frechet", True),
         ("xla", "broadcast", "each", "while", "adds", "frechet", False),
+        ("xla", "adds", "each", "while", "adds", "frechet", False),
         ("xla", "einsum", "batched", "while", "adds", "frechet", False),
         ("xla", "einsum", "each", "fixed", "adds", "frechet", False),
         ("xla", "einsum", "each", "while", "reduce", "frechet", False),
@@ -228,7 +229,9 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
         ("xla", "einsum", "each", "pallas", "adds", "reverse", False),  # device.COMBINED
     }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
-    assert set(rotations) == {(b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast")}
+    assert set(rotations) == {
+        (b, p) for b in ("8x8", "16x16") for p in ("einsum", "broadcast", "adds")
+    }
     for r in rotations.values():
         assert r["forward_ms"] > 0 and r["forward_backward_ms"] > 0
         assert r["rel_err"] < 1e-6
@@ -279,6 +282,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         *device.PROFILED,
         "liere_dense",  # profile.PROFILED_LAST
         "liere (broadcast block product)",
+        "liere (adds block product)",
         "liere (batched layer plan)",
         "liere (fixed squaring loop)",
         "liere (reduce small product)",
@@ -320,7 +324,7 @@ def test_dry_run_runs_the_tests_in_subprocesses(dry_run):
     assert tests["gpu"]["counts"]["passed"] > 5 and tests["gpu"]["failed"] == []
     assert tests["gpu"]["returncode"] == 0 and not tests["gpu"]["timed_out"]
     # DRY_ENCODER_TESTS: test_block_products.py's lowering cases, one per (platform, block)
-    assert tests["encoders_on_cpu"]["counts"] == {"passed": 7}
+    assert tests["encoders_on_cpu"]["counts"] == {"passed": 8}  # and the adds product's
 
 
 def test_a_spent_budget_skips_every_stage_and_still_writes(tmp_path):
@@ -483,7 +487,7 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
     }
     others = [device.other_variants(kind, "gpu") for kind in device.VARIANT_KINDS]
     assert others == [
-        ["product=einsum"],
+        ["product=einsum", "product=adds"],
         ["layers=each"],
         ["squarings=fixed", "squarings=pallas"],
         ["small_products=reduce"],
@@ -495,13 +499,20 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "backward=reverse",
         "squarings=pallas",
         device.COMBINED,
+        "product=einsum",
+        "product=adds",
         "small_products=reduce",
         "layers=each",
         "squarings=fixed",
     ]
     assert device.liere_variants("gpu", every=True) == every
     # Those an H100 run measured slower than the defaults are no longer compiled there.
-    assert device.liere_variants("gpu") == ["backward=reverse", "squarings=pallas", device.COMBINED]
+    assert device.liere_variants("gpu") == [
+        "backward=reverse",
+        "squarings=pallas",
+        device.COMBINED,
+        "product=adds",
+    ]
     assert device.liere_variants("cpu") == device.liere_variants("cpu", every=True)
     assert device.variant_choices(device.COMBINED, "gpu") == {
         "product": "by_size",
@@ -541,4 +552,6 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     cases = compile_stage.step_cases(q, "gpu")
     every = device.liere_variants("gpu", True)
     assert cases[4 : 4 + len(every)] == [("liere", "cudnn", v) for v in every]
-    assert cases.index(("liere", "cudnn", "product=einsum")) > cases.index(("ape", "cudnn", None))
+    assert ("liere", "cudnn", "product=einsum") in cases[4 : 4 + len(every)]
+    # the other backend's own block product comes after its rows
+    assert cases.index(("liere", "xla", "product=einsum")) > cases.index(("liere", "xla", None))

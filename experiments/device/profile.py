@@ -18,7 +18,7 @@ import tempfile
 from experiments.device.compile_stage import ATTENTIONS
 from experiments.device.queue import Queue
 from experiments.device.steps import best_rows, initial_state
-from experiments.device.variants import liere_variants, other_variant, variant_label
+from experiments.device.variants import liere_variants, variant_label
 
 PROFILED = ("liere", "rope_mixed")
 # Profiled after LieRE 8x8's variants, time allowing: dense LieRE was 3.04x RoPE-Mixed's step on
@@ -171,7 +171,7 @@ def stage_profile(q: Queue) -> str:
     if "liere" in targets:  # LieRE 8x8's variants: on the same backend when compiled there,
         platform = q.data["platform"]  # else where they were
         every = getattr(q.args, "every_variant", False)
-        for other in (*liere_variants(platform, every), other_variant("product", platform)):
+        for other in liere_variants(platform, every):
             for attention in (targets["liere"][1], *ATTENTIONS):
                 key = ("liere", attention, q.shapes["batch"], other)
                 if "compiled" in q.compiled.get(key, {}):

@@ -1,14 +1,14 @@
 """Stage 5, ``rotations``: a step's rotations of q and k alone (RoPE-Mixed, LieRE 8x8, dense
 LieRE and Circulant-STRING), then LieRE 8x8's exponentials alone, then ``lie.apply_blocks``'s
-two block products alone.
+block products alone.
 
 The exponentials of a step: ``liere.precompute`` of every layer's generators at once (vmapped
 over the layers, the accelerators' layer plan) at the recipe's positions, forward and forward
 plus backward, with the platform's defaults and with each LieRE variant of the exponentials
 (``EXPONENTIAL_VARIANTS``): what a step spends on them, apart from the rest of the step. Then,
 at ViT-B/16's shapes (``rotation_shape``), LieRE 8x8's blocks and dense ones: the forward, and
-the forward and backward, timed for the "einsum" and the "broadcast" product, and the
-forward's error against float64.
+the forward and backward, timed for the "einsum", the "broadcast" and (blocks up to 16) the
+"adds" product, and the forward's error against float64.
 
 The rotations of a step (``time_chain``): ``CHAIN`` rotations of q or k at ViT-B/16's shapes
 (bfloat16, as the model's), one after the other in one program, with the state's ``rotate``
@@ -101,7 +101,7 @@ def stage_rotations(q: Queue) -> str:
         x = jnp.asarray(x_np, jnp.bfloat16)
         r = jnp.asarray(r_np)
         cot = jnp.asarray(rng.normal(size=x_np.shape), jnp.bfloat16)
-        for product in ("einsum", "broadcast"):
+        for product in ("einsum", "broadcast", "adds") if block <= 16 else ("einsum", "broadcast"):
             if q.left("rotations") <= 0:
                 break
             row = {"blocks": f"{block}x{block}", "product": product, "shape_BTNH": list(x_np.shape)}
@@ -123,10 +123,13 @@ def stage_rotations(q: Queue) -> str:
 # A ViT-B/16 step rotates q and k in each of its 12 layers.
 CHAIN = 24
 # The rotations chained (``time_chain``), (label, encoder, variant), RoPE-Mixed's first: the
-# others are given over it. Circulant-STRING with its FFT and with the real DFT's products.
+# others are given over it. LieRE 8x8 also with its blocks multiplied as multiply-adds (the
+# H200's profile: the default broadcast's layout copies of x); Circulant-STRING with its FFT
+# and with the real DFT's products.
 CHAINED = (
     ("rope_mixed", "rope_mixed", None),
     ("liere", "liere", None),
+    ("liere (product=adds)", "liere", "product=adds"),
     ("liere_dense", "liere_dense", None),
     ("circulant_string", "circulant_string", None),
     ("circulant_string (spectral=dft)", "circulant_string", "spectral=dft"),

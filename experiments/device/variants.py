@@ -124,7 +124,7 @@ def platform_choice(kind: str, platform: str) -> str:
 
 
 _CHOICES = {
-    "product": ("einsum", "broadcast"),
+    "product": ("einsum", "broadcast", "adds"),
     "layers": ("each", "batched"),
     "squarings": ("while", "fixed", "pallas"),
     "small_products": ("adds", "reduce"),
@@ -190,10 +190,11 @@ def liere_variants(platform: str, every: bool = False) -> list[str]:
     """The LieRE 8x8 variants compiled (and profiled) on ``platform``'s first backend, in this
     order: the two choices of ``COMBINED`` and ``COMBINED`` itself where they are not the
     platform's own (what the H100's profile pointed to: first, so that a stage cut short by its
-    deadline still has them), then every other choice it does not make of the small products,
-    the layer plan and the squaring loop; without those measured slower on ``platform``
-    (``MEASURED_SLOWER``) unless ``every``."""
-    kinds = ("backward", "small_products", "layers", "squarings")
+    deadline still has them), then every other choice it does not make of the block product
+    (the H200's profile: the broadcast's layout copies of x), the small products, the layer plan
+    and the squaring loop; without those measured slower on ``platform`` (``MEASURED_SLOWER``)
+    unless ``every``."""
+    kinds = ("backward", "product", "small_products", "layers", "squarings")
     singles = [v for kind in kinds for v in other_variants(kind, platform)]
     parts = COMBINED.split(",")
     first = [v for v in parts if v in singles]

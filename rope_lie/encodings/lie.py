@@ -180,6 +180,11 @@ def pair_rotation_blocks(angle_XF: jax.Array) -> jax.Array:
 #   elementwise work that XLA fuses with x's load and conversion into one loop (no
 #   ``dot_general``, no layout copies of x). On a GPU the einsum is a batched product of
 #   T x N x K tiny matrices with the batch axis moved inside.
+# - "adds": ``sum_j r[..., :, j] x[..., j]`` as b multiply-adds of r's column j by x's channel
+#   j: elementwise work with no reduction over a minor axis of size b. An option for GPUs: on
+#   an H200 the broadcast's forward and backward held about 2 ms a ViT-B/16 step of layout
+#   copies of x (``input_transpose_fusion``; benchmarks README, section 13), which a sum of
+#   slices may not need. The device queue times it (the variant ``product=adds``).
 # - "by_size": the broadcast for blocks up to ``BROADCAST_MAX_BLOCK``, the einsum above. GPUs'
 #   and TPUs': on an H100 at ViT-B/16's shapes the two tied at 8 x 8 blocks, and at 64 x 64
 #   (dense LieRE) the broadcast took 6x the einsum's time with the einsum in TF32, 3.7x with it
@@ -205,6 +210,16 @@ def _blocks_broadcast(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
     return jnp.sum(r_XTNKbb * xb_BTNKb[..., None, :], axis=-1)
 
 
+def _blocks_adds(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
+    """r x per block as b multiply-adds, column j of r by channel j of x (``BLOCK_PRODUCTS``);
+    N = 1 and shared rotations broadcast."""
+    r_XTNKbb = r32 if r32.ndim == 6 else r32[None]
+    out = r_XTNKbb[..., 0] * xb_BTNKb[..., 0:1]
+    for j in range(1, r_XTNKbb.shape[-1]):
+        out = out + r_XTNKbb[..., j] * xb_BTNKb[..., j : j + 1]
+    return out
+
+
 def _blocks_by_size(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
     """The broadcast for blocks up to ``BROADCAST_MAX_BLOCK``, the einsum above."""
     if r32.shape[-1] <= BROADCAST_MAX_BLOCK:
@@ -215,6 +230,7 @@ def _blocks_by_size(r32: jax.Array, xb_BTNKb: jax.Array) -> jax.Array:
 _BLOCK_PRODUCT_FNS = {
     "einsum": _blocks_einsum,
     "broadcast": _blocks_broadcast,
+    "adds": _blocks_adds,
     "by_size": _blocks_by_size,
 }
 

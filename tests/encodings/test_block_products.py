@@ -1,7 +1,7 @@
-"""``lie.apply_blocks``'s two products of the b x b blocks (``lie.BLOCK_PRODUCTS``): the einsum
-(XLA:CPU's, and GPUs' and TPUs' above 16 x 16 blocks) and the broadcast sum (GPUs' and TPUs' up
-to 16 x 16), equal in values and gradients on CPU, and each platform's program holding its own
-product."""
+"""``lie.apply_blocks``'s products of the b x b blocks (``lie.BLOCK_PRODUCTS``): the einsum
+(XLA:CPU's, and GPUs' and TPUs' above 16 x 16 blocks), the broadcast sum (GPUs' and TPUs' up
+to 16 x 16) and the multiply-adds (an option), equal in values and gradients on CPU, and each
+platform's program holding its own product."""
 
 import jax
 import jax.numpy as jnp
@@ -34,12 +34,15 @@ def product(monkeypatch):
     jax.clear_caches()
 
 
-def _both(product, fn):
+# The products compared with the einsum.
+OTHERS = ("broadcast", "adds")
+
+
+def _both(product, fn, other):
     product("einsum")
     einsum = jax.device_get(fn())
-    product("broadcast")
-    broadcast = jax.device_get(fn())
-    return einsum, broadcast
+    product(other)
+    return einsum, jax.device_get(fn())
 
 
 def _assert_close(a, b, rtol=FLOAT32_RTOL):
@@ -59,7 +62,8 @@ def _assert_close(a, b, rtol=FLOAT32_RTOL):
     ],
 )
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_products_agree_in_values_and_gradients(product, r_shape, dtype):
+@pytest.mark.parametrize("other", OTHERS)
+def test_products_agree_in_values_and_gradients(product, r_shape, dtype, other):
     # Inputs from numpy: the fixture clears JAX's caches, which eager jax.random calls would
     # then compile again in every case.
     rng = np.random.default_rng(0)
@@ -71,7 +75,7 @@ def test_products_agree_in_values_and_gradients(product, r_shape, dtype):
         out, vjp = jax.vjp(lie.apply_blocks, x, r)
         return out, vjp(cot.astype(out.dtype))
 
-    einsum, broadcast = _both(product, jax.jit(value_and_grads))
+    einsum, broadcast = _both(product, jax.jit(value_and_grads), other)
     assert einsum[0].dtype == broadcast[0].dtype == dtype
     _assert_close(einsum, broadcast, FLOAT32_RTOL if dtype == jnp.float32 else 1e-2)
     if r_shape[-1] == 5:  # the unrotated channels pass through unchanged
@@ -82,7 +86,8 @@ def test_default_product_on_cpu_is_the_einsum():
     assert lie.BLOCK_PRODUCTS == {"cpu": "einsum", "default": "by_size"}
 
 
-def test_liere_rotations_through_both_products(product):
+@pytest.mark.parametrize("other", OTHERS)
+def test_liere_rotations_through_both_products(product, other):
     params = liere.init(jax.random.key(0), num_heads=2, head_dim=16, num_axes=2, block_size=8)
     pos_TA = jnp.stack(jnp.meshgrid(jnp.arange(3.0), jnp.arange(4.0), indexing="ij"), -1)
     pos_TA = pos_TA.reshape(-1, 2)
@@ -92,11 +97,12 @@ def test_liere_rotations_through_both_products(product):
         loss = lambda p, x: jnp.sum(jnp.sin(liere.apply(p, x, pos_TA)))
         return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
 
-    einsum, broadcast = _both(product, jax.jit(loss_and_grads))
+    einsum, broadcast = _both(product, jax.jit(loss_and_grads), other)
     _assert_close(einsum, broadcast, max(1e-5, FLOAT32_RTOL))
 
 
-def test_vit_train_gradient_through_both_products(product):
+@pytest.mark.parametrize("other", OTHERS)
+def test_vit_train_gradient_through_both_products(product, other):
     model = ViT(
         variant="pico/4",
         image_shape=(8, 12),
@@ -110,7 +116,7 @@ def test_vit_train_gradient_through_both_products(product):
     graphdef, state = nnx.split(model)
     images = jax.random.normal(jax.random.key(2), (2, 8, 12, 3))
     loss = lambda s: jnp.mean(nnx.merge(graphdef, s)(images) ** 2)
-    einsum, broadcast = _both(product, jax.jit(lambda: jax.value_and_grad(loss)(state)))
+    einsum, broadcast = _both(product, jax.jit(lambda: jax.value_and_grad(loss)(state)), other)
     _assert_close(einsum, broadcast, max(1e-5, FLOAT32_RTOL))
 
 
@@ -133,3 +139,15 @@ def test_each_platform_lowers_its_own_product(platform, block, dots):
     # The program holds its platform's product alone (the other branch is not lowered).
     assert text.count("stablehlo.dot_general") == dots
     assert text.count("stablehlo.reduce(") == 1 - dots
+
+
+def test_the_adds_product_lowers_without_dots_or_reductions(monkeypatch):
+    # Its point on a GPU: elementwise work only, no reduction over the blocks' minor axis.
+    monkeypatch.setitem(lie.BLOCK_PRODUCTS, "cuda", "adds")
+    jax.clear_caches()
+    r = jax.ShapeDtypeStruct((5, 3, 2, 8, 8), jnp.float32)
+    x = jax.ShapeDtypeStruct((2, 5, 3, 16), jnp.bfloat16)
+    text = jax.export.export(lie.apply_blocks, platforms=["cuda"])(x, r).mlir_module()
+    jax.clear_caches()
+    assert "stablehlo.dot_general" not in text and "stablehlo.reduce(" not in text
+    assert text.count("stablehlo.multiply") >= 8
