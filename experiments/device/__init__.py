@@ -55,11 +55,12 @@ goes on:
    vmapped, forward and forward plus backward) with the platform's defaults and each variant
    of the exponentials (``rotations.EXPONENTIAL_VARIANTS``), and the rotations' orthogonality
    error; then a step's 24 rotations of q and k alone, chained in one program (no dispatch
-   per rotation), for RoPE-Mixed, LieRE 8x8, dense LieRE and Circulant-STRING (by FFT and by
-   the DFT's products) at ViT-B/16's shapes, per rotation
-   and over RoPE-Mixed's (``rotations.time_chain``); then ``lie.apply_blocks``'s two block
-   products alone (one call each; LieRE 8x8 and dense; forward, and forward plus backward),
-   and each one's error against float64.
+   per rotation), for RoPE-Mixed, LieRE 8x8 (its platform's block product and "adds"), dense
+   LieRE and Circulant-STRING (by FFT and by the DFT's products) at ViT-B/16's shapes, per
+   rotation and over RoPE-Mixed's (``rotations.time_chain``); then ``lie.apply_blocks``'s
+   block products alone (einsum, broadcast and, for blocks up to 16, adds; one call each;
+   LieRE 8x8 and dense; forward, and forward plus backward), and each one's error against
+   float64.
 6. ``profile``: the LieRE 8x8 (and each of its variants) and RoPE-Mixed steps,
    on their fastest backend, traced by ``jax.profiler``: the top operations by device time per step
    (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),
