@@ -246,14 +246,24 @@ def timed_init(q: Queue, encoder: str, init) -> tuple:
     and the rows wait for it (``init_wait_s``)."""
     import jax
 
-    began = time.monotonic()
     started_s = q.elapsed()
-    out = jax.block_until_ready(init(jax.random.key(0)))
+    out, seconds = waited(init, jax.random.key(0))
     q.data.setdefault("inits", {})[encoder] = {
         "started_s": round(started_s, 1),
-        "seconds": round(time.monotonic() - began, 1),
+        "seconds": round(seconds, 1),
     }
     return out
+
+
+def waited(fn, *args) -> tuple:
+    """``fn(*args)`` and the seconds until its arrays are ready: jax dispatches asynchronously,
+    so without the wait a copy's or a transfer's time would fall into the next part's."""
+    import jax
+
+    began = time.monotonic()
+    out = fn(*args)
+    jax.block_until_ready(out)
+    return out, time.monotonic() - began
 
 
 def cancel_unused_inits(q: Queue) -> None:

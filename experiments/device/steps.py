@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from experiments.device.compile_stage import GOAL_ENCODERS
+from experiments.device.compile_stage import GOAL_ENCODERS, waited
 from experiments.device.queue import Queue
 from experiments.device.recipes import run_config
 from experiments.device.results import _fmt, empty_row
@@ -86,17 +86,6 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         batch_s=round(batch_s, 3),
         timed_s=round(timed_s, 3),
     )
-
-
-def waited(fn, *args) -> tuple:
-    """``fn(*args)`` and the seconds until its arrays are ready: jax dispatches asynchronously,
-    so without the wait a copy's or a transfer's time would fall into the next part's."""
-    import jax
-
-    began = time.monotonic()
-    out = fn(*args)
-    jax.block_until_ready(out)
-    return out, time.monotonic() - began
 
 
 def initial_state(q: Queue, encoder: str) -> tuple:
