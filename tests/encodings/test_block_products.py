@@ -75,11 +75,11 @@ def test_products_agree_in_values_and_gradients(product, r_shape, dtype, other):
         out, vjp = jax.vjp(lie.apply_blocks, x, r)
         return out, vjp(cot.astype(out.dtype))
 
-    einsum, broadcast = _both(product, jax.jit(value_and_grads), other)
-    assert einsum[0].dtype == broadcast[0].dtype == dtype
-    _assert_close(einsum, broadcast, FLOAT32_RTOL if dtype == jnp.float32 else 1e-2)
+    einsum, others = _both(product, jax.jit(value_and_grads), other)
+    assert einsum[0].dtype == others[0].dtype == dtype
+    _assert_close(einsum, others, FLOAT32_RTOL if dtype == jnp.float32 else 1e-2)
     if r_shape[-1] == 5:  # the unrotated channels pass through unchanged
-        np.testing.assert_array_equal(broadcast[0][..., 10:], x[..., 10:])
+        np.testing.assert_array_equal(others[0][..., 10:], x[..., 10:])
 
 
 def test_default_product_on_cpu_is_the_einsum():
@@ -97,8 +97,8 @@ def test_liere_rotations_through_both_products(product, other):
         loss = lambda p, x: jnp.sum(jnp.sin(liere.apply(p, x, pos_TA)))
         return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
 
-    einsum, broadcast = _both(product, jax.jit(loss_and_grads), other)
-    _assert_close(einsum, broadcast, max(1e-5, FLOAT32_RTOL))
+    einsum, others = _both(product, jax.jit(loss_and_grads), other)
+    _assert_close(einsum, others, max(1e-5, FLOAT32_RTOL))
 
 
 @pytest.mark.parametrize("other", OTHERS)
@@ -116,8 +116,8 @@ def test_vit_train_gradient_through_both_products(product, other):
     graphdef, state = nnx.split(model)
     images = jax.random.normal(jax.random.key(2), (2, 8, 12, 3))
     loss = lambda s: jnp.mean(nnx.merge(graphdef, s)(images) ** 2)
-    einsum, broadcast = _both(product, jax.jit(lambda: jax.value_and_grad(loss)(state)), other)
-    _assert_close(einsum, broadcast, max(1e-5, FLOAT32_RTOL))
+    einsum, others = _both(product, jax.jit(lambda: jax.value_and_grad(loss)(state)), other)
+    _assert_close(einsum, others, max(1e-5, FLOAT32_RTOL))
 
 
 @pytest.mark.parametrize(
