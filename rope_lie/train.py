@@ -167,18 +167,22 @@ def create_setup_and_state(
         return model_state(build_model(config.model, key), tx)
 
     shardings = (setup.state_shardings, setup.other_sharding)
-    init = _run_once(jax.jit(init_fn, out_shardings=shardings))
-    init_other = _run_once(jax.jit(lambda key: init_fn(key)[1], out_shardings=shardings[1]))
+    platform = mesh.devices.flat[0].platform
+    init = _run_once(jax.jit(init_fn, out_shardings=shardings), platform)
+    init_other = _run_once(
+        jax.jit(lambda key: init_fn(key)[1], out_shardings=shardings[1]), platform
+    )
     return setup, abstract_state, init, init_other
 
 
-def _run_once(jitted):
-    """`jitted`, compiled on first call without XLA backend optimisation on CPU.
+def _run_once(jitted, platform: str):
+    """`jitted`, compiled on first call; without XLA backend optimisation where the program
+    runs on CPU (`platform`: the mesh's, which need not be the default backend's).
 
     Initialisation runs once per run: on CPU its threefry-heavy program compiles much faster at
     optimisation level 0 and runs in milliseconds either way (benchmarks README, section 14).
     """
-    options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
+    options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
 
     def call(*args):
         return jitted.lower(*args).compile(compiler_options=options)(*args)

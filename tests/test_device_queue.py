@@ -171,6 +171,52 @@ def test_dry_run_rows_say_where_their_time_went(dry_run):
     assert all(i["seconds"] > 0 and i["started_s"] >= 0 for i in inits.values()), inits
 
 
+_HOST_INIT = textwrap.dedent(
+    """
+    import jax, numpy as np
+    from flax import nnx
+    from experiments.device import compile_stage, recipes, run
+    from rope_lie import sharding, train
+
+    config = recipes.run_config(
+        recipes.read_recipes(recipes.RECIPES), "liere", "xla", run.DRY["overrides"]
+    )
+    step_devices = jax.devices()[1:]  # not the device the CPU initialisation runs on (cpu:0)
+    mesh = sharding.make_mesh(config.mesh, step_devices)
+    model = nnx.eval_shape(lambda: train.build_model(config.model, jax.random.key(0)))
+    setup, _, init, _ = train.create_setup_and_state(config, mesh, 1000, abstract_model=model)
+    put = compile_stage.host_init(config, model, setup)(jax.random.key(0))
+    direct = init(jax.random.key(0))
+    shardings = (setup.state_shardings, setup.other_sharding)
+    for a, b, s in zip(jax.tree.leaves(put), jax.tree.leaves(direct), jax.tree.leaves(shardings)):
+        assert a.sharding == s == b.sharding, (a.sharding, s)
+        assert set(a.devices()) == set(step_devices)
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    print("leaves", len(jax.tree.leaves(put)))
+    """
+)
+
+
+def test_host_init_builds_on_the_cpu_and_puts_the_state_on_the_step_s_shardings():
+    # The queue builds each encoder's initial state with the CPU (a ViT-B initialisation compiled
+    # for a GPU held every timed row up) and puts it where the step's own init would: here the
+    # step's mesh is another simulated device, and the state equals that init's.
+    from tests import helpers
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _HOST_INIT],
+        capture_output=True,
+        text=True,
+        env=helpers.subprocess_env(devices=2),
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert int(proc.stdout.split("leaves")[-1]) > 10, proc.stdout
+
+
 def test_initial_states_of_encoders_with_no_compiled_step_are_dropped():
     # No stage times them, and an init left to run would share the device with timed steps.
     from concurrent.futures import Future

@@ -437,3 +437,21 @@ def test_an_extrapolation_tool_the_model_lacks_fails_before_the_workdir_is_made(
     with pytest.raises(ValueError, match="evals.size16_ntk.extrapolation='ntk'.*supports") as e:
         train.train_and_evaluate(config, workdir)
     assert errors.is_user_error(e.value) and not os.path.exists(workdir)
+
+
+def test_initialisation_compiles_without_backend_optimisation_only_for_cpu_programs():
+    # Decided by the platform of the mesh the program runs on, not by the default backend: the
+    # device queue builds ViT-B states with the CPU on a GPU machine.
+    seen = []
+
+    class Jitted:
+        def lower(self, *args):
+            return self
+
+        def compile(self, compiler_options):
+            seen.append(compiler_options)
+            return lambda *args: args
+
+    for device_platform in ("cpu", "gpu", "tpu"):
+        assert train._run_once(Jitted(), device_platform)(7) == (7,)
+    assert seen == [{"xla_backend_optimization_level": 0}, {}, {}]

@@ -26,8 +26,9 @@ goes on:
    recipe's model for every encoder (``ENCODERS``; the recipes are read from
    ``experiments/device_recipes.json``) on the platform's first attention backend and for the
    first four encoders on the others, at batch 64: lowered one after the other and compiled by
-   ``--compile-threads`` threads at once, each encoder's parameters initialised beside them,
-   until the stage's deadline (the steps not started by then are recorded as skipped; those
+   ``--compile-threads`` threads at once, each encoder's parameters initialised beside them
+   by the host's CPU and put on the device (``compile_stage.host_init``), until the stage's
+   deadline (the steps not started by then are recorded as skipped; those
    compiling are waited for). RoPE-Mixed, LieRE 8x8, NoPE and dense LieRE come first
    (``LEAD_ENCODERS``). LieRE 8x8 is compiled again with what its platform does not use by
    default (``variant``), leaving out what a run measured slower on this platform

@@ -8,7 +8,7 @@ one's.
 
 from __future__ import annotations
 
-from experiments.device.compile_stage import _compile
+from experiments.device.compile_stage import _compile, host_init
 from experiments.device.queue import Queue
 from experiments.device.recipes import run_config
 
@@ -64,8 +64,8 @@ def packing_case(q: Queue, encoder: str, batches: dict) -> dict:
 
     config = run_config(q.recipes, encoder, "xla", q.shapes["overrides"])
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-    setup, _, init, _ = train.create_setup_and_state(config, mesh, 1000)
-    state, other = init(jax.random.key(0))
+    setup, _, _, _ = train.create_setup_and_state(config, mesh, 1000)
+    state, other = host_init(config, None, setup)(jax.random.key(0))
     step = train.make_train_step(setup)
     key = jax.random.key(1)
     futures = {}
