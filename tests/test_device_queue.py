@@ -145,7 +145,7 @@ def test_dry_run_times_every_row_from_its_encoder_s_initial_state(dry_run):
         for r in dry_run["rows"]
         if r["encoder"] == "liere" and r.get("case") == "fixed_batch" and r["attention"] == "xla"
     ]
-    assert len(rows) == 9, rows  # the defaults, six variants, the two other block products
+    assert len(rows) == 10, rows  # the defaults, seven variants, the two other block products
     losses = [r["loss"] for r in rows]
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), losses
     assert all(r["seconds"] >= 0 for r in rows)  # each row's wall time, for the next budget
@@ -273,6 +273,7 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
         ("xla", "einsum", "each", "pallas", "adds", "frechet", False),  # interpret mode on CPU
         ("xla", "einsum", "each", "while", "adds", "reverse", False),
         ("xla", "einsum", "each", "pallas", "adds", "reverse", False),  # device.COMBINED
+        ("xla", "adds", "each", "while", "adds", "reverse", False),  # device.COMBINATIONS[1]
     }
     rotations = {(r["blocks"], r["product"]): r for r in dry_run["rotations"]}
     assert set(rotations) == {
@@ -335,6 +336,7 @@ def test_dry_run_profiles_read_the_trace(dry_run):
         "liere (pallas squaring loop)",
         "liere (reverse combination backward)",
         "liere (reverse combination backward, pallas squaring loop)",
+        "liere (reverse combination backward, adds block product)",
     }
     for encoder in dry_run["profiles"]:
         profile = dry_run["profiles"][encoder]
@@ -545,8 +547,9 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "backward=reverse",
         "squarings=pallas",
         device.COMBINED,
-        "product=einsum",
         "product=adds",
+        "backward=reverse,product=adds",  # the H200's profile's pair
+        "product=einsum",
         "small_products=reduce",
         "layers=each",
         "squarings=fixed",
@@ -558,7 +561,9 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "squarings=pallas",
         device.COMBINED,
         "product=adds",
+        "backward=reverse,product=adds",
     ]
+    assert device.COMBINATIONS == (device.COMBINED, "backward=reverse,product=adds")
     assert device.liere_variants("cpu") == device.liere_variants("cpu", every=True)
     assert device.variant_choices(device.COMBINED, "gpu") == {
         "product": "by_size",

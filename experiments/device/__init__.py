@@ -39,7 +39,7 @@ goes on:
    layer, or one for all), the other squaring loops (``expm.SQUARING_LOOPS``: a loop whose
    trip count is read from the data, a fixed count first, or one Pallas kernel where it runs),
    the exponentials' VJP in reverse mode (``expm_combination.COMBINATION_BACKWARDS``) and
-   ``COMBINED`` (two of these at once); and the other block product
+   the pairs of ``COMBINATIONS`` (two of these at once); and the other block product
    (``lie.BLOCK_PRODUCTS``) on "cudnn" and "xla". Dense LieRE is compiled again with the
    reverse-mode VJP right after LieRE 8x8's variants, and Circulant-STRING with the
    real DFT's products in place of the FFT (``lie.SPECTRAL_TRANSFORMS``, the variant
@@ -124,6 +124,7 @@ from experiments.device.tests_stage import (
     start_pytest,
 )
 from experiments.device.variants import (
+    COMBINATIONS,
     COMBINED,
     ENCODER_VARIANTS,
     VARIANT_KINDS,
@@ -173,6 +174,7 @@ __all__ = [
     "liere_variants",
     "variant_label",
     "COMBINED",
+    "COMBINATIONS",
     "parse_args",
     "pytest_counts",
     "read_recipes",

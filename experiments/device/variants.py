@@ -6,7 +6,8 @@ traced: the block product, the layer plan, the squaring loop and the form of the
 small products (LieRE's), and the spectral transform (Circulant-STRING's, ``ENCODER_VARIANTS``).
 ``variant`` is the context that sets one everywhere (clearing JAX's caches); ``other_variants``
 are the choices a platform does not use, ``liere_variants`` those the queue compiles for LieRE
-8x8 (with ``COMBINED``, two kinds at once), ``variant_choices`` every kind's choice in a step.
+8x8 (with ``COMBINATIONS``, two kinds at once), ``variant_choices`` every kind's choice in a
+step.
 """
 
 from __future__ import annotations
@@ -161,6 +162,11 @@ def variant_choices(name: str | None, platform: str) -> dict[str, str]:
 # exponentials' backward pass without per-row products of tangents (its batched 8 x 8 dots took
 # 5.0 ms of LieRE 8x8's step), and the squarings in one kernel.
 COMBINED = "backward=reverse,squarings=pallas"
+# Pairs compiled for LieRE 8x8, each right after its parts: ``COMBINED``, then what the H200's
+# profiles pointed to (section 13): the reverse-mode VJP took 4.9 ms of GPU work off the step,
+# and the "adds" block product is aimed at the 2.0 ms of layout copies of q and k around the
+# rotations that remained.
+COMBINATIONS = (COMBINED, "backward=reverse,product=adds")
 
 
 # Variants timed on a platform and slower there than its defaults: the queue does not
@@ -188,18 +194,19 @@ def queued(name: str, platform: str, every: bool = False) -> bool:
 
 def liere_variants(platform: str, every: bool = False) -> list[str]:
     """The LieRE 8x8 variants compiled (and profiled) on ``platform``'s first backend, in this
-    order: the two choices of ``COMBINED`` and ``COMBINED`` itself where they are not the
-    platform's own (what the H100's profile pointed to: first, so that a stage cut short by its
-    deadline still has them), then every other choice it does not make of the block product
-    (the H200's profile: the broadcast's layout copies of x), the small products, the layer plan
-    and the squaring loop; without those measured slower on ``platform`` (``MEASURED_SLOWER``)
-    unless ``every``."""
+    order: for each pair of ``COMBINATIONS``, its choices that are not the platform's own and
+    then the pair itself where neither is (what the profiles pointed to: first, so that a
+    stage cut short by its deadline still has them), then every other choice it does not make
+    of the block product, the small products, the layer plan and the squaring loop; without
+    those measured slower on ``platform`` (``MEASURED_SLOWER``) unless ``every``."""
     kinds = ("backward", "product", "small_products", "layers", "squarings")
     singles = [v for kind in kinds for v in other_variants(kind, platform)]
-    parts = COMBINED.split(",")
-    first = [v for v in parts if v in singles]
-    first += [COMBINED] if len(first) == len(parts) else []
-    ordered = first + [v for v in singles if v not in first]
+    ordered: list[str] = []
+    for pair in COMBINATIONS:
+        parts = pair.split(",")
+        ordered += [v for v in parts if v in singles and v not in ordered]
+        ordered += [pair] if all(v in singles for v in parts) else []
+    ordered += [v for v in singles if v not in ordered]
     return [v for v in ordered if queued(v, platform, every)]
 
 
