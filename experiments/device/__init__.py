@@ -62,9 +62,10 @@ goes on:
    block products alone (einsum, broadcast and, for blocks up to 16, adds; one call each;
    LieRE 8x8 and dense; forward, and forward plus backward), and each one's error against
    float64.
-6. ``profile``: the LieRE 8x8 (and each of its variants) and RoPE-Mixed steps,
-   on their fastest backend, traced by ``jax.profiler``: the top operations by device time per step
-   (read from the trace's XSpace with ``jax.profiler.ProfileData``, no TensorBoard plugin),
+6. ``profile``: the LieRE 8x8, RoPE-Mixed and dense LieRE steps, then each of LieRE 8x8's
+   variants, on their fastest backend, traced by ``jax.profiler``: the top operations by
+   device time per step (read from the trace's XSpace with ``jax.profiler.ProfileData``, no
+   TensorBoard plugin),
    beside the compiled program's instruction counts and XLA's cost analysis.
 7. ``largest_batch``: for the encoders in ``ENCODERS`` order, on their fastest backend, the
    largest power-of-two batch whose compiled step fits the device's memory (predicted from

@@ -1,6 +1,6 @@
 """Stage 6, ``profile``: where the time of a LieRE 8x8 and a RoPE-Mixed step goes.
 
-Each step of ``PROFILED``, then LieRE 8x8's variants, then ``PROFILED_LAST`` (dense LieRE), on
+Each step of ``PROFILED`` (LieRE 8x8, RoPE-Mixed, dense LieRE), then LieRE 8x8's variants, on
 its fastest backend and as the stage's deadline allows, traced by
 ``jax.profiler``: the top operations by device time per step, read from the trace's XSpace
 (``op_times``) and named by the compiled program's ``op_name`` metadata (``kernel_op_names``),
@@ -20,10 +20,9 @@ from experiments.device.queue import Queue
 from experiments.device.steps import best_rows, initial_state
 from experiments.device.variants import liere_variants, variant_label
 
-PROFILED = ("liere", "rope_mixed")
-# Profiled after LieRE 8x8's variants, time allowing: dense LieRE was 3.04x RoPE-Mixed's step on
-# an H100 (its goal: 1.5x), with no profile yet.
-PROFILED_LAST = ("liere_dense",)
+# Dense LieRE before LieRE 8x8's variants: 2.82x RoPE-Mixed's step on an H200 (its goal: 1.5x)
+# and never profiled (the H200's stage ran out of time after the variants).
+PROFILED = ("liere", "rope_mixed", "liere_dense")
 
 
 # Host events in a CPU trace that are not XLA ops (profile_step.py's rule).
@@ -177,10 +176,6 @@ def stage_profile(q: Queue) -> str:
                 if "compiled" in q.compiled.get(key, {}):
                     targets[f"liere ({variant_label(other)})"] = key
                     break
-    for encoder in PROFILED_LAST:
-        if encoder in best:
-            row = best[encoder]
-            targets[encoder] = (encoder, row["attention"], row["batch"], None)
     for name, key in targets.items():
         if q.left("profile") <= 0:
             break
