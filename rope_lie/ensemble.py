@@ -23,9 +23,10 @@ Design:
   own jitted step, vmapped; ``train.py`` is unchanged.
 - **Input**: the training examples held on the device once; the host computes the members'
   example indices (``in_memory.batch_indices`` of each data seed) ``DEVICE_CHUNK`` steps at
-  a time, and one jitted, vmapped call per step gathers, crops, flips and normalises them with
-  ``in_memory.augment_batch``/``normalise`` and the keys ``fold_in(key(data_seed_k), step)``
-  (``device_batches``): member k's batch t is run k's batch t.
+  a time, and one jitted call per step of ``in_memory.batch_maker``, the single run's batch,
+  vmapped, gathers, crops, flips and normalises them with the keys
+  ``fold_in(key(data_seed_k), step)`` (``device_batches``): member k's batch t is run k's
+  batch t.
 - **Loop** (``_run_steps``, the order of ``loop.run_steps``): train, check, log, evaluate,
   checkpoint. Each member's ``metrics.jsonl`` gets the single run's record fields
   (``loop._log_record``; ``throughput`` is the member's: batch size x ensemble steps/s). A
@@ -212,28 +213,17 @@ def member_indices(
 def make_device_input(configs: Sequence[mc.ConfigDict], mesh) -> Callable:
     """Jitted (index_SB, step) -> the stacked batch of `step`, made on the device.
 
-    The members' training examples are held on the device once; member k's batch is the same
-    gather, crop, flip and normalisation as ``in_memory.data_train_batches`` (augmentation key
-    fold_in(key(data_seed), step)), vmapped over the members: one dispatch per step, not a few
-    per member. The members must share the dataset and augmentation (seeds of one arm).
+    The members' training examples are held on the device once; member k's batch is a single
+    run's (``in_memory.batch_maker``, augmentation key fold_in(key(data_seed), step)), vmapped
+    over the members: one dispatch per step, not one per member. The members must share the
+    dataset and augmentation (seeds of one arm).
     """
     ds = configs[0].dataset
     if any(c.dataset.to_dict() != ds.to_dict() for c in configs):
         raise ValueError("the members' config.dataset differ; an ensemble is one arm's seeds")
     images, labels = in_memory.train_arrays(ds)
     keys_S = jnp.stack([jax.random.key(data_seed(c)) for c in configs])
-    padding = ds.augment.crop_padding if ds.augment.crop == "pad" else 0
-
-    def member(images_NHWC, labels_N, key, index_B, step):
-        out = in_memory.augment_batch(
-            images_NHWC[index_B],
-            jax.random.fold_in(key, step),
-            padding=padding,
-            flip=bool(ds.augment.flip),
-            size=ds.image_size,
-        )
-        return {"image": in_memory.normalise(out, ds), "label": labels_N[index_B]}
-
+    member = in_memory.batch_maker(ds)
     # the examples are arguments, not constants folded into the program
     members = jax.jit(
         jax.vmap(member, in_axes=(None, None, 0, 0, None)), out_shardings=stacked_sharding(mesh)

@@ -16,8 +16,8 @@ Training stream (one process; ``data_seed``, else ``seed``): epoch e is the trai
 (the first ``train_fraction`` of them) in the order ``np.random.default_rng([data_seed, e])``
 permutes them; epochs are concatenated and cut into batches, so batch k holds stream positions
 [k B, (k + 1) B), may straddle two epochs, and is the same whatever step the stream starts at
-(an exact resume). Batch k is augmented in JAX with the key fold_in(key(data_seed), k): per
-example, a random crop after ``crop_padding`` px of zero padding (``augment.crop="pad"``) and a
+(an exact resume). Batch k is made on the device from the training set held there, in one
+program (``batch_maker``), and augmented with the key fold_in(key(data_seed), k): per example, a random crop after ``crop_padding`` px of zero padding (``augment.crop="pad"``) and a
 left-right flip with probability 1/2 (``augment.flip``), the augmentations of the
 Fashion-MNIST recipe; others (inception crops, RandAugment, mixup, cutmix, label smoothing,
 NaFlex) are refused with a message. Evaluation: every example of the split once, in file order,
@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -227,34 +227,53 @@ def batch_indices(seed: int, step: int, batch_size: int, num: int) -> np.ndarray
     return out
 
 
+def batch_maker(ds_cfg: mc.ConfigDict) -> Callable[..., dict[str, jax.Array]]:
+    """``make(images_NHWC, labels_N, key, index_B, step)``: the training batch of the examples
+    ``index_B`` at step ``step``, gathered from the training set, cropped and flipped with the
+    key fold_in(key, step) (``augment_batch``) and normalised: {"image": float32 (B, H, W, C),
+    "label": int32 (B,)}. A function of arrays only, so that one program makes a batch: a
+    single run jits it (``data_train_batches``), a seed ensemble vmaps it over its members
+    (``rope_lie.ensemble``). The augmentations are the ones ``check_config`` accepts."""
+    padding = ds_cfg.augment.crop_padding if ds_cfg.augment.crop == "pad" else 0
+    flip, size = bool(ds_cfg.augment.flip), ds_cfg.image_size
+
+    def make(images_NHWC, labels_N, key, index_B, step):
+        out = augment_batch(
+            images_NHWC[index_B],
+            jax.random.fold_in(key, step),
+            padding=padding,
+            flip=flip,
+            size=size,
+        )
+        return {"image": normalise(out, ds_cfg), "label": labels_N[index_B]}
+
+    return make
+
+
 def data_train_batches(
     config: mc.ConfigDict, patch: Sequence[int] | None, start_step: int
 ) -> Iterator[dict[str, Any]]:
     """Infinite training batches from `start_step` on: {"image": float32 (B, H, W, C),
     "label": int32 (B,)}, batch k the same whatever step the stream started at.
 
-    ``patch`` is unused (images, not token batches: the model cuts them into patches); it is
-    ``rope_lie.run_inputs``'s signature, so the two are interchangeable.
+    The training set is put on the default device once; each batch is one call of the jitted
+    ``batch_maker`` on its example indices (computed here, on the host), so that a step's input
+    is a single dispatch and a 512-byte transfer: on a GPU, eager gathers and normalisations
+    made a single run's input slower than its step. ``patch`` is unused (images, not token
+    batches: the model cuts them into patches); it is ``rope_lie.run_inputs``'s signature, so
+    the two are interchangeable.
     """
     del patch
     check_config(config)
     if start_step < 0:
         raise ValueError(f"start_step={start_step} must be >= 0")
-    ds = config.dataset
-    images, labels = train_arrays(ds)
+    images, labels = train_arrays(config.dataset)
     seed, batch, num = data_seed(config), config.batch_size, len(labels)
-    padding = ds.augment.crop_padding if ds.augment.crop == "pad" else 0
-    base_key = jax.random.key(seed)
+    make = jax.jit(batch_maker(config.dataset))
+    images_NHWC, labels_N, key = jnp.asarray(images), jnp.asarray(labels), jax.random.key(seed)
     for step in itertools.count(start_step):
-        index = batch_indices(seed, step, batch, num)
-        out = augment_batch(
-            jnp.asarray(images[index]),
-            jax.random.fold_in(base_key, step),
-            padding=padding,
-            flip=bool(ds.augment.flip),
-            size=ds.image_size,
-        )
-        yield {"image": normalise(out, ds), "label": jnp.asarray(labels[index])}
+        index_B = jnp.asarray(batch_indices(seed, step, batch, num), jnp.int32)
+        yield make(images_NHWC, labels_N, key, index_B, step)
 
 
 def eval_batches(config: mc.ConfigDict, entry: mc.ConfigDict, mesh: Mesh, patch=None):

@@ -145,8 +145,12 @@ def test_device_input_is_the_host_input(config):
 
 PROBE_CONFIG = "configs/fashion_mnist.py:pe=liere,block=8,smoke,input=memory,resolution_evals=false"
 STEP_ROWS = ("single (seeds in turn)", "ensemble (vmapped)")
-STREAM_ROWS = ("single, host input", "ensemble, host input", "ensemble, device input")
-INPUT_ROWS = ("host input alone (batches/s)", "device input alone (batches/s)")
+STREAM_ROWS = (
+    "single, single-run input",
+    "ensemble, single-run inputs stacked",
+    "ensemble, device input",
+)
+INPUT_ROWS = ("single-run inputs alone (batches/s)", "device input alone (batches/s)")
 PHASES = (  # the lines that say what the probe is doing, in order, each with its seconds
     "loading the data into memory",
     "building the setup and 2 seeds' step-0 states",

@@ -18,8 +18,8 @@ per second of the S seeds' single-run steps one after another (the baseline, the
 step) and of the ensemble step, both on a small pool of real batches prepared before timing
 and with the loop's host sync (step t-1's metrics read after step t is dispatched,
 ``rope_lie/loop.py``); and how many S-seed batches per second the input makes alone: the
-loop's host input (``in_memory.data_train_batches``, a few dispatches per member and step,
-stacked) and the same batches made on the device in one dispatch (``device_batches``).
+single runs' input (``in_memory.data_train_batches``, one dispatch per member and step,
+stacked) and the same batches made for all members in one dispatch (``device_batches``).
 ``--stream`` also times the steps with batches read from each input as they are needed.
 
 Progress: each phase (loading the data, building the seeds' states, compiling the single and
@@ -406,19 +406,19 @@ def probe(
         ]
         if stream:
             singles = [member_batches(c, mesh) for c in configs]
-            host = ensemble_batches(configs, mesh)
+            stacked = ensemble_batches(configs, mesh)
             device = device_batches(configs, mesh, make=make)
             plan += [
                 (
-                    "single, host input",
+                    "single, single-run input",
                     lambda name: time_single(
                         built, lambda k, i: next(singles[k]), steps, warmup, progress, name
                     ),
                 ),
                 (
-                    "ensemble, host input",
+                    "ensemble, single-run inputs stacked",
                     lambda name: time_ensemble(
-                        built, lambda i: next(host), steps, warmup, progress, name
+                        built, lambda i: next(stacked), steps, warmup, progress, name
                     ),
                 ),
                 (
@@ -430,7 +430,7 @@ def probe(
             ]
         plan += [
             (
-                "host input alone (batches/s)",
+                "single-run inputs alone (batches/s)",
                 lambda name: time_input(ensemble_batches(configs, mesh), n_input, progress, name),
             ),
             (
