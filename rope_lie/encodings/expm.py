@@ -69,7 +69,8 @@ _TAYLOR_COEFFS = tuple(1.0 / math.factorial(k) for k in range(_DEGREE + 1))
 # - "pallas": one Pallas kernel (``expm_pallas.square``) that runs all the squarings of a block
 #   of matrices in one program: a loop up to the block's largest s inside the kernel (no trip
 #   count read on the host, no kernel per iteration), each product a broadcast multiply summed
-#   over k, masked past each matrix's s as the loops are. For H up to ``PALLAS_MAX`` (larger:
+#   over k, masked past each matrix's s as the loops are; the reverse-mode VJP's squarings
+#   adjoint likewise (``expm_pallas.squarings_adjoint``). For H up to ``PALLAS_MAX`` (larger:
 #   the "while" loop). Interpret mode on CPU (slow: for the tests), compiled by Pallas's Triton
 #   backend on GPUs, the "while" loop on TPUs (no Mosaic kernel written). On an H100 the step
 #   took 39.76 ms against the "while" loop's 41.78 ms (benchmarks README, section 13), but it

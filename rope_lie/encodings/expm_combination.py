@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks, expm, lie
+from rope_lie.encodings import _checks, expm, expm_pallas, lie
 from rope_lie.encodings.expm import Host
 
 # Taylor degree of expm_skew_combination by number of axes: the per-token product has
@@ -250,8 +250,12 @@ def _squarings_adjoint(host: Host, s_Z: jax.Array, t_ZHH: jax.Array, z_ZHH: jax.
     too (left and right products by commuting matrices), and they can be applied from the first
     squaring on, each R_k squared from the one before: three products per squaring, nothing
     stored. Each matrix's Z stops at its own s, as the forward squarings do; its P squares on
-    unread (they are rotations: they stay bounded).
+    unread (they are rotations: they stay bounded). Where the squarings are "pallas"
+    (``expm.Host.pallas_squarings``), the loop is one Pallas kernel
+    (``expm_pallas.squarings_adjoint``).
     """
+    if host.pallas_squarings and t_ZHH.shape[-1] <= expm.PALLAS_MAX:
+        return expm_pallas.squarings_adjoint(host.platform == "cpu", s_Z, t_ZHH, z_ZHH)
 
     def body(carry):
         k, p, z = carry

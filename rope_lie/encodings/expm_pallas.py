@@ -5,8 +5,10 @@ matrices in one Pallas kernel.
 ``expm.square``'s loops are, with the loop inside the kernel: no trip count read on the host,
 no kernel per iteration. Its forward-mode derivative (the VJPs' Frechet adjoint in ``expm``) is
 a second kernel on pairs (R, dR) -> (R^2, R dR + dR R) through a ``jax.custom_jvp``:
-pallas_call's own JVP rule fails on this kernel (jax 0.10.2). Interpret mode on CPU (for the
-tests), compiled by Pallas's Triton backend on GPUs; float32; H up to ``PALLAS_MAX``.
+pallas_call's own JVP rule fails on this kernel (jax 0.10.2). ``squarings_adjoint`` is the
+reverse-mode VJP's loop (``expm_combination._squarings_adjoint``: (P, Z) -> (P^2,
+Z P^T + P^T Z)) as a third. Interpret mode on CPU (for the tests), compiled by Pallas's Triton
+backend on GPUs; float32; H up to ``PALLAS_MAX``.
 """
 
 from __future__ import annotations
@@ -51,9 +53,43 @@ def _squarings_kernel(s_ref, *refs):
         ref[...] = result
 
 
-def _pallas_squarings(interpret: bool, s_Z: jax.Array, *r_ZHH: jax.Array) -> tuple:
-    """``_squarings_kernel`` on blocks of Zb matrices, padded to Zb's multiple (s = 0) and to a
-    power-of-two side (``PALLAS_BLOCK_ELEMENTS``); interpret mode on CPU, else Triton."""
+def _transposed_products(p, z):
+    """Z P^T + P^T Z, each a broadcast summed over the shared index (no transpose in a kernel):
+    (Z P^T)_ij = sum_k Z_ik P_jk and (P^T Z)_ij = sum_k P_ki Z_kj."""
+    z_p_t = jnp.sum(z[..., :, None, :] * p[..., None, :, :], axis=-1)
+    p_t_z = jnp.sum(p[..., :, :, None] * z[..., :, None, :], axis=-3)
+    return z_p_t + p_t_z
+
+
+def _adjoint_kernel(s_ref, p_ref, z_ref, p_out_ref, z_out_ref):
+    """``expm_combination._squarings_adjoint`` on one block: (P, Z) -> (P^2, Z P^T + P^T Z) for
+    k < max(s), Z kept past each matrix's s_z (P squares on, unread)."""
+    s_Z = s_ref[...]
+
+    def step(k, carry):
+        p, z = carry
+        keep = (k < s_Z)[:, None, None]
+        return reduce_product(p, p), jnp.where(keep, _transposed_products(p, z), z)
+
+    p, z = jax.lax.fori_loop(0, jnp.max(s_Z), step, (p_ref[...], z_ref[...]))
+    p_out_ref[...] = p
+    z_out_ref[...] = z
+
+
+def squarings_adjoint(
+    interpret: bool, s_Z: jax.Array, t_ZHH: jax.Array, z_ZHH: jax.Array
+) -> jax.Array:
+    """The VJP of R = T^(2^s) at T applied to Z (``expm_combination._squarings_adjoint``, the
+    reverse-mode backward's loop) as one Pallas kernel."""
+    return _pallas_squarings(interpret, s_Z, t_ZHH, z_ZHH, kernel=_adjoint_kernel)[1]
+
+
+def _pallas_squarings(
+    interpret: bool, s_Z: jax.Array, *r_ZHH: jax.Array, kernel=_squarings_kernel
+) -> tuple:
+    """``kernel`` (``_squarings_kernel``, or ``_adjoint_kernel``) on blocks of Zb matrices,
+    padded to Zb's multiple (s = 0) and to a power-of-two side (``PALLAS_BLOCK_ELEMENTS``);
+    interpret mode on CPU, else Triton."""
     # Imported here: only this option needs Pallas, and its modules move between jax releases.
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pallas_triton
@@ -66,7 +102,7 @@ def _pallas_squarings(interpret: bool, s_Z: jax.Array, *r_ZHH: jax.Array) -> tup
     r_ZHH = [jnp.pad(r, ((0, padded - z), (0, side - h), (0, side - h))) for r in r_ZHH]
     matrices = pl.BlockSpec((block, side, side), lambda i: (i, 0, 0))
     out = pl.pallas_call(
-        _squarings_kernel,
+        kernel,
         out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype) for r in r_ZHH],
         grid=(padded // block,),
         in_specs=[pl.BlockSpec((block,), lambda i: (i,))] + [matrices] * len(r_ZHH),

@@ -89,6 +89,54 @@ def test_pallas_square_equals_the_while_loop_per_matrix(squarings, h):
     assert (np.abs(fused - loop).max(axis=(1, 2)) <= tol).all()
 
 
+@pytest.mark.parametrize("h", [5, 8, 16])
+def test_pallas_squarings_adjoint_equals_the_while_loop_per_matrix(squarings, h):
+    # The reverse-mode VJP's loop, Z -> Z P^T + P^T Z with P = T^(2^k) for k < s_z: one kernel
+    # against the loop and float64. 45 matrices (not a block's multiple; H = 5 padded to 8), s
+    # from 0 to 11 shuffled, so every block masks matrices whose squarings ended earlier.
+    rng = np.random.default_rng(70 + h)
+    t = _rotations(rng, 45, h)
+    z = rng.normal(size=(45, h, h)).astype(np.float32)
+    s = np.arange(45) % 12
+    rng.shuffle(s)
+
+    def adjoint(s_Z, t_ZHH, z_ZHH):
+        return expm_combination._squarings_adjoint(HOST, s_Z, t_ZHH, z_ZHH)
+
+    loop = np.asarray(jax.jit(adjoint)(s, t, z))
+    squarings("pallas")
+    assert _calls(adjoint, s, t, z) == (1, 0)
+    fused = np.asarray(jax.jit(adjoint)(s, t, z))
+    np.testing.assert_array_equal(fused[s == 0], z[s == 0])
+    exact = np.float64(z)
+    for i, (m, k) in enumerate(zip(np.float64(t), s, strict=True)):
+        for j in range(k):
+            p = np.linalg.matrix_power(m, 2**j)
+            exact[i] = exact[i] @ p.T + p.T @ exact[i]
+    # Z doubles in size at each squaring, and so does its rounding error so far.
+    scale = np.abs(exact).max(axis=(1, 2))
+    tol = 2.0**s * 1e-6 * scale
+    assert (np.abs(fused - exact).max(axis=(1, 2)) <= tol).all()
+    assert (np.abs(fused - loop).max(axis=(1, 2)) <= tol).all()
+
+
+def test_pallas_reverse_combination_gradients_equal_the_while_loop(squarings, monkeypatch):
+    # With the reverse-mode VJP the step holds two kernels, the squarings forward and their
+    # adjoint backward, and no loop of its own.
+    monkeypatch.setitem(expm_combination.COMBINATION_BACKWARDS, HOST.platform, "reverse")
+    rng = np.random.default_rng(31)
+    coef, gen = _liere_like(rng, 37, 3)
+    w = jnp.asarray(rng.normal(size=(37, 3, 8, 8)), jnp.float32)
+    assert int(expm_combination.num_squarings(coef, gen).max()) >= 2
+
+    def loss(c, g):
+        return jnp.sum(w * expm_combination.expm_skew_combination(c, g, host=HOST))
+
+    loop, fused, calls = _value_and_grad_both(squarings, loss, coef, gen)
+    assert calls == (2, 0)
+    _assert_equal_to_rounding(fused, loop, 1e-5)
+
+
 def _value_and_grad_both(squarings, fn, *args):
     """``jax.value_and_grad(fn, argnums=all)`` by the "while" loop and by the kernel, and the
     kernel's (pallas_call, while loops) count: one kernel forward, one in the VJP."""
@@ -145,9 +193,12 @@ def test_pallas_combination_values_and_gradients_equal_the_while_loop(squarings)
     _assert_equal_to_rounding(fused, loop, 1e-5)
 
 
-def test_pallas_squarings_under_vmap_equal_the_while_loop(squarings):
+@pytest.mark.parametrize("backward", ["frechet", "reverse"])
+def test_pallas_squarings_under_vmap_equal_the_while_loop(squarings, monkeypatch, backward):
     # The batched layer plan vmaps the encoders' precompute over layers: pallas_call's
-    # batching rule adds a grid axis, here to both kernels (forward and the VJP's).
+    # batching rule adds a grid axis, here to both kernels (forward and the VJP's: forward
+    # mode's, or the reverse-mode adjoint's).
+    monkeypatch.setitem(expm_combination.COMBINATION_BACKWARDS, HOST.platform, backward)
     rng = np.random.default_rng(40)
     pairs = [_liere_like(rng, 21, 2) for _ in range(3)]
     coef, gen = (jnp.stack(x) for x in zip(*pairs, strict=True))
@@ -233,5 +284,9 @@ def test_pallas_squarings_lower_for_cuda_as_triton_kernels(monkeypatch):
             return jnp.sum(jnp.sin(rotations))
 
         step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-        text = lower_for_cuda(step.trace(coef, gen))
-        assert text.count("__gpu$xla.gpu.triton") == 2 and "stablehlo.while" not in text, h
+        for backward in ("frechet", "reverse"):  # forward mode's kernel, or the adjoint's
+            monkeypatch.setitem(expm_combination.COMBINATION_BACKWARDS, "gpu", backward)
+            jax.clear_caches()
+            text = lower_for_cuda(step.trace(coef, gen))
+            calls = text.count("__gpu$xla.gpu.triton")
+            assert calls == 2 and "stablehlo.while" not in text, (h, backward)
