@@ -96,6 +96,22 @@ def test_member_is_its_single_run(runs, k):
     _assert_params_close(ensemble.unstack(params_S, k), single_params)
 
 
+def test_scanned_steps_are_the_ensemble_steps(config, runs):
+    """The probe's K-steps-a-call ensemble (``make_scanned_step``) ends where STEPS single
+    ensemble steps on the same batches end: same losses at its last step, same parameters."""
+    _, (losses_TS, params_S) = runs
+    mesh = sharding.make_mesh(config.mesh)
+    with jax.set_mesh(mesh):
+        built = ensemble_probe.build(config, SEEDS, mesh)
+        state, other, dropout_key = ensemble_probe.ensemble_state(built)
+        batches = ensemble_probe.ensemble_batches(built["configs"], mesh)
+        batches_KS = ensemble_probe.stack([next(batches) for _ in range(STEPS)])
+        scanned = ensemble_probe.make_scanned_step(built["setup"], STEPS)
+        state, m = scanned(state, batches_KS, other, dropout_key)
+    np.testing.assert_allclose(np.asarray(m["loss"]), losses_TS[-1], rtol=RTOL)
+    _assert_params_close(jax.device_get(state["params"]), params_S)
+
+
 def test_seeds_differ(runs):
     """Two seeds' trajectories differ by far more than the tolerance above, so a seed axis that
     mixed up or duplicated seeds fails it. Step 1's loss is log(10) for every seed (the
@@ -203,6 +219,20 @@ def test_probe_says_each_phase_and_writes_every_row(config, tmp_path, capsys):
     for phase in PHASES:  # and their seconds in the JSON
         assert any(name.startswith(phase) for name in written["phases"]), phase
     _assert_phase_lines(err)
+
+
+def test_probe_times_the_ensemble_k_steps_a_call(config, tmp_path):
+    """--steps-per-call K adds the scanned ensemble's row after the ensemble's, timed for whole
+    calls of K steps (steps // K of them, 4 steps here)."""
+    result, written = _probe(tmp_path, "--steps", "5", "--warmup", "1", "--steps-per-call", "2")
+    row = ensemble_probe.scanned_row(2)
+    assert list(written["rows"]) == [*STEP_ROWS, row, *INPUT_ROWS]
+    assert written["steps_timed"][row] == 4 and written["steps_per_call"] == 2
+    assert written["rows"][row] > 0 and np.isfinite(written["rows"][row])
+    assert written["complete"] is True, written
+    assert any(
+        p.startswith("compiling the ensemble step 2 steps a call") for p in written["phases"]
+    )
 
 
 @pytest.mark.parametrize("budget", [30, 9])

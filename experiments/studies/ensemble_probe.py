@@ -20,7 +20,10 @@ and with the loop's host sync (step t-1's metrics read after step t is dispatche
 ``rope_lie/loop.py``); and how many S-seed batches per second the input makes alone: the
 single runs' input (``in_memory.data_train_batches``, one dispatch per member and step,
 stacked) and the same batches made for all members in one dispatch (``device_batches``).
-``--stream`` also times the steps with batches read from each input as they are needed.
+``--stream`` also times the steps with batches read from each input as they are needed;
+``--steps-per-call K`` also the ensemble stepped K steps a call under ``lax.scan``
+(``make_scanned_step``: one dispatch and one host sync per K steps, what a training loop of
+K-step chunks would save where a step is bound by launches; batches made ahead).
 
 Progress: each phase (loading the data, building the seeds' states, compiling the single and
 the ensemble step and the device input, each timed row's warm-up and timing) is announced on
@@ -73,6 +76,13 @@ from rope_lie.ensemble import (
 from rope_lie.ensemble import member_config as seed_config
 
 POOL = 4  # distinct batches per seed cycled through by the timed steps
+
+
+def scanned_row(steps_per_call: int) -> str:
+    """The row of the ensemble stepped ``steps_per_call`` steps a call."""
+    return f"ensemble, {steps_per_call} steps a call (lax.scan)"
+
+
 PROGRESS_SECONDS = 5.0  # seconds between progress lines in a timed loop
 clock = time.monotonic  # the budget's clock (the rates are timed with time.perf_counter)
 
@@ -333,6 +343,44 @@ def time_ensemble(
     return _timed_steps(one, n, warmup, progress, name, per_call=len(built["members"]))
 
 
+def make_scanned_step(setup: train.Setup, steps_per_call: int) -> Callable:
+    """Jitted (state_S, batches_KS, other_S, dropout_key_S) -> (state_S, last step's metrics_S):
+    K = ``steps_per_call`` ensemble steps (``make_ensemble_step``'s vmapped train step) under
+    ``lax.scan`` over K stacked batches (K, S, B, ...), in one dispatch and one host sync. The
+    state is donated."""
+    vstep = jax.vmap(train.make_train_step(setup))
+
+    def call(state, batches, other, dropout_key):
+        def body(st, batch):
+            return vstep(st, batch, other, dropout_key)
+
+        state, metrics = jax.lax.scan(body, state, batches, length=steps_per_call)
+        return state, jax.tree.map(lambda m: m[-1], metrics)
+
+    return jax.jit(call, donate_argnums=(0,))
+
+
+def time_scanned(
+    built: dict,
+    batches: Callable,
+    n: int,
+    warmup: int,
+    progress: Progress | None = None,
+    name: str = "scanned",
+) -> Timing:
+    """``built["scanned_step"]``, K ensemble steps a call (its rate: seed-steps per second);
+    `batches(i)` is call i's (K, S, ...) stack; `n` and `warmup` are calls."""
+    state, other, dropout_key = ensemble_state(built)
+    k = built["steps_per_call"]
+
+    def one(i):
+        nonlocal state
+        state, m = built["scanned_step"](state, batches(i), other, dropout_key)
+        return m
+
+    return _timed_steps(one, n, warmup, progress, name, per_call=k * len(built["members"]))
+
+
 def time_input(
     stream: Iterator, n: int, progress: Progress | None = None, name: str = "input"
 ) -> Timing:
@@ -359,13 +407,16 @@ def probe(
     warmup: int,
     stream: bool,
     progress: Progress | None = None,
+    steps_per_call: int = 0,
 ) -> dict[str, float]:
     """The rows of the table: name -> seed-steps (or S-seed batches) per second.
 
     `progress` says each phase as it goes and collects in its `result` the rows, the steps
     each timed (``steps_timed``), the rows the budget left out (``skipped``) and the phases'
     seconds. Rows are timed after everything is compiled; each may use its share of the
-    budget left. Returns the rows measured (all of them without a budget)."""
+    budget left. With ``steps_per_call`` K > 0, also the ensemble K steps a call
+    (``make_scanned_step``, batches made ahead), for steps // K calls. Returns the rows
+    measured (all of them without a budget)."""
     if not in_memory.uses_memory(config):
         raise ValueError(f"input={config.get('input')!r}; the probe reads input='memory'")
     progress = Progress.silent() if progress is None else progress
@@ -392,6 +443,15 @@ def probe(
             with progress.phase(f"compiling the ensemble step (and one step of {s} seeds)"):
                 state_S, other_S, key_S = ensemble_state(built)
                 jax.block_until_ready(built["ensemble_step"](state_S, pool_S[0], other_S, key_S))
+        pool_KS = []
+        if steps_per_call and not progress.spent():
+            k = steps_per_call
+            with progress.phase(f"compiling the ensemble step {k} steps a call (and one call)"):
+                built["steps_per_call"] = k
+                built["scanned_step"] = make_scanned_step(built["setup"], k)
+                pool_KS = [stack([pool_S[(i + j) % POOL] for j in range(k)]) for i in range(POOL)]
+                state_S, other_S, key_S = ensemble_state(built)
+                jax.block_until_ready(built["scanned_step"](state_S, pool_KS[0], other_S, key_S))
         make = None
         if not progress.spent():
             with progress.phase("compiling the device input (and one stacked batch)"):
@@ -404,6 +464,17 @@ def probe(
             ("single (seeds in turn)", lambda name: single_pool(steps, warmup, progress, name)),
             ("ensemble (vmapped)", lambda name: ensemble_pool(steps, warmup, progress, name)),
         ]
+        if pool_KS:
+            k = steps_per_call
+            calls, warmup_calls = max(1, steps // k), max(1, -(-warmup // k))
+            plan.append(
+                (
+                    scanned_row(k),
+                    lambda name: time_scanned(
+                        built, lambda i: pool_KS[i % POOL], calls, warmup_calls, progress, name
+                    ),
+                )
+            )
         if stream:
             singles = [member_batches(c, mesh) for c in configs]
             stacked = ensemble_batches(configs, mesh)
@@ -452,7 +523,9 @@ def probe(
                 if timing.rate is None:
                     skipped.append(name)
                 else:
-                    rows[name], steps_timed[name] = timing.rate, timing.steps
+                    scanned = steps_per_call and name == scanned_row(steps_per_call)
+                    per_call = steps_per_call if scanned else 1
+                    rows[name], steps_timed[name] = timing.rate, timing.steps * per_call
                     unit = "batches" if "batches" in name else "steps"
                     progress.say(f"{name}: {timing.rate:.1f} /s over {timing.steps} {unit}")
     return rows
@@ -465,6 +538,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=300, help="timed steps")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps after compiling")
     parser.add_argument("--stream", action="store_true", help="also time with streamed input")
+    parser.add_argument(
+        "--steps-per-call",
+        type=int,
+        default=0,
+        help="K > 0: also time the ensemble K steps a call (lax.scan); 0: not",
+    )
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     parser.add_argument(
         "--budget",
@@ -473,8 +552,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         help="seconds after which timing stops and what was measured is written (default: none)",
     )
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error(f"--steps={args.steps} must be >= 1 and --warmup={args.warmup} >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.steps_per_call < 0:
+        parser.error(
+            f"--steps={args.steps} must be >= 1, --warmup={args.warmup} >= 0 and "
+            f"--steps-per-call={args.steps_per_call} >= 0"
+        )
     seeds = [int(s) for s in args.seeds.split(",")]
     result = {"config": args.config, "seeds": seeds, "steps": args.steps, "device": None}
     result.update(rows={}, warmup=args.warmup, stream=args.stream, budget=args.budget)
@@ -485,8 +567,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     with progress.phase("starting the backend"):
         result["device"] = device = jax.devices()[0].device_kind
     config = load_config(args.config)
-    rows = probe(config, seeds, args.steps, args.warmup, args.stream, progress)
+    k = args.steps_per_call
+    result["steps_per_call"] = k
+    rows = probe(config, seeds, args.steps, args.warmup, args.stream, progress, k)
     planned = {name: result["input_batches"] if "batches" in name else args.steps for name in rows}
+    if k and scanned_row(k) in planned:  # whole calls of k steps
+        planned[scanned_row(k)] = max(1, args.steps // k) * k
     result["complete"] = not result["skipped"] and result["steps_timed"] == planned
     result["seconds"] = round(time.perf_counter() - progress.start, 3)
     single = rows.get("single (seeds in turn)")
