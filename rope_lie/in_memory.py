@@ -17,8 +17,9 @@ Training stream (one process; ``data_seed``, else ``seed``): epoch e is the trai
 permutes them; epochs are concatenated and cut into batches, so batch k holds stream positions
 [k B, (k + 1) B), may straddle two epochs, and is the same whatever step the stream starts at
 (an exact resume). Batch k is made on the device from the training set held there, in one
-program (``batch_maker``), and augmented with the key fold_in(key(data_seed), k): per example, a random crop after ``crop_padding`` px of zero padding (``augment.crop="pad"``) and a
-left-right flip with probability 1/2 (``augment.flip``), the augmentations of the
+program (``batch_maker``), and augmented with the key fold_in(key(data_seed), k): per
+example, a random crop after ``crop_padding`` px of zero padding (``augment.crop="pad"``) and
+a left-right flip with probability 1/2 (``augment.flip``), the augmentations of the
 Fashion-MNIST recipe; others (inception crops, RandAugment, mixup, cutmix, label smoothing,
 NaFlex) are refused with a message. Evaluation: every example of the split once, in file order,
 resized (bilinear, antialiased, rounded to bytes as the TFDS path does) to the entry's
@@ -257,11 +258,11 @@ def data_train_batches(
     "label": int32 (B,)}, batch k the same whatever step the stream started at.
 
     The training set is put on the default device once; each batch is one call of the jitted
-    ``batch_maker`` on its example indices (computed here, on the host), so that a step's input
-    is a single dispatch and a 512-byte transfer: on a GPU, eager gathers and normalisations
-    made a single run's input slower than its step. ``patch`` is unused (images, not token
-    batches: the model cuts them into patches); it is ``rope_lie.run_inputs``'s signature, so
-    the two are interchangeable.
+    ``batch_maker`` on its example indices (computed here, on the host), so that a step's
+    input is a single dispatch and a transfer of B int32 indices: on a GPU, eager gathers and
+    normalisations made a single run's input slower than its step. ``patch`` is unused
+    (images, not token batches: the model cuts them into patches); it is
+    ``rope_lie.run_inputs``'s signature, so the two are interchangeable.
     """
     del patch
     check_config(config)
