@@ -24,12 +24,10 @@ import time
 from experiments.device.queue import Queue
 from experiments.device.recipes import ROOT
 
-# The quick files first: on an H100 machine the attention file's ViT comparisons did not all
-# finish by the stage's deadline (15 of 60 passed in 106 s), and pytest runs the
-# files in this order.
-# In this order, most wanted first: on an H200 the stage's deadline stopped them at 76 %, and
-# the VJPs' comparison decides a GPU default (expm_combination.COMBINATION_BACKWARDS); the
-# attention backends' comparisons, slow and passed by every run so far, come last.
+# Most wanted first (pytest runs the files in this order): on an H200 the stage's deadline
+# stopped them at 76 %, and the VJPs' comparison decides a GPU default
+# (expm_combination.COMBINATION_BACKWARDS); the attention file's ViT comparisons, slow (15 of 60
+# passed in 106 s on an H100 machine) and passed by every run so far, come last.
 GPU_TESTS = (
     "tests/encodings/test_combination_backward.py",  # LieRE's two VJPs on the device
     "tests/encodings/test_expm_pallas.py",  # the Pallas squarings compiled by Triton
