@@ -255,6 +255,15 @@ def test_dry_run_times_circulant_string_with_the_dft_right_after_its_own_step(dr
 
 
 def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
+    # each timed variant is set against its defaults in the Markdown, one line each
+    timed = [
+        r
+        for r in dry_run["rows"]
+        if r.get("variant") and r.get("case") == "fixed_batch" and r.get("step_ms") is not None
+    ]
+    section = device.results.variant_lines(dry_run["rows"])
+    assert len(timed) >= 9 and len(section) == 5 + len(timed)
+    assert all(" | 0." in line or " | 1." in line for line in section[5:]), section
     variants = {
         (r["attention"], r["block_product"], r["layer_plan"], r["squaring_loop"])
         + (r["small_products"], r["combination_backward"], r["platform_default"])
@@ -607,3 +616,30 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     assert ("liere", "cudnn", "product=einsum") in cases[4 : 4 + len(every)]
     # the other backend's own block product comes after its rows
     assert cases.index(("liere", "xla", "product=einsum")) > cases.index(("liere", "xla", None))
+
+
+def test_markdown_sets_each_variant_against_its_encoder_s_defaults():
+    # What a default's change would buy, read from one run: the variant's step over its
+    # encoder's defaults on the same backend and batch (first pass only), and over RoPE-Mixed.
+    from experiments.device.results import variant_lines
+
+    def row(encoder, attention, ms, variant=None, case="fixed_batch", batch=64):
+        return dict(encoder=encoder, attention=attention, batch=batch, step_ms=ms,
+                    step_ms_median=ms, variant=variant, case=case)  # fmt: skip
+
+    rows = [
+        row("rope_mixed", "cudnn", 20.0),
+        row("liere", "cudnn", 30.0),
+        row("liere", "cudnn", 24.0, "backward=reverse"),
+        row("liere", "cudnn", 22.0, "backward=reverse", case="repeat"),  # not the first pass
+        row("liere", "xla", 40.0, "product=adds"),  # no defaults on "xla" in this run
+        row("liere", "cudnn", None, "squarings=pallas"),  # not timed
+    ]
+    lines = variant_lines(rows)
+    table = [line for line in lines if line.startswith("| liere")]
+    assert table == [
+        "| liere | cudnn | backward=reverse | 24.00 | 30.00 | 0.800 | 1.200 |",
+        "| liere | xla | product=adds | 40.00 |  |  |  |",
+    ]
+    assert variant_lines(rows[:2]) == []  # no variant timed: no section
+    assert "## Variants against their encoder's defaults" in device.markdown({"rows": rows})

@@ -94,6 +94,7 @@ def markdown(data: dict) -> str:
             f"| {r['encoder']} | {r['attention']} | {r['batch']} | {ms} | "
             f"{_fmt(r.get('images_per_s'), ',.0f')} | {mfu} | {note[:160]} |"
         )
+    lines += variant_lines(data.get("rows", []))
     goal = data.get("goal") or {}
     if goal:
         lines += ["", "## Issue 47's goal figures (each encoder on its fastest backend)", ""]
@@ -210,6 +211,38 @@ def markdown(data: dict) -> str:
             f"| {name} | {s['status']} | {_fmt(s.get('seconds'))} | {(note[-1] if note else '')[:160]} |"  # noqa: E501
         )
     return "\n".join(lines)
+
+
+def variant_lines(rows: list[dict]) -> list[str]:
+    """A Markdown section: each timed variant's step against its encoder's defaults on the same
+    backend and batch in the same pass (the first pass's rows, ``case`` "fixed_batch"), and
+    against RoPE-Mixed's there: what a default's change would buy on this device."""
+
+    def key(r):
+        return r["encoder"], r["attention"], r["batch"]
+
+    first = [r for r in rows if r.get("case") == "fixed_batch" and r.get("step_ms") is not None]
+    defaults = {key(r): r for r in first if r.get("variant") is None}
+    variants = [r for r in first if r.get("variant") is not None]
+    if not variants:
+        return []
+    lines = [
+        "",
+        "## Variants against their encoder's defaults (same backend and batch, this run)",
+        "",
+        "| encoder | attention | variant | step ms | defaults' ms | over defaults | over RoPE-Mixed |",  # noqa: E501
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in variants:
+        base = defaults.get(key(r))
+        rope = defaults.get(("rope_mixed", r["attention"], r["batch"]))
+        over = "" if base is None else f"{r['step_ms'] / base['step_ms']:.3f}"
+        over_rope = "" if rope is None else f"{r['step_ms'] / rope['step_ms']:.3f}"
+        lines.append(
+            f"| {r['encoder']} | {r['attention']} | {r['variant']} | {r['step_ms']:.2f} | "
+            f"{_fmt(base and base['step_ms'], '.2f')} | {over} | {over_rope} |"
+        )
+    return lines
 
 
 def empty_row(encoder: str, attention: str, batch: int, **note) -> dict:

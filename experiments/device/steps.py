@@ -38,6 +38,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
     began = time.monotonic()
     encoder, attention, batch, name = key
     row = empty_row(encoder, attention, batch, case="fixed_batch")
+    row["variant"] = name  # None: the platform's defaults
     if encoder.startswith("liere"):
         platform = q.data["platform"]
         choices = variant_choices(name, platform)
@@ -48,7 +49,6 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         row["combination_backward"] = choices["backward"]
         row["platform_default"] = name is None
     elif name is not None:
-        row["variant"] = name
         row["platform_default"] = False
     if "error" in case or "skipped" in case:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
