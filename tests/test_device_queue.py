@@ -643,3 +643,42 @@ def test_markdown_sets_each_variant_against_its_encoder_s_defaults():
     ]
     assert variant_lines(rows[:2]) == []  # no variant timed: no section
     assert "## Variants against their encoder's defaults" in device.markdown({"rows": rows})
+
+
+def test_collect_copies_a_run_under_its_committed_names(tmp_path):
+    # A run's files as the device tool brings them back (read-only), into a folder that already
+    # holds that device and date's first run: the copies are run 2, writable, and the JSON and
+    # Markdown name the renamed logs.
+    from experiments.device import collect
+
+    run, into = tmp_path / "files_at", tmp_path / "device"
+    run.mkdir()
+    into.mkdir()
+    stem = "NVIDIA_H200-2026-11-29"
+    data = {"schema": 1, "rows": [], "tests": {"gpu": {"log": f"{stem}-tests-gpu.log"}}}
+    (run / f"{stem}.json").write_text(json.dumps(data))
+    (run / f"{stem}.md").write_text(f"- gpu: passed 3 (log: {stem}-tests-gpu.log)\n")
+    (run / f"{stem}-tests-gpu.log").write_text("gpu log\n")
+    (run / f"{stem}-tests-encoders-cpu.log").write_text("cpu log\n")
+    (run / "queue.log").write_text("queue\n")
+    (run / "ensemble.json").write_text(json.dumps({"rows": {}}))  # not the queue's (no schema)
+    for path in run.iterdir():
+        path.chmod(0o444)
+    (into / f"{stem}-1-full.json").write_text("{}")
+    written = collect.collect(str(run), "full", str(into))
+    new = f"{stem}-2-full"
+    assert sorted(os.path.basename(p) for p in written) == sorted(
+        [f"{new}.json", f"{new}.md", f"{new}.log", f"{new}-tests-gpu.log"]
+        + [f"{new}-tests-encoders-cpu.log"]
+    )
+    assert json.loads((into / f"{new}.json").read_text())["tests"]["gpu"]["log"] == (
+        f"{new}-tests-gpu.log"
+    )
+    assert f"(log: {new}-tests-gpu.log)" in (into / f"{new}.md").read_text()
+    assert (into / f"{new}.log").read_text() == "queue\n"
+    assert all(os.access(p, os.W_OK) for p in written)
+    with pytest.raises(ValueError, match="tag='Full run'"):
+        collect.collect(str(run), "Full run", str(into))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="expected one device queue JSON"):
+        collect.collect(str(tmp_path / "empty"), "full", str(into))

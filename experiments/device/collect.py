@@ -1,0 +1,107 @@
+"""A device run's files, copied into the repository under their committed names.
+
+    python -m experiments.device.collect <folder the run wrote> [--tag full]
+
+The queue writes ``<device>-<date>.json`` and ``.md``, and its tests' logs
+``<device>-<date>-tests-gpu.log`` and ``-tests-encoders-cpu.log``, into ``--out``; the device
+tool brings them back read-only, with the queue's own output where the command saved it
+(``queue.log``). This copies them into ``experiments/benchmarks/device/`` as
+``<device>-<date>-<n>-<tag>.json``, ``.md``, ``.log`` (the queue's output),
+``-<tag>-tests-gpu.log`` and ``-<tag>-tests-encoders-cpu.log``, n one more than the runs of
+that device and date already there, writable, with the logs' names inside the JSON and the
+Markdown rewritten to match. It refuses a folder with no queue JSON, or with several, and
+never overwrites a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+
+from experiments.device.recipes import ROOT
+
+INTO = os.path.join(ROOT, "experiments", "benchmarks", "device")
+LOGS = ("tests-gpu.log", "tests-encoders-cpu.log")
+QUEUE_LOG = "queue.log"
+
+
+def queue_json(folder: str) -> str:
+    """The one queue result in `folder` (a JSON with the queue's ``schema`` and ``rows``)."""
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "schema" in data and "rows" in data:
+            found.append(name)
+    if len(found) != 1:
+        raise ValueError(
+            f"{folder}: expected one device queue JSON (with 'schema' and 'rows'), found "
+            f"{found or 'none'}"
+        )
+    return found[0]
+
+
+def next_number(into: str, stem: str) -> int:
+    """One more than the largest n of ``<stem>-<n>-...`` files in `into` (1 if none)."""
+    pattern = re.compile(rf"^{re.escape(stem)}-(\d+)-")
+    numbers = [int(m.group(1)) for name in os.listdir(into) if (m := pattern.match(name))]
+    return max(numbers, default=0) + 1
+
+
+def collect(folder: str, tag: str = "full", into: str = INTO) -> list[str]:
+    """Copy the run in `folder` into `into` under its committed names; the paths written."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", tag):
+        raise ValueError(f"tag={tag!r}: expected lower-case letters, digits and dashes")
+    name = queue_json(folder)
+    stem = name[: -len(".json")]
+    new = f"{stem}-{next_number(into, stem)}-{tag}"
+    renames = {f"{stem}-{log}": f"{new}-{log}" for log in LOGS}
+    copies = {name: f"{new}.json", f"{stem}.md": f"{new}.md", QUEUE_LOG: f"{new}.log"}
+    copies |= renames
+    present = {src: dst for src, dst in copies.items() if os.path.exists(os.path.join(folder, src))}
+    clashes = [dst for dst in present.values() if os.path.exists(os.path.join(into, dst))]
+    if clashes:
+        raise FileExistsError(f"{into}: would overwrite {clashes}")
+    written = []
+    for src, dst in present.items():
+        target = os.path.join(into, dst)
+        if src.endswith((".json", ".md")):
+            with open(os.path.join(folder, src)) as f:
+                text = f.read()
+            for old, renamed in renames.items():
+                text = text.replace(old, renamed)
+            with open(target, "w") as f:
+                f.write(text)
+        else:
+            shutil.copyfile(os.path.join(folder, src), target)  # not its read-only mode
+        written.append(target)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", help="the folder the run wrote (the device tool's files_at)")
+    parser.add_argument("--tag", default="full", help="what the run was: full, tests, ...")
+    parser.add_argument("--into", default=INTO, help="where the committed results are")
+    args = parser.parse_args(argv)
+    try:
+        written = collect(args.folder, args.tag, args.into)
+    except (ValueError, FileExistsError) as e:
+        print(f"collect: {e}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(os.path.relpath(path, ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
