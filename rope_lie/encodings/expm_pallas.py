@@ -22,9 +22,11 @@ import jax.numpy as jnp
 # arrays have power-of-two sides; a zero row and column square to zeros and add exact zeros),
 # and per program as many as make the broadcast product's (Zb, H, H, H) intermediate this many
 # elements (16 matrices of 8 x 8, 2 of 16 x 16). Unmeasured: chosen so that a program's values
-# stay in registers: compiled for sm_90 by the triton 3.8 Python package (a GPU compiles it with
-# XLA's own Triton) at Pallas's default 4 warps, the kernel on pairs at 8 x 8 used 209
-# registers a thread and spilled none, and at twice the elements it spilled. Not timed.
+# stay in registers: compiled for sm_90a by the triton 3.8 Python package (a GPU compiles it
+# with XLA's own Triton) at Pallas's default 4 warps, at 8 x 8 the squarings used 128 registers
+# a thread, the kernel on pairs 209 and the adjoint 205, none spilling; at twice the elements
+# the pairs and the adjoint spilled (``python -m experiments.benchmarks.pallas_registers``).
+# Not timed.
 PALLAS_MAX = 16
 PALLAS_BLOCK_ELEMENTS = 2**13
 

@@ -1,0 +1,117 @@
+"""The Pallas squaring kernels compiled for an H100/H200 (sm_90a) without a GPU: registers, spills.
+
+    python -m experiments.benchmarks.pallas_registers
+
+Each kernel of ``rope_lie/encodings/expm_pallas.py`` (the squarings, their forward-mode pairs
+and the reverse-mode adjoint) on a block of 8 x 8 matrices is lowered by Pallas's Triton
+backend (its Triton IR captured from ``jax._src.pallas.triton.lowering``), compiled by the
+``triton`` package to PTX and by its ``ptxas`` to sm_90a, which prints the registers a thread
+uses and any spills: a kernel that spills keeps values in memory that were meant to stay in
+registers (``expm_pallas.PALLAS_BLOCK_ELEMENTS``). A GPU compiles the same IR with XLA's own
+Triton, which may allocate differently. Needs a jax that lowers Pallas's Triton kernels for
+CUDA on a CPU-only process (0.10; 0.11 refuses without a GPU) and the ``triton`` package
+(installed with PyTorch, the ``interop`` extra); without either it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+KERNELS = ("squarings", "pairs", "adjoint")
+
+
+def triton_ir(kernel: str, block_matrices: int = 45, h: int = 8) -> str:
+    """The Triton IR (text) of one of ``KERNELS`` on `block_matrices` H x H matrices."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src.pallas.triton import lowering
+
+    from rope_lie.encodings import expm_pallas
+
+    captured = []
+    original = lowering.lower_jaxpr_to_triton_module
+
+    def capture(*args, **kwargs):
+        result = original(*args, **kwargs)
+        captured.append(str(result.module))
+        return result
+
+    s = jnp.zeros((block_matrices,), jnp.int32)
+    r = jnp.zeros((block_matrices, h, h), jnp.float32)
+    fns = {
+        "squarings": lambda s, a, b: expm_pallas._pallas_squarings(False, s, a),
+        "pairs": lambda s, a, b: expm_pallas._pallas_squarings(False, s, a, b),
+        "adjoint": functools.partial(expm_pallas.squarings_adjoint, False),
+    }
+    lowering.lower_jaxpr_to_triton_module = capture
+    try:
+        jax.jit(fns[kernel]).trace(s, r, r).lower(lowering_platforms=("cuda",))
+    finally:
+        lowering.lower_jaxpr_to_triton_module = original
+    if len(captured) != 1:
+        raise RuntimeError(f"{kernel}: expected one Triton kernel, lowered {len(captured)}")
+    return captured[0]
+
+
+def ptxas_report(ir: str, arch: str = "sm_90a", num_warps: int = 4) -> dict:
+    """Registers a thread, spill stores and loads (bytes) of `ir` compiled for `arch`."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ttir")
+        with open(path, "w") as f:
+            f.write(ir)
+        capability = int(re.sub(r"\D", "", arch))
+        compiled = triton.compile(
+            path, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps}
+        )
+        ptx = os.path.join(tmp, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        out = subprocess.run(
+            [ptxas, f"-arch={arch}", "-v", ptx, "-o", os.path.join(tmp, "kernel.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    text = out.stdout + out.stderr
+    registers = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if registers is None or spills is None:
+        raise RuntimeError(f"ptxas said nothing of registers or spills:\n{text}")
+    return {
+        "registers": int(registers.group(1)),
+        "spill_stores": int(spills.group(1)),
+        "spill_loads": int(spills.group(2)),
+    }
+
+
+def main() -> int:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("needs the triton package (pip install triton, or the interop extra)")
+        return 2
+    try:
+        irs = {kernel: triton_ir(kernel) for kernel in KERNELS}
+    except RuntimeError as e:
+        if "No supported GPU devices found" not in str(e):
+            raise
+        print(f"this jax lowers Pallas's Triton kernels for CUDA only beside a GPU: {e}")
+        return 2
+    print("kernel     registers  spill stores  spill loads  (8 x 8, 4 warps, sm_90a)")
+    for kernel, ir in irs.items():
+        r = ptxas_report(ir)
+        print(f"{kernel:10s} {r['registers']:9d}  {r['spill_stores']:12d}  {r['spill_loads']:11d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
