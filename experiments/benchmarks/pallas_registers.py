@@ -3,7 +3,7 @@
     python -m experiments.benchmarks.pallas_registers
 
 Each kernel of ``rope_lie/encodings/expm_pallas.py`` (the squarings, their forward-mode pairs
-and the reverse-mode adjoint) on a block of 8 x 8 matrices is lowered by Pallas's Triton
+and the reverse-mode adjoint) on matrices of 4 x 4, 8 x 8 and 16 x 16 is lowered by Pallas's Triton
 backend (its Triton IR captured from ``jax._src.pallas.triton.lowering``), compiled by the
 ``triton`` package to PTX and by its ``ptxas`` to sm_90a, which prints the registers a thread
 uses and any spills: a kernel that spills keeps values in memory that were meant to stay in
@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 KERNELS = ("squarings", "pairs", "adjoint")
+SIDES = (4, 8, 16)  # matrix sides, a power of two each (smaller ones are padded to them)
 
 
 def triton_ir(kernel: str, block_matrices: int = 45, h: int = 8) -> str:
@@ -100,16 +101,19 @@ def main() -> int:
         print("needs the triton package (pip install triton, or the interop extra)")
         return 2
     try:
-        irs = {kernel: triton_ir(kernel) for kernel in KERNELS}
+        irs = {(k, h): triton_ir(k, h=h) for h in SIDES for k in KERNELS}
     except RuntimeError as e:
         if "No supported GPU devices found" not in str(e):
             raise
         print(f"this jax lowers Pallas's Triton kernels for CUDA only beside a GPU: {e}")
         return 2
-    print("kernel     registers  spill stores  spill loads  (8 x 8, 4 warps, sm_90a)")
-    for kernel, ir in irs.items():
+    print("kernel     side  registers  spill stores  spill loads  (4 warps, sm_90a)")
+    for (kernel, h), ir in irs.items():
         r = ptxas_report(ir)
-        print(f"{kernel:10s} {r['registers']:9d}  {r['spill_stores']:12d}  {r['spill_loads']:11d}")
+        print(
+            f"{kernel:10s} {h:4d}  {r['registers']:9d}  {r['spill_stores']:12d}  "
+            f"{r['spill_loads']:11d}"
+        )
     return 0
 
 

@@ -5,6 +5,7 @@ on CPU, the compiled Triton kernels on a GPU (the device queue runs this file th
 only, no scipy, which the device image lacks)."""
 
 import functools
+import itertools
 
 import jax
 import jax.extend
@@ -300,13 +301,13 @@ def test_pallas_kernels_compile_for_sm90_without_spilling():
     pytest.importorskip("triton")
     from experiments.benchmarks import pallas_registers
 
-    for kernel in pallas_registers.KERNELS:
+    for kernel, h in itertools.product(pallas_registers.KERNELS, pallas_registers.SIDES):
         try:
-            ir = pallas_registers.triton_ir(kernel)
+            ir = pallas_registers.triton_ir(kernel, h=h)
         except RuntimeError as e:
             if _NO_GPU not in str(e):
                 raise
             pytest.skip(f"jax {jax.__version__} lowers Pallas Triton kernels only on a GPU")
         report = pallas_registers.ptxas_report(ir)
-        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (kernel, report)
-        assert 0 < report["registers"] <= 255, (kernel, report)
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (kernel, h, report)
+        assert 0 < report["registers"] <= 255, (kernel, h, report)
