@@ -95,7 +95,9 @@ The package, a module for each part: ``run`` (the command: ``parse_args``, ``mai
 (the stages' order and deadlines, and the state a run's stages share), ``recipes``, ``results``
 (the JSON and Markdown files), ``variants`` (LieRE 8x8's), and one module for each stage:
 ``environment``, ``tests_stage``, ``compile_stage``, ``steps``, ``rotations``, ``profile``,
-``largest_batch`` and ``packing``. The names below are handed on from them.
+``largest_batch`` and ``packing``. The names below are handed on from them. After a run,
+``python -m experiments.device.collect <folder>`` copies its files into
+``experiments/benchmarks/device/`` under their committed names (``collect``).
 """
 
 from __future__ import annotations
