@@ -661,7 +661,7 @@ def test_collect_copies_a_run_under_its_committed_names(tmp_path):
     (run / f"{stem}-tests-gpu.log").write_text("gpu log\n")
     (run / f"{stem}-tests-encoders-cpu.log").write_text("cpu log\n")
     (run / "queue.log").write_text("queue\n")
-    (run / "ensemble.json").write_text(json.dumps({"rows": {}}))  # not the queue's (no schema)
+    (run / "other.json").write_text(json.dumps({"rows": {}}))  # not the queue's (no schema)
     for path in run.iterdir():
         path.chmod(0o444)
     (into / f"{stem}-1-full.json").write_text("{}")
@@ -680,5 +680,16 @@ def test_collect_copies_a_run_under_its_committed_names(tmp_path):
     with pytest.raises(ValueError, match="tag='Full run'"):
         collect.collect(str(run), "Full run", str(into))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="expected one device queue JSON"):
+    with pytest.raises(ValueError, match="found neither"):
         collect.collect(str(tmp_path / "empty"), "full", str(into))
+    # The seed-ensemble probe's files, as the studies README's command writes them: numbered
+    # with the queue's runs of that device and date.
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "ensemble.json").write_text(json.dumps({"device": "NVIDIA H200", "rows": {}}))
+    (probe / "probe.log").write_text("probe\n")
+    written = collect.collect(str(probe), into=str(into), date="2026-11-29")
+    assert sorted(os.path.basename(p) for p in written) == [
+        f"{stem}-3-ensemble-probe.json",
+        f"{stem}-3-ensemble-probe.log",
+    ]

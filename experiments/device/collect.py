@@ -9,13 +9,16 @@ tool brings them back read-only, with the queue's own output where the command s
 ``<device>-<date>-<n>-<tag>.json``, ``.md``, ``.log`` (the queue's output),
 ``-<tag>-tests-gpu.log`` and ``-<tag>-tests-encoders-cpu.log``, n one more than the runs of
 that device and date already there, writable, with the logs' names inside the JSON and the
-Markdown rewritten to match. It refuses a folder with no queue JSON, or with several, and
-never overwrites a file.
+Markdown rewritten to match. A folder with the seed-ensemble probe's ``ensemble.json`` (and
+its ``probe.log``) instead, as its studies README command writes them, is copied as
+``<device>-<date>-<n>-ensemble-probe.json`` and ``.log``. It refuses a folder with neither,
+or with several queue runs, and never overwrites a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -23,14 +26,17 @@ import shutil
 import sys
 
 from experiments.device.recipes import ROOT
+from experiments.device.results import _safe_name
 
 INTO = os.path.join(ROOT, "experiments", "benchmarks", "device")
 LOGS = ("tests-gpu.log", "tests-encoders-cpu.log")
 QUEUE_LOG = "queue.log"
+PROBE_JSON, PROBE_LOG, PROBE_TAG = "ensemble.json", "probe.log", "ensemble-probe"
 
 
-def queue_json(folder: str) -> str:
-    """The one queue result in `folder` (a JSON with the queue's ``schema`` and ``rows``)."""
+def queue_json(folder: str) -> str | None:
+    """The one queue result in `folder` (a JSON with the queue's ``schema`` and ``rows``); None
+    if there is none, ValueError if there are several."""
     found = []
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".json"):
@@ -42,12 +48,9 @@ def queue_json(folder: str) -> str:
             continue
         if isinstance(data, dict) and "schema" in data and "rows" in data:
             found.append(name)
-    if len(found) != 1:
-        raise ValueError(
-            f"{folder}: expected one device queue JSON (with 'schema' and 'rows'), found "
-            f"{found or 'none'}"
-        )
-    return found[0]
+    if len(found) > 1:
+        raise ValueError(f"{folder}: expected one device queue JSON, found {found}")
+    return found[0] if found else None
 
 
 def next_number(into: str, stem: str) -> int:
@@ -57,16 +60,40 @@ def next_number(into: str, stem: str) -> int:
     return max(numbers, default=0) + 1
 
 
-def collect(folder: str, tag: str = "full", into: str = INTO) -> list[str]:
-    """Copy the run in `folder` into `into` under its committed names; the paths written."""
+def _probe_stem(folder: str, date: str) -> str | None:
+    """``<device>-<date>`` of the ensemble probe's result in `folder`, or None if none."""
+    path = os.path.join(folder, PROBE_JSON)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        device = json.load(f).get("device")
+    if not device:
+        raise ValueError(f"{path}: no 'device' (a probe stopped before the backend started?)")
+    return f"{_safe_name(device)}-{date}"
+
+
+def collect(folder: str, tag: str = "full", into: str = INTO, date: str | None = None) -> list:
+    """Copy the run in `folder` into `into` under its committed names; the paths written.
+    `date`: the probe's (ISO; None: today), which its files do not carry in their names."""
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", tag):
         raise ValueError(f"tag={tag!r}: expected lower-case letters, digits and dashes")
+    renames: dict[str, str] = {}
     name = queue_json(folder)
-    stem = name[: -len(".json")]
-    new = f"{stem}-{next_number(into, stem)}-{tag}"
-    renames = {f"{stem}-{log}": f"{new}-{log}" for log in LOGS}
-    copies = {name: f"{new}.json", f"{stem}.md": f"{new}.md", QUEUE_LOG: f"{new}.log"}
-    copies |= renames
+    if name is None:
+        stem = _probe_stem(folder, date or datetime.date.today().isoformat())
+        if stem is None:
+            raise ValueError(
+                f"{folder}: expected a device queue JSON (with 'schema' and 'rows') or the "
+                f"ensemble probe's {PROBE_JSON}, found neither"
+            )
+        new = f"{stem}-{next_number(into, stem)}-{PROBE_TAG}"
+        copies = {PROBE_JSON: f"{new}.json", PROBE_LOG: f"{new}.log"}
+    else:
+        stem = name[: -len(".json")]
+        new = f"{stem}-{next_number(into, stem)}-{tag}"
+        renames = {f"{stem}-{log}": f"{new}-{log}" for log in LOGS}
+        copies = {name: f"{new}.json", f"{stem}.md": f"{new}.md", QUEUE_LOG: f"{new}.log"}
+        copies |= renames
     present = {src: dst for src, dst in copies.items() if os.path.exists(os.path.join(folder, src))}
     clashes = [dst for dst in present.values() if os.path.exists(os.path.join(into, dst))]
     if clashes:
