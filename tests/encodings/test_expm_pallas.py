@@ -305,6 +305,8 @@ def test_pallas_kernels_compile_for_sm90_without_spilling():
         try:
             ir = pallas_registers.triton_ir(kernel, h=h)
         except RuntimeError as e:
+            if pallas_registers.NO_HOOK in str(e):
+                pytest.skip(str(e))  # a jax internal moved: the script says which
             if _NO_GPU not in str(e):
                 raise
             pytest.skip(f"jax {jax.__version__} lowers Pallas Triton kernels only on a GPU")
