@@ -26,6 +26,7 @@ KERNELS = ("squarings", "pairs", "adjoint")
 # Where Pallas lowers a kernel to Triton IR (a jax internal, captured here): its message when a
 # jax has moved it.
 NO_HOOK = "this jax has no jax._src.pallas.triton.lowering.lower_jaxpr_to_triton_module"
+NO_PTXAS = "this triton package ships no ptxas"
 SIDES = (4, 8, 16)  # matrix sides, a power of two each (smaller ones are padded to them)
 
 
@@ -72,6 +73,8 @@ def ptxas_report(ir: str, arch: str = "sm_90a", num_warps: int = 4) -> dict:
     from triton.backends.compiler import GPUTarget
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        raise RuntimeError(f"{NO_PTXAS} ({ptxas})")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.ttir")
         with open(path, "w") as f:
@@ -119,7 +122,13 @@ def main() -> int:
         return 2
     print("kernel     side  registers  spill stores  spill loads  (4 warps, sm_90a)")
     for (kernel, h), ir in irs.items():
-        r = ptxas_report(ir)
+        try:
+            r = ptxas_report(ir)
+        except RuntimeError as e:
+            if NO_PTXAS not in str(e):
+                raise
+            print(e)
+            return 2
         print(
             f"{kernel:10s} {h:4d}  {r['registers']:9d}  {r['spill_stores']:12d}  "
             f"{r['spill_loads']:11d}"

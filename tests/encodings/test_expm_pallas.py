@@ -310,6 +310,11 @@ def test_pallas_kernels_compile_for_sm90_without_spilling():
             if _NO_GPU not in str(e):
                 raise
             pytest.skip(f"jax {jax.__version__} lowers Pallas Triton kernels only on a GPU")
-        report = pallas_registers.ptxas_report(ir)
+        try:
+            report = pallas_registers.ptxas_report(ir)
+        except RuntimeError as e:
+            if pallas_registers.NO_PTXAS not in str(e):
+                raise
+            pytest.skip(str(e))
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (kernel, h, report)
         assert 0 < report["registers"] <= 255, (kernel, h, report)
