@@ -121,23 +121,6 @@ def test_pallas_squarings_adjoint_equals_the_while_loop_per_matrix(squarings, h)
     assert (np.abs(fused - loop).max(axis=(1, 2)) <= tol).all()
 
 
-def test_pallas_reverse_combination_gradients_equal_the_while_loop(squarings, monkeypatch):
-    # With the reverse-mode VJP the step holds two kernels, the squarings forward and their
-    # adjoint backward, and no loop of its own.
-    monkeypatch.setitem(expm_combination.COMBINATION_BACKWARDS, HOST.platform, "reverse")
-    rng = np.random.default_rng(31)
-    coef, gen = _liere_like(rng, 37, 3)
-    w = jnp.asarray(rng.normal(size=(37, 3, 8, 8)), jnp.float32)
-    assert int(expm_combination.num_squarings(coef, gen).max()) >= 2
-
-    def loss(c, g):
-        return jnp.sum(w * expm_combination.expm_skew_combination(c, g, host=HOST))
-
-    loop, fused, calls = _value_and_grad_both(squarings, loss, coef, gen)
-    assert calls == (2, 0)
-    _assert_equal_to_rounding(fused, loop, 1e-5)
-
-
 def _value_and_grad_both(squarings, fn, *args):
     """``jax.value_and_grad(fn, argnums=all)`` by the "while" loop and by the kernel, and the
     kernel's (pallas_call, while loops) count: one kernel forward, one in the VJP."""
@@ -180,7 +163,13 @@ def _liere_like(rng, rows, gens):
     return coef, jnp.asarray(gen * rng.uniform(0.1, 1.0, size=(2, gens, 1, 1)), jnp.float32)
 
 
-def test_pallas_combination_values_and_gradients_equal_the_while_loop(squarings):
+@pytest.mark.parametrize("backward", ["frechet", "reverse"])
+def test_pallas_combination_values_and_gradients_equal_the_while_loop(
+    squarings, monkeypatch, backward
+):
+    # Two kernels and no loop of the step's own: the squarings forward, and backward their
+    # forward-mode pairs (the Frechet VJP) or their adjoint (the reverse-mode VJP).
+    monkeypatch.setitem(expm_combination.COMBINATION_BACKWARDS, HOST.platform, backward)
     rng = np.random.default_rng(30)
     coef, gen = _liere_like(rng, 37, 3)
     w = jnp.asarray(rng.normal(size=(37, 3, 8, 8)), jnp.float32)
