@@ -330,17 +330,21 @@ def time_ensemble(
     warmup: int,
     progress: Progress | None = None,
     name: str = "ensemble",
+    scanned: bool = False,
 ) -> Timing:
     """The vmapped ensemble step (its rate: seed-steps per second); `batches(i)` is call i's
-    stack."""
+    stack. `scanned`: ``built["scanned_step"]`` instead, ``built["steps_per_call"]`` steps a
+    call on a (K, S, ...) stack; `n` and `warmup` are calls."""
     state, other, dropout_key = ensemble_state(built)
+    step = built["scanned_step"] if scanned else built["ensemble_step"]
+    steps = built["steps_per_call"] if scanned else 1
 
     def one(i):
         nonlocal state
-        state, m = built["ensemble_step"](state, batches(i), other, dropout_key)
+        state, m = step(state, batches(i), other, dropout_key)
         return m
 
-    return _timed_steps(one, n, warmup, progress, name, per_call=len(built["members"]))
+    return _timed_steps(one, n, warmup, progress, name, per_call=steps * len(built["members"]))
 
 
 def make_scanned_step(setup: train.Setup, steps_per_call: int) -> Callable:
@@ -358,27 +362,6 @@ def make_scanned_step(setup: train.Setup, steps_per_call: int) -> Callable:
         return state, jax.tree.map(lambda m: m[-1], metrics)
 
     return jax.jit(call, donate_argnums=(0,))
-
-
-def time_scanned(
-    built: dict,
-    batches: Callable,
-    n: int,
-    warmup: int,
-    progress: Progress | None = None,
-    name: str = "scanned",
-) -> Timing:
-    """``built["scanned_step"]``, K ensemble steps a call (its rate: seed-steps per second);
-    `batches(i)` is call i's (K, S, ...) stack; `n` and `warmup` are calls."""
-    state, other, dropout_key = ensemble_state(built)
-    k = built["steps_per_call"]
-
-    def one(i):
-        nonlocal state
-        state, m = built["scanned_step"](state, batches(i), other, dropout_key)
-        return m
-
-    return _timed_steps(one, n, warmup, progress, name, per_call=k * len(built["members"]))
 
 
 def time_input(
@@ -470,8 +453,14 @@ def probe(
             plan.append(
                 (
                     scanned_row(k),
-                    lambda name: time_scanned(
-                        built, lambda i: pool_KS[i % POOL], calls, warmup_calls, progress, name
+                    lambda name: time_ensemble(
+                        built,
+                        lambda i: pool_KS[i % POOL],
+                        calls,
+                        warmup_calls,
+                        progress,
+                        name,
+                        scanned=True,
                     ),
                 )
             )
