@@ -43,7 +43,7 @@ STAGES = (
 # Threads building the encoders' initial states (``Queue.init_pool``), apart from the compiles.
 # With one, and each initialisation compiled for the GPU, on an H200 every timed row after the
 # first took 37 s (its step 22-67 ms), one after another from the compile stage's end, as if each
-# waited for the next init in that one queue. They are now built by the CPU
+# waited for the next init in that one queue. The states are built by the host's CPU
 # (``compile_stage.host_init``); two threads halve any backlog left, and more would take the CPU
 # from the compile stage's lowering and compiles. Each row records its wait (``init_wait_s``).
 INIT_THREADS = 2
