@@ -1,6 +1,6 @@
 """The Pallas squaring kernels compiled for an H100/H200 (sm_90a) without a GPU: registers, spills.
 
-    python -m experiments.benchmarks.pallas_registers
+    python -m experiments.benchmarks.pallas_registers [--json]
 
 Each kernel of ``rope_lie/encodings/expm_pallas.py`` (the squarings, their forward-mode pairs
 and the reverse-mode adjoint) on matrices of 4 x 4, 8 x 8 and 16 x 16 is lowered by Pallas's Triton
@@ -10,12 +10,15 @@ uses and any spills: a kernel that spills keeps values in memory that were meant
 registers (``expm_pallas.PALLAS_BLOCK_ELEMENTS``). A GPU compiles the same IR with XLA's own
 Triton, which may allocate differently. Needs a jax that lowers Pallas's Triton kernels for
 CUDA on a CPU-only process (0.10; 0.11 refuses without a GPU) and the ``triton`` package
-(installed with PyTorch, the ``interop`` extra); without either it says so and exits 2.
+(installed with PyTorch, the ``interop`` extra); without either it says so and exits 2. Run it
+in a process of its own: importing triton's compiler beside other native libraries (a test
+worker that had loaded PyTorch's) crashed the process.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import subprocess
@@ -104,7 +107,8 @@ def ptxas_report(ir: str, arch: str = "sm_90a", num_warps: int = 4) -> dict:
     }
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)  # one JSON line of rows
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -120,17 +124,22 @@ def main() -> int:
             raise
         print(f"this jax lowers Pallas's Triton kernels for CUDA only beside a GPU: {e}")
         return 2
-    print("kernel     side  registers  spill stores  spill loads  (4 warps, sm_90a)")
+    rows = []
     for (kernel, h), ir in irs.items():
         try:
-            r = ptxas_report(ir)
+            rows.append({"kernel": kernel, "side": h} | ptxas_report(ir))
         except RuntimeError as e:
             if NO_PTXAS not in str(e):
                 raise
             print(e)
             return 2
+    if as_json:
+        print(json.dumps(rows))
+        return 0
+    print("kernel     side  registers  spill stores  spill loads  (4 warps, sm_90a)")
+    for r in rows:
         print(
-            f"{kernel:10s} {h:4d}  {r['registers']:9d}  {r['spill_stores']:12d}  "
+            f"{r['kernel']:10s} {r['side']:4d}  {r['registers']:9d}  {r['spill_stores']:12d}  "
             f"{r['spill_loads']:11d}"
         )
     return 0
