@@ -79,7 +79,11 @@ def tokens_of(
     rows, cols = tf.meshgrid(tf.range(gh), tf.range(gw), indexing="ij")
     index = tf.stack([tf.reshape(rows, [-1]), tf.reshape(cols, [-1])], axis=-1)
     pad = max_tokens - count
-    tf.debugging.assert_non_negative(pad, message="more tokens than max_tokens")
+    # The pads wait for the check, so that too many tokens fail with its message, not with
+    # tf.pad's "Paddings must be non-negative" (which one ran first varied from run to run).
+    check = tf.debugging.assert_non_negative(pad, message="more tokens than max_tokens")
+    with tf.control_dependencies([check]):
+        pad = tf.identity(pad)
     return {
         "patches": tf.ensure_shape(
             tf.pad(patches, [[0, pad], [0, 0]]), [max_tokens, patch * patch * channels]
