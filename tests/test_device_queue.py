@@ -161,6 +161,8 @@ def test_dry_run_rows_say_where_their_time_went(dry_run):
         assert min(parts) >= 0 and r["timed_s"] > 0, r
         # the parts are the row's wall time, but for its bookkeeping and their roundings
         assert r["seconds"] - 0.5 <= sum(parts) <= r["seconds"] + 0.1, r
+        # the same step's training throughput: dispatched back to back, waited for once
+        assert r["step_ms_pipelined"] > 0 and r["mfu_pipelined"] is None, r  # no CPU peak
     compile_stage = dry_run["stages"]["compile"]
     assert compile_stage["still_compiling"] == 0  # the budget leaves time for every compile
     assert 0 <= compile_stage["inits_not_ready"] <= len(device.ENCODERS)
@@ -472,6 +474,21 @@ def test_pytest_counts_read_plain_and_xdist_lines_of_a_cut_run():
     assert out["failed"] == ["tests/a.py::test_two[x-1]", "tests/b.py::test_five"]
 
 
+def test_steps_timed_back_to_back_carry_the_state_of_the_step_before():
+    # The back-to-back pass times what a training loop runs: each step on the state the one
+    # before returned (the step donates its input), waited for only at the end.
+    import jax.numpy as jnp
+
+    from experiments.benchmarks import device as bench
+
+    def step(state, data, other, key):
+        return state + 1, {"loss": state}
+
+    timing, state = bench.time_compiled(step, jnp.int32(0), None, None, None, steps=3, warmup=2)
+    assert int(state) == 2 + 3 + 3 and timing["loss"] == 7
+    assert timing["step_ms_pipelined"] > 0 and timing["step_ms_min"] > 0
+
+
 def test_batch_candidates_from_batch_64_buffers():
     memory = {"argument": 2 * 2**30, "peak": 10 * 2**30}  # 8 GiB above the arguments at 64
     limit = 80 * 2**30  # fits (0.92 * 80 - 2) / (8 / 64) = 572.8 images: 512 and 256
@@ -646,6 +663,11 @@ def test_markdown_sets_each_variant_against_its_encoder_s_defaults():
     ]
     assert variant_lines(rows[:2]) == []  # no variant timed: no section
     assert "## Variants against their encoder's defaults" in device.markdown({"rows": rows})
+    # the step table gives the steps timed back to back beside them, with their MFU
+    rows[0] |= dict(step_ms_pipelined=17.5, mfu_pipelined=0.3861)
+    assert "| rope_mixed | cudnn | 64 | 20.00 / 20.00 |  |  | 17.50, 38.6 % |" in device.markdown(
+        {"rows": rows}
+    )
 
 
 def test_collect_copies_a_run_under_its_committed_names(tmp_path):

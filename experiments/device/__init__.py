@@ -46,8 +46,11 @@ goes on:
    ``spectral=dft``; ``ENCODER_VARIANTS``) right after its own step on the first backend.
 4. ``steps``: every compiled step timed from its encoder's initial state (a copy: the step
    donates it), min and median over ``--steps`` steps after 2 warm-ups: rows
-   ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms`` is the min;
-   ``init_wait_s``, ``batch_s`` and ``timed_s`` say where the row's wall time went.
+   ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms`` is the min
+   of steps each waited for; ``step_ms_pipelined`` and ``mfu_pipelined``, ``--steps`` more
+   dispatched back to back and waited for once (a training loop's throughput, without the
+   host's dispatch of each step); ``init_wait_s``, ``batch_s`` and ``timed_s`` say where the
+   row's wall time went.
    Then the goal's encoders (``GOAL_ENCODERS``: RoPE-Mixed, LieRE 8x8, NoPE with
    their defaults on the first backend) are timed again in reverse order (rows with ``case``
    "repeat"), and the goal's ratios are given from each pass: the spread says whether a ratio

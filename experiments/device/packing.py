@@ -129,6 +129,7 @@ def stage_packing(q: Queue) -> str:
             r.update(
                 step_ms=timing["step_ms_min"],
                 step_ms_median=timing["step_ms_median"],
+                step_ms_pipelined=timing["step_ms_pipelined"],
                 compile_s=round(case["compile_s"], 1),
                 loss=timing["loss"],
             )

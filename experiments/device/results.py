@@ -69,8 +69,9 @@ def markdown(data: dict) -> str:
         f"peak {data.get('peak_tflops')} TFLOP/s bf16; model FLOPs per image per step "
         f"{_fmt(data.get('flops_per_image'), '.4g')} (matrix products by hand)",
         "",
-        "| encoder | attention | batch | step ms (min / median) | images/s | MFU | note |",
-        "|---|---|---|---|---|---|---|",
+        "| encoder | attention | batch | step ms (min / median) | images/s | MFU "
+        "| back to back: step ms, MFU | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in data.get("rows", []):
         note = r.get("error") or r.get("skipped") or ""
@@ -90,9 +91,12 @@ def markdown(data: dict) -> str:
             else ""
         )
         mfu = "" if r.get("mfu") is None else f"{100 * r['mfu']:.1f} %"
+        pipelined = _fmt(r.get("step_ms_pipelined"), ".2f")
+        if r.get("mfu_pipelined") is not None:
+            pipelined += f", {100 * r['mfu_pipelined']:.1f} %"
         lines.append(
             f"| {r['encoder']} | {r['attention']} | {r['batch']} | {ms} | "
-            f"{_fmt(r.get('images_per_s'), ',.0f')} | {mfu} | {note[:160]} |"
+            f"{_fmt(r.get('images_per_s'), ',.0f')} | {mfu} | {pipelined} | {note[:160]} |"
         )
     lines += variant_lines(data.get("rows", []))
     goal = data.get("goal") or {}
