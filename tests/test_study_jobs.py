@@ -134,6 +134,26 @@ def test_the_machine_is_the_gpu_where_nvidia_smi_names_one(monkeypatch, tmp_path
         assert json.load(f) == record and record["cpu"] == "NVIDIA H100 80GB HBM3 gpu"
 
 
+def test_a_run_resumed_on_other_trees_keeps_each_of_them(monkeypatch, tmp_path):
+    workdir = str(tmp_path / "run")
+    monkeypatch.setattr(lib, "machine_kind", lambda: "AMD EPYC avx512")
+    for tree in ("aaa1111", "aaa1111", "bbb2222", "ccc3333", "bbb2222", "aaa1111"):
+        monkeypatch.setattr(lib, "code_tree", lambda tree=tree: tree)
+        record = lib.record_provenance(workdir)
+    assert record["tree"] == "aaa1111"
+    assert [r["tree"] for r in record["resumed_elsewhere"]] == ["bbb2222", "ccc3333"]
+    assert lib._provenance(workdir) == ("aaa1111+resumed", "AMD EPYC avx512")
+    # a record written when only the first other tree was kept gains the next one
+    with open(os.path.join(workdir, lib.PROVENANCE), "w") as f:
+        json.dump({"tree": "a", "cpu": "c", "resumed_elsewhere": {"tree": "b", "cpu": "c"}}, f)
+    monkeypatch.setattr(lib, "code_tree", lambda: "d")
+    record = lib.record_provenance(workdir)
+    assert record["resumed_elsewhere"] == [
+        {"tree": "b", "cpu": "c"},
+        {"tree": "d", "cpu": "AMD EPYC avx512"},
+    ]
+
+
 # A stand-in ensemble trainer: writes what collect() reads into each of its workdirs and logs
 # its seeds (`<arm>.seeds<a-b-c>`) and its start (which lets the next FAKE run start at once).
 FAKE_ENSEMBLE = r"""

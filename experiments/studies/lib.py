@@ -356,16 +356,19 @@ def machine_kind() -> str:
 
 
 def record_provenance(workdir: str) -> dict:
-    """Writes the code tree and machine kind into the run's workdir when the run starts (a
-    resumed run keeps the first record: say "+resumed" if the tree or machine changed);
-    returns it."""
+    """Writes the code tree and machine kind into the run's workdir when the run starts; a
+    resumed run keeps the first record and adds each other tree or machine it is resumed on to
+    ``resumed_elsewhere``, in order (results.csv's tree then says "+resumed"); returns it."""
     path = os.path.join(workdir, PROVENANCE)
     now = {"tree": code_tree(), "cpu": machine_kind()}
     if os.path.exists(path):
         with open(path) as f:
             first = json.load(f)
-        if first != now and not first.get("resumed_elsewhere"):
-            first["resumed_elsewhere"] = now
+        elsewhere = first.get("resumed_elsewhere") or []
+        if isinstance(elsewhere, dict):  # a record that kept only the first other tree
+            elsewhere = [elsewhere]
+        if now != {"tree": first["tree"], "cpu": first["cpu"]} and now not in elsewhere:
+            first["resumed_elsewhere"] = [*elsewhere, now]
             _atomic_json(path, first)
         return first
     os.makedirs(workdir, exist_ok=True)
