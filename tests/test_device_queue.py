@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -265,7 +266,8 @@ def test_dry_run_times_liere_with_each_of_its_variants(dry_run):
     ]
     section = device.results.variant_lines(dry_run["rows"])
     assert len(timed) >= 9 and len(section) == 5 + len(timed)
-    assert all(" | 0." in line or " | 1." in line for line in section[5:]), section
+    # both ratios given (their values are the CPU's timings beside other work: not checked)
+    assert all(re.search(r"\| \d+\.\d{3} \| \d+\.\d{3} \|$", line) for line in section[5:]), section
     variants = {
         (r["attention"], r["block_product"], r["layer_plan"], r["squaring_loop"])
         + (r["small_products"], r["combination_backward"], r["platform_default"])
