@@ -720,3 +720,46 @@ def test_collect_copies_a_run_under_its_committed_names(tmp_path):
         f"{stem}-3-ensemble-probe.json",
         f"{stem}-3-ensemble-probe.log",
     ]
+
+
+def test_the_run_s_picture_has_each_encoder_s_best_step_and_liere_s_variants(tmp_path):
+    from experiments.device import collect, plot
+
+    def row(encoder, attention, ms, variant=None, case="fixed_batch", batch=64, **choices):
+        r = dict(encoder=encoder, attention=attention, batch=batch, step_ms=ms, case=case)
+        if encoder.startswith("liere"):
+            r |= dict(variant=variant, platform_default=variant is None, **choices)
+        return r
+
+    rows = [
+        row("nope", "cudnn", 20.0),
+        row("nope", "xla", 25.0),  # slower backend: not drawn
+        row("rope_mixed", "cudnn", 21.0),
+        row("liere", "cudnn", 30.0, squaring_loop="while"),
+        row("liere", "cudnn", 27.0, "backward=reverse"),
+        row("liere", "xla", 26.0, "product=adds"),  # another backend than the defaults' best
+        row("liere", "cudnn", 19.0, case="repeat"),  # the repeat pass
+        row("liere", "cudnn", 200.0, batch=1024, case="largest_batch"),
+        row("liere", "cudnn", 29.0, squaring_loop="fixed"),  # an unnamed variant, older runs
+        row("ape", "cudnn", None),  # not timed
+    ]
+    rows[-2]["platform_default"] = False
+    data = {"schema": 1, "device": "NVIDIA H200", "shapes": {"batch": 64}, "rows": rows}
+    assert plot.bars(data) == [
+        ("nope (cudnn)", 20.0, False),
+        ("rope_mixed (cudnn)", 21.0, False),
+        ("liere (cudnn)", 30.0, False),
+        ("liere: backward=reverse", 27.0, True),
+        ("liere: squaring loop fixed", 29.0, True),
+    ]
+    assert plot.plot(data, str(tmp_path / "a.png")).endswith("a.png")
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="nothing to draw"):
+        plot.plot({"rows": rows[-1:]}, str(tmp_path / "b.png"))
+    # collect draws it beside the JSON it copies
+    run, into = tmp_path / "files_at", tmp_path / "device"
+    run.mkdir()
+    into.mkdir()
+    (run / "NVIDIA_H200-2026-11-29.json").write_text(json.dumps(data))
+    written = collect.collect(str(run), "full", str(into))
+    assert str(into / "NVIDIA_H200-2026-11-29-1-full.png") in written

@@ -7,7 +7,8 @@ The queue writes ``<device>-<date>.json`` and ``.md``, and its tests' logs
 tool brings them back read-only, with the queue's own output where the command saved it
 (``queue.log``). This copies them into ``experiments/benchmarks/device/`` as
 ``<device>-<date>-<n>-<tag>.json``, ``.md``, ``.log`` (the queue's output),
-``-<tag>-tests-gpu.log`` and ``-<tag>-tests-encoders-cpu.log``, n one more than the runs of
+``-<tag>-tests-gpu.log`` and ``-<tag>-tests-encoders-cpu.log``, and draws ``.png`` (each
+encoder's step, ``plot.py``; not for a run that timed none), n one more than the runs of
 that device and date already there, writable, with the logs' names inside the JSON and the
 Markdown rewritten to match. A folder with the seed-ensemble probe's ``ensemble.json`` (and
 its ``probe.log``) instead, as its studies README command writes them, is copied as
@@ -111,7 +112,20 @@ def collect(folder: str, tag: str = "full", into: str = INTO, date: str | None =
         else:
             shutil.copyfile(os.path.join(folder, src), target)  # not its read-only mode
         written.append(target)
+    if name is not None:
+        written += _drawn(os.path.join(into, f"{new}.json"))
     return written
+
+
+def _drawn(path: str) -> list[str]:
+    """The run's picture beside its JSON (``plot.py``), [] where it timed no step to draw."""
+    from experiments.device import plot
+
+    with open(path) as f:
+        data = json.load(f)
+    if not plot.bars(data):
+        return []
+    return [plot.plot(data, path[: -len(".json")] + ".png")]
 
 
 def main(argv=None) -> int:
