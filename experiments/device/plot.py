@@ -73,7 +73,7 @@ def plot(data: dict, path: str) -> str:
     colours = ["#9ecae1" if variant else "#3182bd" for _, _, variant in rows]
     ax.barh(list(y), [ms for _, ms, _ in rows], color=colours)
     ax.set_yticks(list(y), [label for label, _, _ in rows], fontsize=8)
-    for yi, (_, ms, _) in zip(y, rows):
+    for yi, (_, ms, _) in zip(y, rows, strict=True):
         text = f" {ms:.1f}" + (f" ({ms / nope:.2f}x)" if nope else "")
         ax.text(ms, yi, text, va="center", fontsize=7)
     if nope:
