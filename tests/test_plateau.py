@@ -60,3 +60,10 @@ def test_the_summary_reads_the_rule_on_the_committed_results(tmp_path):
     for label, value in result["plateaus"].items():
         said = f"{label}: plateau at {value:g} epochs" if value else f"{label}: not reached by"
         assert said in text
+
+
+def test_the_plot_draws_each_line_s_measured_rungs(tmp_path):
+    rows = _rows({APE: [0.87, 0.89, 0.911], LIERE: [0.87]})
+    path = plateau.plot(STUDY, rows, str(tmp_path / "plateau.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -2,6 +2,7 @@ r"""The plateau rule of ``fashion_plateau_length``: where does doubling the run 
 
     python -m experiments.studies.plateau          # the verdict so far, as markdown
     python -m experiments.studies.plateau --next   # the arms still to train, for run.py --arms
+    python -m experiments.studies.plateau --plot   # plateau.png in the study's folder
 
 Issue 48's rule: an arm's plateau is the epoch count E beyond which doubling the run adds less
 than ``MIN_GAIN`` (0.3 points) of test accuracy, acc(2E) - acc(E) < 0.3 points, for the first
@@ -28,6 +29,8 @@ from experiments.studies import lib
 STUDY = "fashion_plateau_length"
 MIN_GAIN = 0.003  # test accuracy: 0.3 points
 EVAL = "test"
+TEST_IMAGES = 10_000  # Fashion-MNIST's test set: the binomial standard error of one run
+PLOT = "plateau.png"
 
 
 def ladders(study: lib.Study, rows: Sequence[dict], eval_name: str = EVAL) -> dict:
@@ -123,16 +126,66 @@ def markdown(study: lib.Study, rows: Sequence[dict]) -> list[str]:
     return out
 
 
+def plot(study: lib.Study, rows: Sequence[dict], path: str) -> str:
+    """Test accuracy against the epochs (doublings) per line, each doubling's gain written
+    beside its point, bars of one binomial standard error of the test set; `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = verdict(study, rows)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (label, ladder), dy in zip(ladders(study, rows).items(), (8, -14), strict=False):
+        points = [(e, 100 * acc) for e, _, acc in ladder if acc is not None]
+        if not points:
+            continue
+        xs, ys = zip(*points, strict=True)
+        se = [100 * np.sqrt(y / 100 * (1 - y / 100) / TEST_IMAGES) for y in ys]
+        plateau = result["plateaus"][label]
+        name = label + (f": plateau at {plateau:g} epochs" if plateau else "")
+        line = ax.errorbar(xs, ys, yerr=se, marker="o", capsize=3, label=name)
+        colour = line[0].get_color()
+        for (_, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            ax.annotate(
+                f"{y1 - y0:+.2f}",
+                (x1, y1),
+                textcoords="offset points",
+                xytext=(8, dy),
+                fontsize=7,
+                color=colour,
+            )
+    ax.set_xscale("log", base=2)
+    rungs = sorted({e for ladder in ladders(study, rows).values() for e, _, _ in ladder})
+    ax.set_xticks(rungs, [f"{e:g}" for e in rungs])
+    ax.set_xlabel("epochs (the whole cosine schedule stretched; one seed a rung)")
+    ax.set_ylabel(f"{EVAL} accuracy, %")
+    ax.set_title(
+        f"The plateau: where doubling the run adds less than {100 * MIN_GAIN:.1f} points\n"
+        f"(numbers: each doubling's gain; bars: one standard error of {TEST_IMAGES:,} images)",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     from experiments.studies.definitions import STUDIES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default=lib.STUDIES_DIR, help="results root")
     parser.add_argument("--next", action="store_true", help="only the arms to train next")
+    parser.add_argument("--plot", action="store_true", help=f"draw {PLOT} beside the results")
     args = parser.parse_args(argv)
     study = STUDIES[STUDY]
     rows = lib.read_results(os.path.join(args.results, STUDY))
-    if args.next:
+    if args.plot:
+        print(plot(study, rows, os.path.join(args.results, STUDY, PLOT)))
+    elif args.next:
         print(",".join(verdict(study, rows)["next"]))
     else:
         print("\n".join(markdown(study, rows)))
