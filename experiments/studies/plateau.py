@@ -158,6 +158,7 @@ def plot(study: lib.Study, rows: Sequence[dict], path: str) -> str:
     ax.set_xscale("log", base=2)
     rungs = sorted({e for ladder in ladders(study, rows).values() for e, _, _ in ladder})
     ax.set_xticks(rungs, [f"{e:g}" for e in rungs])
+    ax.set_xlim(rungs[0] / 1.3, rungs[-1] * 1.4)  # room for the last gain's label
     ax.set_xlabel("epochs (the whole cosine schedule stretched; one seed a rung)")
     ax.set_ylabel(f"{EVAL} accuracy, %")
     ax.set_title(
