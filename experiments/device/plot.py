@@ -32,13 +32,18 @@ def _variant_label(r: dict, defaults: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {r[k]}" for k in differ) or "defaults, again"
 
 
+def _defaults(data: dict) -> tuple[int, list[dict], dict[str, dict]]:
+    """The queue's batch, its first-pass rows, and each encoder's fastest defaults row there."""
+    batch = data.get("shapes", {}).get("batch", 64)
+    first = [r for r in data.get("rows", []) if r.get("case") == "fixed_batch"]
+    return batch, first, best_rows(first, batch)
+
+
 def bars(data: dict) -> list[tuple[str, float, bool]]:
     """(label, step ms, is a variant) per bar, fastest first: each encoder's defaults on its
     fastest backend at the queue's batch, then after each LieRE encoder its variants timed on
     that backend and batch (first pass)."""
-    batch = data.get("shapes", {}).get("batch", 64)
-    first = [r for r in data.get("rows", []) if r.get("case") == "fixed_batch"]
-    best = best_rows(first, batch)
+    batch, first, best = _defaults(data)
     out = []
     for encoder, row in sorted(best.items(), key=lambda kv: kv[1]["step_ms"]):
         out.append((f"{encoder} ({row['attention']})", row["step_ms"], False))
@@ -58,16 +63,14 @@ def bars(data: dict) -> list[tuple[str, float, bool]]:
 
 def plot(data: dict, path: str) -> str:
     """Draw `data`'s bars into `path` (PNG); the path."""
-    import matplotlib
+    from experiments.benchmarks.plot import _pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     rows = bars(data)
     if not rows:
         raise ValueError("no timed step at the queue's batch: nothing to draw")
-    best = {label.split(" (")[0]: ms for label, ms, variant in rows if not variant}
-    nope = best.get("nope")
+    batch, _, best = _defaults(data)
+    nope = best["nope"]["step_ms"] if "nope" in best else None
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.6))
     y = range(len(rows))[::-1]
     colours = ["#9ecae1" if variant else "#3182bd" for _, _, variant in rows]
@@ -81,7 +84,7 @@ def plot(data: dict, path: str) -> str:
     baseline, target = GOAL
     if baseline in best:
         ax.axvline(
-            best[baseline] * target,
+            best[baseline]["step_ms"] * target,
             color="#e6550d",
             linestyle="--",
             linewidth=1,
@@ -91,7 +94,6 @@ def plot(data: dict, path: str) -> str:
         f"train step, ms (min over {data.get('shapes', {}).get('steps', '?')} steps; "
         "in brackets: over NoPE)"
     )
-    batch = data.get("shapes", {}).get("batch", 64)
     ax.set_title(
         f"{data.get('device')}, jax {data.get('jax')}: ViT-B/16 224 px, bfloat16, batch {batch}",
         fontsize=9,

@@ -129,20 +129,19 @@ def markdown(study: lib.Study, rows: Sequence[dict]) -> list[str]:
 def plot(study: lib.Study, rows: Sequence[dict], path: str) -> str:
     """Test accuracy against the epochs (doublings) per line, each doubling's gain written
     beside its point, bars of one binomial standard error of the test set; `path` (PNG)."""
-    import matplotlib
+    from experiments.studies.report import _pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    result = verdict(study, rows)
+    plt = _pyplot()
+    lines = ladders(study, rows)
+    plateaus = verdict(study, rows)["plateaus"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (label, ladder), dy in zip(ladders(study, rows).items(), (8, -14), strict=False):
+    for (label, ladder), dy in zip(lines.items(), (8, -14), strict=False):
         points = [(e, 100 * acc) for e, _, acc in ladder if acc is not None]
         if not points:
             continue
         xs, ys = zip(*points, strict=True)
         se = [100 * np.sqrt(y / 100 * (1 - y / 100) / TEST_IMAGES) for y in ys]
-        plateau = result["plateaus"][label]
+        plateau = plateaus[label]
         name = label + (f": plateau at {plateau:g} epochs" if plateau else "")
         line = ax.errorbar(xs, ys, yerr=se, marker="o", capsize=3, label=name)
         colour = line[0].get_color()
@@ -156,7 +155,7 @@ def plot(study: lib.Study, rows: Sequence[dict], path: str) -> str:
                 color=colour,
             )
     ax.set_xscale("log", base=2)
-    rungs = sorted({e for ladder in ladders(study, rows).values() for e, _, _ in ladder})
+    rungs = sorted({e for ladder in lines.values() for e, _, _ in ladder})
     ax.set_xticks(rungs, [f"{e:g}" for e in rungs])
     ax.set_xlim(rungs[0] / 1.3, rungs[-1] * 1.4)  # room for the last gain's label
     ax.set_xlabel("epochs (the whole cosine schedule stretched; one seed a rung)")
