@@ -3,6 +3,7 @@ less than 0.3 points), the arms it trains next, and its section of the study's s
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from experiments.studies import lib, plateau, run
@@ -52,10 +53,56 @@ def test_a_ladder_that_is_not_doublings_is_refused():
         plateau.arm_plateau(ladder)
 
 
+def _examples(label: str, correct: list[np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+    """examples.npz's per-image results of a line's rungs 10, 20, 40, ... for one seed."""
+    return {f"{name}/{seed}/test": c for name, c in zip(NAMES[label], correct, strict=False)}
+
+
+def test_each_doubling_s_error_is_paired_over_the_test_images():
+    n, gained, lost = 1000, 30, 10
+    before = np.arange(n) < 800
+    after = before.copy()
+    after[800 : 800 + gained] = True
+    after[:lost] = False
+    errors = plateau.doubling_errors(STUDY, _examples(APE, [before, after]))
+    # the paired difference takes +1 on `gained` images, -1 on `lost`, 0 on the rest
+    mean = (gained - lost) / n
+    se = np.sqrt((gained + lost - n * mean**2) / (n - 1) / n)
+    assert errors == {APE: {20.0: pytest.approx(se)}, LIERE: {}}
+    # far below two independent runs' binomial errors: the images both get right add nothing
+    assert se < 0.5 * np.hypot(*(np.sqrt(p * (1 - p) / n) for p in (0.8, 0.82)))
+
+
+def test_a_doubling_s_error_averages_its_seeds_per_image_and_needs_both_rungs():
+    rng = np.random.default_rng(0)
+    c = rng.random((2, 3, 500)) < 0.8  # seed, rung, image
+    examples = {**_examples(APE, list(c[0]), seed=0), **_examples(APE, list(c[1]), seed=1)}
+    del examples[f"{NAMES[APE][2]}/1/test"]  # rung 40 of seed 1 has no per-image results
+    errors = plateau.doubling_errors(STUDY, examples)[APE]
+    d = c[:, 1].mean(0) - c[:, 0].mean(0)
+    assert errors[20.0] == pytest.approx(d.std(ddof=1) / np.sqrt(500))
+    d40 = c[0, 2].astype(float) - c[0, 1]  # seed 0 only: the seeds with both rungs
+    assert errors[40.0] == pytest.approx(d40.std(ddof=1) / np.sqrt(500))
+    assert 80.0 not in errors
+
+
+def test_the_summary_gives_each_gain_its_error_and_its_distance_from_the_threshold():
+    before = np.arange(1000) < 870
+    after = before.copy()
+    after[870:880] = True  # +1.00 points
+    rows = _rows({APE: [0.87, 0.88]})
+    text = "\n".join(plateau.markdown(STUDY, rows, _examples(APE, [before, after])))
+    se = np.sqrt((10 - 1000 * 0.01**2) / 999 / 1000)
+    assert f"| 20 | 88.00 % (+1.00 ± {100 * se:.2f}) |" in text
+    assert f"its doubling to 20 added +1.00 points, {(0.01 - 0.003) / se:+.1f} standard" in text
+    assert "| 20 | 88.00 % (+1.00) |" in "\n".join(plateau.markdown(STUDY, rows))  # no images
+
+
 def test_the_summary_reads_the_rule_on_the_committed_results(tmp_path):
-    rows = lib.read_results(run.study_dir(plateau.STUDY, None))
-    text = "\n".join(plateau.markdown(STUDY, rows))
-    assert "| 20 | 89.19 % (+1.72) | 89.22 % (+2.15) |" in text  # the first two committed rungs
+    directory = run.study_dir(plateau.STUDY, None)
+    rows, examples = lib.read_results(directory), lib.read_examples(directory)
+    text = "\n".join(plateau.markdown(STUDY, rows, examples))
+    assert "| 20 | 89.19 % (+1.72 ± 0.22) | 89.22 % (+2.15 ± 0.25) |" in text  # the first rungs
     result = plateau.verdict(STUDY, rows)
     for label, value in result["plateaus"].items():
         said = f"{label}: plateau at {value:g} epochs" if value else f"{label}: not reached by"

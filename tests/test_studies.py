@@ -245,6 +245,7 @@ def test_paired_z_matches_scipys_one_sample_test_on_differences():
     t = scipy_stats.ttest_1samp(d, 0.0)
     assert test["diff"] == pytest.approx(d.mean())
     assert test["z"] == pytest.approx(t.statistic)
+    assert test["se"] == pytest.approx(scipy_stats.sem(d))
     assert test["p"] == pytest.approx(2 * scipy_stats.norm.sf(abs(t.statistic)))
     assert test["ci_low"] < test["diff"] < test["ci_high"]
     with pytest.raises(ValueError, match=r"same examples.*\(500,\) vs \(400,\)"):

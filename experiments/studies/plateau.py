@@ -10,8 +10,14 @@ such E of its ladder (the study's ``curves``: each arm at 10, 20, 40, ... epochs
 where there are several seeds). The recipe's plateau (``configs/fashion_mnist.py``'s
 ``PLATEAU_EPOCHS``) is the longest of the arms' plateaus, known once every arm has one. An
 arm's next length is trained only while its last doubling still added 0.3 points (or it has
-fewer than two lengths). With one seed a 0.3-point step is about one standard error of this
-test set (10,000 images), so the summary prints each step beside the rule's reading.
+fewer than two lengths).
+
+Each doubling's gain is printed with its standard error on this test set, paired over its
+10,000 images (``doubling_errors``: both runs classified the same images, so the images both get
+right or both get wrong add no noise to the difference). That error counts the test set's
+sampling only, not the variation between seeds' training, which one seed a rung cannot measure:
+a gain within it of the rule's 0.3 points is not resolved from them; one beyond it may still
+not be.
 """
 
 from __future__ import annotations
@@ -20,11 +26,11 @@ import argparse
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from experiments.studies import lib
+from experiments.studies import lib, stats
 
 STUDY = "fashion_plateau_length"
 MIN_GAIN = 0.003  # test accuracy: 0.3 points
@@ -49,6 +55,32 @@ def ladders(study: lib.Study, rows: Sequence[dict], eval_name: str = EVAL) -> di
         ]
         for label, line in study.curves[1]
     }
+
+
+def doubling_errors(
+    study: lib.Study, examples: Mapping[str, np.ndarray], eval_name: str = EVAL
+) -> dict[str, dict[float, float]]:
+    """{line label: {2E: standard error of acc(2E) - acc(E)}} for each doubling whose two runs
+    both have per-example results (``examples``: ``arm/seed/eval`` -> bool per image) for the
+    same seeds: ``stats.paired_z`` over the test images, seeds averaged per image. The test
+    set's sampling error of the gain, paired; a doubling without such results is left out."""
+    if study.curves is None:
+        raise ValueError(f"{study.name} has no curves (arms on an epochs axis)")
+    seeds = defaultdict(set)  # arm -> the seeds with per-image results of `eval_name`
+    for key in examples:
+        arm, seed, name = key.split("/")
+        if name == eval_name:
+            seeds[arm].add(seed)
+    out = {}
+    for label, line in study.curves[1]:
+        out[label] = {}
+        for (_, arm), (e2, arm2) in zip(line, line[1:], strict=False):
+            both = sorted(seeds[arm] & seeds[arm2])
+            if both:
+                before = np.stack([examples[f"{arm}/{s}/{eval_name}"] for s in both])
+                after = np.stack([examples[f"{arm2}/{s}/{eval_name}"] for s in both])
+                out[label][e2] = stats.paired_z(after, before)["se"]
+    return out
 
 
 def arm_plateau(ladder: Sequence[tuple[float, str, float | None]]) -> float | None:
@@ -85,15 +117,21 @@ def verdict(study: lib.Study, rows: Sequence[dict]) -> dict:
     }
 
 
-def markdown(study: lib.Study, rows: Sequence[dict]) -> list[str]:
-    """The rule's reading: test accuracy per rung and the gain of each doubling, per line; each
-    line's plateau and the recipe's."""
+def markdown(
+    study: lib.Study, rows: Sequence[dict], examples: Mapping[str, np.ndarray] | None = None
+) -> list[str]:
+    """The rule's reading: test accuracy per rung and the gain of each doubling, with its paired
+    standard error where ``examples`` holds both runs' per-image results; each line's plateau,
+    how far its last gain is from the rule's threshold, and the recipe's plateau."""
     lines = ladders(study, rows)
+    errors = doubling_errors(study, examples or {})
     result = verdict(study, rows)
     out = [
         f"Plateau rule (issue 48): the epochs E after which doubling adds less than "
-        f"{100 * MIN_GAIN:.1f} points of {EVAL} accuracy (mean over seeds; one seed is about "
-        "0.27 points of standard error on this test set).",
+        f"{100 * MIN_GAIN:.1f} points of {EVAL} accuracy (mean over seeds). After each gain: "
+        f"its standard error on the {TEST_IMAGES:,} test images, paired (the test set's "
+        "sampling only, not the variation between seeds' training, which one seed a rung "
+        "cannot measure).",
         "",
         "| " + " | ".join(["epochs", *lines]) + " |",
         "|---|" + "---|" * len(lines),
@@ -101,23 +139,39 @@ def markdown(study: lib.Study, rows: Sequence[dict]) -> list[str]:
     rungs = sorted({e for ladder in lines.values() for e, _, _ in ladder})
     for e in rungs:
         cells = [f"{e:g}"]
-        for ladder in lines.values():
+        for label, ladder in lines.items():
             at = {x: acc for x, _, acc in ladder}
             acc, before = at.get(e), at.get(e / 2)
             cell = "" if acc is None else f"{100 * acc:.2f} %"
             if acc is not None and before is not None:
-                cell += f" ({100 * (acc - before):+.2f})"
+                se = errors[label].get(e)
+                cell += f" ({100 * (acc - before):+.2f}" + (
+                    f" ± {100 * se:.2f})" if se is not None else ")"
+                )
             cells.append(cell)
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
     for label, plateau in result["plateaus"].items():
-        measured = [e for e, _, acc in lines[label] if acc is not None]
+        measured = [(e, acc) for e, _, acc in lines[label] if acc is not None]
         if plateau is not None:
-            out.append(f"- {label}: plateau at {plateau:g} epochs.")
+            said = f"- {label}: plateau at {plateau:g} epochs"
         elif measured:
-            out.append(f"- {label}: not reached by {max(measured):g} epochs.")
+            said = f"- {label}: not reached by {measured[-1][0]:g} epochs"
         else:
             out.append(f"- {label}: no runs yet.")
+            continue
+        last = measured[-1][0]
+        if plateau is not None:
+            last = 2 * plateau
+        se = errors[label].get(last)
+        at = dict(measured)
+        if se and last / 2 in at:
+            gain = at[last] - at[last / 2]
+            said += (
+                f"; its doubling to {last:g} added {100 * gain:+.2f} points, "
+                f"{(gain - MIN_GAIN) / se:+.1f} standard errors from {100 * MIN_GAIN:.1f}"
+            )
+        out.append(said + ".")
     if result["plateau"] is not None:
         out.append(f"- The recipe's plateau: {result['plateau']:g} epochs (PLATEAU_EPOCHS).")
     else:
@@ -126,13 +180,20 @@ def markdown(study: lib.Study, rows: Sequence[dict]) -> list[str]:
     return out
 
 
-def plot(study: lib.Study, rows: Sequence[dict], path: str) -> str:
+def plot(
+    study: lib.Study,
+    rows: Sequence[dict],
+    path: str,
+    examples: Mapping[str, np.ndarray] | None = None,
+) -> str:
     """Test accuracy against the epochs (doublings) per line, each doubling's gain written
-    beside its point, bars of one binomial standard error of the test set; `path` (PNG)."""
+    beside its point (with its paired standard error where ``examples`` has both runs'
+    per-image results), bars of one binomial standard error of the test set; `path` (PNG)."""
     from experiments.studies.report import _pyplot
 
     plt = _pyplot()
     lines = ladders(study, rows)
+    errors = doubling_errors(study, examples or {})
     plateaus = verdict(study, rows)["plateaus"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for (label, ladder), dy in zip(lines.items(), (8, -14), strict=False):
@@ -146,8 +207,9 @@ def plot(study: lib.Study, rows: Sequence[dict], path: str) -> str:
         line = ax.errorbar(xs, ys, yerr=se, marker="o", capsize=3, label=name)
         colour = line[0].get_color()
         for (_, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            se = errors[label].get(x1)
             ax.annotate(
-                f"{y1 - y0:+.2f}",
+                f"{y1 - y0:+.2f}" + (f" ± {100 * se:.2f}" if se is not None else ""),
                 (x1, y1),
                 textcoords="offset points",
                 xytext=(8, dy),
@@ -157,12 +219,13 @@ def plot(study: lib.Study, rows: Sequence[dict], path: str) -> str:
     ax.set_xscale("log", base=2)
     rungs = sorted({e for ladder in lines.values() for e, _, _ in ladder})
     ax.set_xticks(rungs, [f"{e:g}" for e in rungs])
-    ax.set_xlim(rungs[0] / 1.3, rungs[-1] * 1.4)  # room for the last gain's label
+    ax.set_xlim(rungs[0] / 1.3, rungs[-1] * 1.9)  # room for the last gain's label
     ax.set_xlabel("epochs (the whole cosine schedule stretched; one seed a rung)")
     ax.set_ylabel(f"{EVAL} accuracy, %")
     ax.set_title(
         f"The plateau: where doubling the run adds less than {100 * MIN_GAIN:.1f} points\n"
-        f"(numbers: each doubling's gain; bars: one standard error of {TEST_IMAGES:,} images)",
+        f"(numbers: each doubling's gain ± its standard error, paired over the {TEST_IMAGES:,} "
+        "test images;\nbars: one binomial standard error of the test set)",
         fontsize=9,
     )
     ax.grid(alpha=0.3)
@@ -183,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     study = STUDIES[STUDY]
     rows = lib.read_results(os.path.join(args.results, STUDY))
+    examples = lib.read_examples(os.path.join(args.results, STUDY))
     if args.plot:
-        print(plot(study, rows, os.path.join(args.results, STUDY, PLOT)))
+        print(plot(study, rows, os.path.join(args.results, STUDY, PLOT), examples))
     elif args.next:
         print(",".join(verdict(study, rows)["next"]))
     else:
-        print("\n".join(markdown(study, rows)))
+        print("\n".join(markdown(study, rows, examples)))
     return 0
 
 

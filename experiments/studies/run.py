@@ -59,7 +59,8 @@ def write_report(study: lib.Study, directory: str, scale: str = "cpu") -> str:
         raise SystemExit(f"{study.name}: no results yet in {directory}; run the study first")
     text = report.markdown(study, rows, examples)
     if study.name == plateau.STUDY:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(plateau.markdown(study, rows)) + "\n"
+        rule = plateau.markdown(study, rows, examples)
+        text = text.rstrip("\n") + "\n\n" + "\n".join(rule) + "\n"
     with open(os.path.join(directory, "summary.md"), "w") as f:
         f.write(text)
     try:

@@ -73,7 +73,7 @@ def paired_z(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, fl
     the normal 95 % CI D +- 1.96 se (the LieRE paper's Table 7 reports D, z, p and this CI).
 
     Returns:
-      {"diff", "z", "p", "ci_low", "ci_high", "num_examples"}.
+      {"diff", "se", "z", "p", "ci_low", "ci_high", "num_examples"}.
     """
     a = np.atleast_2d(np.asarray(correct_a_SN, np.float64)).mean(axis=0)
     b = np.atleast_2d(np.asarray(correct_b_SN, np.float64)).mean(axis=0)
@@ -88,7 +88,9 @@ def paired_z(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, fl
         z = diff / se
     p = math.erfc(abs(z) / math.sqrt(2.0))
     half = 1.959963984540054 * se
-    return dict(diff=diff, z=z, p=p, ci_low=diff - half, ci_high=diff + half, num_examples=len(d))
+    return dict(
+        diff=diff, se=se, z=z, p=p, ci_low=diff - half, ci_high=diff + half, num_examples=len(d)
+    )
 
 
 # --------------------------------------------------------------------------- seed level
