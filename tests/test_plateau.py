@@ -39,6 +39,11 @@ def test_the_recipes_plateau_waits_for_every_arm_and_the_longest_wins():
     assert plateau.verdict(STUDY, rows)["plateau"] == 40.0
 
 
+def test_the_shorter_rung_is_trained_first_whichever_line_it_is_on():
+    rows = _rows({APE: [0.85, 0.87, 0.89, 0.91], LIERE: [0.85, 0.87]})
+    assert plateau.verdict(STUDY, rows)["next"] == [NAMES[LIERE][2], NAMES[APE][4]]
+
+
 def test_seeds_are_averaged_and_a_gap_in_the_ladder_stops_the_reading():
     rows = _rows({APE: [0.87, 0.88]}, seed=0) + _rows({APE: [0.87, 0.8854]}, seed=1)
     assert plateau.verdict(STUDY, rows)["plateaus"][APE] is None  # +0.77 on the mean

@@ -106,14 +106,21 @@ def next_arms(ladder: Sequence[tuple[float, str, float | None]]) -> list[str]:
 
 def verdict(study: lib.Study, rows: Sequence[dict]) -> dict:
     """Per line: its plateau (None: not reached); the recipe's plateau (None until every line
-    has one); the arms to train next."""
+    has one); the arms to train next, the shortest first."""
     lines = ladders(study, rows)
+    epochs = {name: e for ladder in lines.values() for e, name, _ in ladder}
     plateaus = {label: arm_plateau(ladder) for label, ladder in lines.items()}
     known = [p for p in plateaus.values() if p is not None]
     return {
         "plateaus": plateaus,
         "plateau": max(known) if len(known) == len(plateaus) else None,
-        "next": [name for ladder in lines.values() for name in next_arms(ladder)],
+        # the shorter rungs first: the runner trains in this order, one at a time
+        "next": [
+            name
+            for _, name in sorted(
+                (epochs[name], name) for ladder in lines.values() for name in next_arms(ladder)
+            )
+        ],
     }
 
 

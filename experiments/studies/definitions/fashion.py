@@ -328,7 +328,7 @@ PLATEAU_EVALS = ("test", "test_shuffled", "px56", "px56_shuffled")
 # test along the way every epoch (the held-out curve), the other three at the end only
 PLATEAU_EVAL_ARG = "resolution_evals=false,px56,curve_every=1"
 # epochs; each length after 20 only if the doubling before it still added >= 0.3 points to an arm
-PLATEAU_LENGTHS = (10, 20, 40, 80, 160, 320)
+PLATEAU_LENGTHS = (10, 20, 40, 80, 160, 320, 640)
 # The warm-up stays the recipe's 200 steps at every length: it lets AdamW's moment estimates
 # settle over the first steps, which does not depend on how long the run goes on. Scaled with
 # the run (14 % of it), it would be 2,600 steps at 40 epochs, holding the learning rate low for
@@ -351,8 +351,8 @@ def at_epochs(base: Arm, epochs: float, name: str | None = None) -> Arm:
 
 FASHION_PLATEAU_LENGTH_STUDY = Study(
     name="fashion_plateau_length",
-    title="Fashion-MNIST: where does test accuracy stop rising? (APE, LieRE 8x8, 10-320 epochs)",
-    # In this order: 10 and 20 epochs of both arms first, then 40, 80, 160, 320 while needed.
+    title="Fashion-MNIST: where does test accuracy stop rising? (APE, LieRE 8x8, 10-640 epochs)",
+    # In this order: 10 and 20 epochs of both arms first, then 40 ... 640 while needed.
     arms=tuple(at_epochs(base, e) for e in PLATEAU_LENGTHS for base in (F_APE, F_LIERE_B8)),
     evals=PLATEAU_EVALS,
     comparisons=(),  # one seed per arm: read as curves, no test over seeds
