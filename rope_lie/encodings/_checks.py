@@ -84,8 +84,10 @@ def check_pos(pos: jax.Array, x_BTNH: jax.Array, family: str, num_axes: int | No
 
 
 def check_heads(x_BTNH: jax.Array, num_heads: int, head_dim: int, family: str) -> None:
-    """x's (N, H) must match the (num_heads, head_dim) the parameters were built for."""
-    if x_BTNH.shape[2] != num_heads or x_BTNH.shape[3] != head_dim:
+    """x's (N, H) must match the (num_heads, head_dim) the parameters were built for; parameters
+    of one head (num_heads=1, shared) serve any N, as their state does."""
+    shared = num_heads == 1
+    if (x_BTNH.shape[2] != num_heads and not shared) or x_BTNH.shape[3] != head_dim:
         raise ValueError(
             f"{family}: x has (N, H)=({x_BTNH.shape[2]}, {x_BTNH.shape[3]}) but the parameters "
             f"were initialised for num_heads={num_heads}, head_dim={head_dim}"
@@ -145,9 +147,10 @@ def check_state_args(num_heads, head_dim, num_prefix, family: str) -> None:
 
 
 def check_divisible(head_dim: int, divisor: int, what: str, family: str) -> None:
-    """``head_dim`` must be divisible by ``divisor``."""
+    """``head_dim`` must be divisible by ``divisor`` (``what``: how the family names it)."""
     if head_dim % divisor:
-        raise ValueError(f"head_dim={head_dim} is not divisible by {what}={divisor} ({family})")
+        named = what if what == str(divisor) else f"{what}={divisor}"
+        raise ValueError(f"head_dim={head_dim} is not divisible by {named} ({family})")
 
 
 def check_base(base, family: str) -> float:
@@ -160,6 +163,16 @@ def check_no_params(params, family: str) -> None:
     if params:
         raise ValueError(
             f"{family} has no parameters and expects params={{}}, got keys {sorted(params)}"
+        )
+
+
+def check_keys(params, expected, family: str) -> None:
+    """``params`` must hold exactly the keys ``expected``: a key more is another family's
+    parameter (Cayley-STRING's P beside RoPE-Mixed's frequencies), which would be ignored."""
+    if set(params) != set(expected):
+        raise ValueError(
+            f"{family} expects params with keys {sorted(expected)}, got keys {sorted(params)}: "
+            f"pass the parameters of {family}.init"
         )
 
 

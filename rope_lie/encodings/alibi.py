@@ -188,6 +188,7 @@ def bias(
     """
     slope_N = _slopes_from_params(params, num_heads)
     _check_positions(jnp.asarray(pos_TA), jnp.asarray(pos_SA), num_prefix)
+    family.check_made_for(params, _FAMILY, num_axes=jnp.shape(pos_TA)[-1])
     pos_q, pos_k = jnp.asarray(pos_TA, jnp.float32), jnp.asarray(pos_SA, jnp.float32)
     dist_XTS = _distance(pos_q, pos_k)
     is_grid_T = jnp.arange(pos_q.shape[-2]) >= num_prefix
@@ -220,5 +221,6 @@ def precompute(
       ``LogitBias`` of shape (1, N, T, T), or (B, N, T, T) per example; float32.
     """
     _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
+    family.check_made_for(params, _FAMILY, head_dim=head_dim)
     bias_XNTS = bias(params, pos, pos, num_heads=num_heads, num_prefix=num_prefix)
     return state.LogitBias(bias_XNTS if bias_XNTS.ndim == 4 else bias_XNTS[None])

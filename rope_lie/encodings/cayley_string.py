@@ -175,7 +175,7 @@ def init(
       {"s_topk_NHH": (N, H, H)}; all float32.
     """
     _checks.check_shape_args(num_heads, head_dim, num_axes, _FAMILY)
-    _checks.check_divisible(head_dim, 2, "2 (RoPE pairs)", _FAMILY)
+    _checks.check_divisible(head_dim, 2, "2", _FAMILY)  # RoPE pairs
     _check_hparams(generator, head_dim, bandwidth, k, init_std)
     key_freqs, key_s = jax.random.split(key)
     params = rope_mixed.init(
@@ -216,6 +216,8 @@ def generator_kind(params: dict[str, jax.Array]) -> str:
             f"{_FAMILY}: params must hold exactly one of {', '.join(_KEYS.values())}, "
             f"got keys {sorted(params)}"
         )
+    _checks.param(params, "freqs_ANF", _FAMILY)
+    _checks.check_keys(params, ["freqs_ANF", _KEYS[kinds[0]]], _FAMILY)
     return kinds[0]
 
 

@@ -157,11 +157,21 @@ class Encoder:
         """The family's parameters: a plain dict of float32 arrays (``{}`` when it has none)."""
         return dict(self.module.init(key, **self._shape_kwargs(), **self.hparams))
 
+    def _own(self, params: Mapping[str, jax.Array]) -> Params:
+        """``params`` tagged with this encoder, so that the module checks the call's shapes
+        against these settings (a plain dict carries none); tagged by another, an error."""
+        made = getattr(params, "encoder", None)
+        if made is None:
+            return Params(params, self)
+        if made != self:
+            raise ValueError(f"these parameters were made by {made}, not by this {self}")
+        return params
+
     def precompute(self, params: Mapping[str, jax.Array], pos: jax.Array, *, num_prefix: int = 0):
         """The encoder state at positions ``pos_TA`` or ``pos_BTA`` (``encodings/state.py``):
         ``state.rotate(q)``, ``state.rotate(k)``, and ``state.bias_BNTS`` for ALiBi."""
         return self.module.precompute(
-            params,
+            self._own(params),
             pos,
             num_heads=self.num_heads,
             head_dim=self.head_dim,
@@ -179,7 +189,7 @@ class Encoder:
                 f"{self.name} is a {self.family.kind} family: it has no apply; use "
                 "precompute(...).bias_BNTS or bias(...)"
             )
-        return self.module.apply(params, x_BTNH, pos, **self.apply_hparams)
+        return self.module.apply(self._own(params), x_BTNH, pos, **self.apply_hparams)
 
     def bias(
         self,
@@ -194,7 +204,7 @@ class Encoder:
         if self.family.kind != "bias":
             raise ValueError(f"{self.name} is a {self.family.kind} family: it has no bias")
         return self.module.bias(
-            params,
+            self._own(params),
             pos_q,
             pos_k,
             num_heads=self.num_heads,

@@ -186,6 +186,7 @@ def params_from_generators(
 def _generator_blocks(params: dict[str, jax.Array]) -> jax.Array:
     family.bound(params, _FAMILY)  # tagged parameters of another family are an error
     gen = _checks.param(params, "gen_ANKbb", _FAMILY)
+    _checks.check_keys(params, ["gen_ANKbb"], _FAMILY)
     if gen.ndim != 5 or gen.shape[-1] != gen.shape[-2]:
         raise ValueError(
             f"{_FAMILY}: params['gen_ANKbb'] must have shape (A, N, K, b, b), got {gen.shape}"
@@ -343,7 +344,8 @@ def precompute(
       params: {"gen_ANKbb": (A, N, K, b, b)}.
       pos: pos_TA (shared by the batch) or pos_BTA (per example).
       num_heads: N of the parameters (1 when heads share them).
-      head_dim: H, with H // b == K (channels past K b are not rotated).
+      head_dim: H: init's, for its parameters; a plain dict's K blocks of b take any H with
+        H // b == K (channels past K b are not rotated).
       num_prefix: prefix tokens (at position 0: R = I).
 
     Returns:
@@ -352,6 +354,8 @@ def precompute(
     """
     gen_ANKbb = _generator_blocks(params)
     _checks.check_state_args(num_heads, head_dim, num_prefix, _FAMILY)
+    # Parameters from init know their H exactly; a plain dict's K b leaves H // b == K.
+    family.check_made_for(params, _FAMILY, head_dim=head_dim)
     _, gen_heads, num_blocks, block = gen_ANKbb.shape[:4]
     if gen_heads != num_heads or head_dim // block != num_blocks:
         raise ValueError(
@@ -370,7 +374,8 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
 
     Args:
       params: {"gen_ANKbb": (A, N, K, b, b)}; b and K are read from its shape.
-      x_BTNH: queries or keys, any float dtype, N heads and H channels with H // b == K.
+      x_BTNH: queries or keys, any float dtype: N heads (any N for one head's parameters) and
+        H channels, init's H for its parameters (a plain dict: any H with H // b == K).
       pos: pos_TA (rotations computed once and shared by the batch) or pos_BTA (per example).
 
     Returns:
@@ -380,7 +385,8 @@ def apply(params: dict[str, jax.Array], x_BTNH: jax.Array, pos: jax.Array) -> ja
     num_axes, num_heads, num_blocks, block = gen_ANKbb.shape[:4]
     _checks.check_x(x_BTNH, _FAMILY)
     _checks.check_pos(pos, x_BTNH, _FAMILY, num_axes=num_axes)
-    if x_BTNH.shape[2] != num_heads or x_BTNH.shape[3] // block != num_blocks:
+    shared = num_heads == 1  # one head's parameters serve every head, as their state does
+    if (x_BTNH.shape[2] != num_heads and not shared) or x_BTNH.shape[3] // block != num_blocks:
         raise ValueError(
             f"{_FAMILY}: x has (N, H)=({x_BTNH.shape[2]}, {x_BTNH.shape[3]}) but the parameters "
             f"have num_heads={num_heads} and {num_blocks} blocks of size {block} "

@@ -189,6 +189,7 @@ def params_from_freqs(freqs_ANF, *, head_dim: int | None = None) -> dict[str, ja
 
 def _checked_freqs(params: dict[str, jax.Array]) -> jax.Array:
     freqs_ANF = _checks.param(params, "freqs_ANF", _FAMILY)
+    _checks.check_keys(params, ["freqs_ANF"], _FAMILY)
     if freqs_ANF.ndim != 3:
         raise ValueError(f"rope_mixed: freqs_ANF must be (A, N, F), got {tuple(freqs_ANF.shape)}")
     return freqs_ANF

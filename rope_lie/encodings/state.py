@@ -23,6 +23,12 @@ extrapolation tools' temperature). Each is a NamedTuple, so a state is a pytree:
 is cached per resolution at evaluation, and is shared by every layer that shares the parameters.
 A state computed for one head (heads sharing parameters, N = 1) applies to every head; per-
 example positions (``pos_BTA``) give states with a leading batch axis.
+
+``rotate`` takes x of shape (B, T, N, H) with the state's T, its B (a per-example state), its
+N (or any N for a state of one head) and an H it was computed for (the channels its pairs or
+blocks turn, plus fewer than one pair or block more: LieRE's ``partial_blocks``, an odd H for
+Circulant-STRING); any other x is an error naming both shapes, never broadcast against the
+state.
 """
 
 from __future__ import annotations
@@ -33,6 +39,38 @@ import jax
 import jax.numpy as jnp
 
 from rope_lie.encodings import lie
+
+
+def _check_fits(
+    x_BTNH: jax.Array, table: jax.Array, trailing: int, channels: range, name: str
+) -> None:
+    """x must be (B, T, N, H) with the T, B and N of ``table`` (shaped (T, N, ...) or
+    (B, T, N, ...) before its ``trailing`` axes; N = 1 fits any N) and H in ``channels``."""
+    lead = table.shape[: table.ndim - trailing]
+    if x_BTNH.ndim == 4 and len(lead) in (2, 3):
+        *batch, tokens, heads = lead
+        num_batch, num_tokens, num_heads, head_dim = x_BTNH.shape
+        if (
+            num_tokens == tokens
+            and heads in (1, num_heads)
+            and (not batch or batch[0] == num_batch)
+            and head_dim in channels
+        ):
+            return
+    for_shape = (
+        (f"B={lead[0]}, " if len(lead) == 3 else "any B, ")
+        + f"T={lead[-2]}, N={lead[-1]}"
+        + (" (or any N)" if lead[-1] == 1 else "")
+    )
+    width = (
+        f"H={channels.start}"
+        if len(channels) == 1
+        else f"H from {channels.start} to {channels.stop - 1}"
+    )
+    raise ValueError(
+        f"{name}.rotate: x has shape {tuple(x_BTNH.shape)}, but this state was computed for x "
+        f"of shape (B, T, N, H) with {for_shape}, {width}"
+    )
 
 
 class Unrotated(NamedTuple):
@@ -65,8 +103,12 @@ class PairAngles(NamedTuple):
     bias_BNTS = None
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
+        pairs = 2 * self.angle_TNF.shape[-1]
         if self.mix_NHH is None:
+            _check_fits(x_BTNH, self.angle_TNF, 1, range(pairs, pairs + 2), "PairAngles")
             return lie.rotate_pairs(x_BTNH, self.angle_TNF)
+        width = self.mix_NHH.shape[-1]
+        _check_fits(x_BTNH, self.angle_TNF, 1, range(width, width + 1), "PairAngles")
         mixed = jnp.matmul(
             self.mix_NHH.astype(jnp.float32),
             x_BTNH.astype(jnp.float32)[..., None],
@@ -95,6 +137,8 @@ class PairAnglesAfterFold(NamedTuple):
     bias_BNTS = None
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
+        width = self.fold_NHH.shape[-1]
+        _check_fits(x_BTNH, self.angle_TNF, 1, range(width, width + 1), "PairAnglesAfterFold")
         return lie.rotate_pairs(x_BTNH, self.angle_TNF)
 
     def to_fold(self):
@@ -114,6 +158,9 @@ class BlockRotations(NamedTuple):
     bias_BNTS = None
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
+        num_blocks, block = self.r_TNKbb.shape[-3], self.r_TNKbb.shape[-1]
+        used = num_blocks * block
+        _check_fits(x_BTNH, self.r_TNKbb, 3, range(used, used + block), "BlockRotations")
         return lie.apply_blocks(x_BTNH, self.r_TNKbb)
 
     def to_fold(self):
@@ -133,6 +180,8 @@ class SpectralPhases(NamedTuple):
     bias_BNTS = None
 
     def rotate(self, x_BTNH: jax.Array) -> jax.Array:
+        even = 2 * (self.phase_TNJ.shape[-1] - 1)  # H // 2 + 1 bins: H is even or one more
+        _check_fits(x_BTNH, self.phase_TNJ, 1, range(even, even + 2), "SpectralPhases")
         return lie.rotate_spectral(x_BTNH, self.phase_TNJ)
 
     def to_fold(self):

@@ -155,6 +155,16 @@ def test_fixed_params_are_empty():
     assert alibi.init(_KEY, num_heads=4, head_dim=8, num_axes=2) == {}
 
 
+def test_init_s_axes_and_head_dim_are_checked():
+    params = alibi.init(_KEY, num_heads=4, head_dim=8, num_axes=2)
+    pos_TA = jnp.zeros((5, 2))
+    with pytest.raises(ValueError, match="num_axes=1 here, but init was given num_axes=2"):
+        alibi.bias(params, pos_TA[:, :1], pos_TA[:, :1], num_heads=4)
+    with pytest.raises(ValueError, match="head_dim=16 here, but init was given head_dim=8"):
+        alibi.precompute(params, pos_TA, num_heads=4, head_dim=16)
+    assert alibi.bias(dict(params), pos_TA[:, :1], pos_TA[:, :1], num_heads=4).shape == (4, 5, 5)
+
+
 def test_learnable_heads_must_match():
     params = alibi.init(_KEY, num_heads=4, head_dim=8, num_axes=2, learnable=True)
     pos_TA = jnp.zeros((5, 2))

@@ -221,6 +221,31 @@ def test_the_contract(name, hparams, rank):
 
     if params_1 is not None:
         close(got["one_head"], got["each_head"], err_msg="one head's state on every head")
+        shared_heads = module.apply(params_1, x_BTNH, pos_TA, **kw)
+        close(shared_heads, got["one_head"], err_msg="apply with one head's parameters")
+
+
+@pytest.mark.parametrize("name,hparams,ranks", CASES, ids=IDS)
+def test_a_state_rotates_only_the_shape_it_was_computed_for(name, hparams, ranks):
+    """Nothing is broadcast against a state: x of another T, B, N or H is an error naming both
+    shapes, where broadcasting would have returned a rotation of the wrong tokens or heads."""
+    module, params, x_BTNH, pos_TA, kw = _setup(name, hparams, ranks[0])
+    pe = module.precompute(params, pos_TA, num_heads=N, head_dim=H, **kw)
+    per_example = module.precompute(params, np.stack([pos_TA] * B), num_heads=N, head_dim=H, **kw)
+    if isinstance(pe, state.Unrotated):  # NoPE: nothing to fit
+        return
+    wider = np.zeros((B, pos_TA.shape[0], N, H + 16), np.float32)  # past any block's remainder
+    bad = [x_BTNH[:, 1:], x_BTNH[:, :1], wider, x_BTNH[..., : H // 2]]
+    if params:  # per-head parameters: a state for N heads, not for one more
+        bad.append(np.concatenate([x_BTNH, x_BTNH[:, :, :1]], axis=2))
+    else:  # the angles are every head's: a state of one head fits any N
+        np.testing.assert_allclose(pe.rotate(x_BTNH[:, :, :1]), pe.rotate(x_BTNH)[:, :, :1])
+    for x in bad:
+        with pytest.raises(ValueError, match=rf"rotate: x has shape \({x.shape[0]}, "):
+            pe.rotate(x)
+    with pytest.raises(ValueError, match=r"computed for x of shape \(B, T, N, H\) with B=2"):
+        per_example.rotate(x_BTNH[:1])  # one example against a state of two
+    chex.assert_shape(per_example.rotate(x_BTNH), x_BTNH.shape)
 
 
 @pytest.mark.parametrize("name,hparams,ranks", CASES, ids=IDS)
@@ -241,6 +266,18 @@ def test_bad_inputs_name_the_value(name, hparams, ranks):
         wrong = jnp.concatenate([pos_TA, pos_TA[:, :1]], axis=-1)
         with pytest.raises(ValueError, match=f"A={rank + 1}"):
             module.apply(params, x_BTNH, wrong, **kw)
+        # A key more is another family's parameter (Cayley-STRING's frequencies beside LieRE's
+        # generators, Circulant-STRING's beside RoPE-Mixed's), which would be ignored: refused,
+        # as plain dicts too.
+        other = "c_ANH" if "freqs_ANF" in params else "freqs_ANF"
+        extra = {**dict(params), other: jnp.zeros((rank, N, H))}
+        with pytest.raises(ValueError, match="expects params"):
+            module.apply(extra, x_BTNH, pos_TA, **kw)
+    # init's parameters know their head_dim, even where H // b blocks would fit two more
+    # channels (LieRE's partial blocks): they are not left unrotated.
+    wide = np.concatenate([x_BTNH, x_BTNH[..., :2]], axis=-1)
+    with pytest.raises(ValueError, match=f"head_dim={H + 2}|H\\)=\\({N}, {H + 2}\\)"):
+        module.apply(params, wide, pos_TA, **kw)
 
 
 @pytest.mark.parametrize("name,hparams,ranks", CASES, ids=IDS)

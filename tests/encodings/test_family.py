@@ -91,6 +91,29 @@ def test_init_shapes_are_checked_for_parameter_free_families():
         alibi.bias(slopes, pos_TA, pos_TA, num_heads=2)
 
 
+@pytest.mark.parametrize("name", sorted(encodings.families()))
+def test_an_encoder_checks_a_plain_dict_against_its_own_settings(name):
+    """``Encoder.init`` gives a plain dict (what frameworks store); the encoder's own methods
+    hold the call to its settings all the same."""
+    family = encodings.family_of(name)
+    settings, ranks = family.examples[0]
+    enc = encodings.encoder(name, num_heads=N, head_dim=H, num_axes=ranks[0], **settings)
+    params = enc.init(jax.random.key(0))
+    assert type(params) is dict
+    x_BTNH, pos_TA = _inputs(rank=ranks[0])
+    more_axes = jnp.concatenate([pos_TA, pos_TA[:, :1]], axis=-1)
+    with pytest.raises(ValueError, match=f"A={ranks[0] + 1}|num_axes={ranks[0] + 1} here"):
+        enc.precompute(params, more_axes)
+    if family.kind == "rotary":
+        with pytest.raises(ValueError, match=f"head_dim={2 * H}|{2 * H}\\)"):
+            enc.apply(params, jnp.concatenate([x_BTNH, x_BTNH], axis=-1), pos_TA)
+        assert enc.apply(params, x_BTNH, pos_TA).shape == x_BTNH.shape
+    shape = dict(num_heads=N + 1, head_dim=H, num_axes=ranks[0])
+    others = family.module.init(jax.random.key(0), **shape, **settings)  # tagged, 3 heads
+    with pytest.raises(ValueError, match="made by Encoder.*not by this Encoder"):
+        enc.precompute(others, pos_TA)
+
+
 def test_tagged_parameters_survive_vmap_grad_tree_map_pickle_and_export():
     keys = jax.random.split(jax.random.key(0), 3)
     ensemble = jax.vmap(
