@@ -83,6 +83,15 @@ def check_pos(pos: jax.Array, x_BTNH: jax.Array, family: str, num_axes: int | No
         )
 
 
+def check_index(index_BTA, family: str) -> None:
+    """Grid coordinates of tokens must be integers: rows of a table, not positions between."""
+    if not jnp.issubdtype(jnp.asarray(index_BTA).dtype, jnp.integer):
+        raise TypeError(
+            f"{family}: index_BTA must hold integer grid coordinates, got dtype "
+            f"{jnp.asarray(index_BTA).dtype}"
+        )
+
+
 def check_heads(x_BTNH: jax.Array, num_heads: int, head_dim: int, family: str) -> None:
     """x's (N, H) must match the (num_heads, head_dim) the parameters were built for; parameters
     of one head (num_heads=1, shared) serve any N, as their state does."""

@@ -228,6 +228,7 @@ def gather(
     """
     grid_GD, prefix_PD = _check_params(params)
     stored, dim = tuple(grid_GD.shape[:-1]), grid_GD.shape[-1]
+    _checks.check_index(index_BTA, _FAMILY)
     if index_BTA.ndim != 3 or index_BTA.shape[-1] != len(stored):
         raise ValueError(
             f"{_FAMILY}: index_BTA has shape {tuple(index_BTA.shape)}; expected (B, T, "

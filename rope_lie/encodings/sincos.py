@@ -133,6 +133,7 @@ def gather(
       float32 ``emb_BTD`` (B, num_prefix + T, D).
     """
     del grid_BA
+    _checks.check_index(index_BTA, _FAMILY)
     if params:
         raise ValueError(
             f"{_FAMILY} has no parameters and expects params={{}}, got keys {sorted(params)}"

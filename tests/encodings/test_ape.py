@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rope_lie.encodings import ape, positions
+from rope_lie.encodings import ape, positions, sincos
 
 _KEY = jax.random.key(0)
 
@@ -213,3 +213,7 @@ def test_gather_errors():
         ape.gather(params, jnp.zeros((2, 3, 2), jnp.int32), jnp.ones((3, 2), jnp.int32))
     with pytest.raises(ValueError, match="width=5"):
         ape.gather(params, jnp.zeros((2, 3, 2), jnp.int32), jnp.ones((2, 2), jnp.int32), width=5)
+    # coordinates between rows would be interpolated silently: table rows are integers
+    for gather, p in ((ape.gather, params), (sincos.gather, {})):
+        with pytest.raises(TypeError, match="integer grid coordinates, got dtype float32"):
+            gather(p, jnp.full((2, 3, 2), 0.5), jnp.ones((2, 2), jnp.int32), width=8)
