@@ -45,6 +45,8 @@ def get_config(arg=None):
         **common.pe_fields(args.pe, args.block, ape_std=args.ape_std),  # pe, positions, ...
     )
     c.batch_size = 64  # examples per step
+    if args.steps < 1:  # total_steps 0 would mean num_epochs, silently one pass
+        raise ValueError(f"steps={args.steps}: expected a positive number of training steps")
     c.total_steps = args.steps  # 600 x 64 = 38,400 examples, 1.9 passes over the layouts
     c.optim.name = "adamw"
     c.optim.lr = 2e-3  # peak learning rate, cosine decay

@@ -6,7 +6,9 @@ it: ``from rope_lie import config_lib``.
 
 A recipe is chosen as ``--config=configs/<recipe>.py:<arg>`` where ``arg`` is a comma-separated
 list of ``key=value`` pairs and bare flags, e.g. ``pe=liere,variant=S/16,smoke``. Each recipe
-declares its arguments and their defaults; unknown arguments fail with the list of known ones.
+declares its arguments and their defaults; unknown arguments fail with the list of known ones,
+an argument given twice or one that would do nothing beside the others (``block=`` with
+``pe=ape``, ``epochs=`` with ``smoke``: ``NEEDS``) fails with what it needs.
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ from rope_lie import encodings
 def parse_arg(arg: str | None, **defaults: Any) -> mc.ConfigDict:
     """Parse "a=1,b=x,flag" against `defaults` (values cast to each default's type).
 
-    A bare word sets a boolean argument to True.
+    A bare word sets a boolean argument to True. An argument given twice, or given where it
+    would do nothing (``NEEDS``, for the arguments this recipe has), is an error.
     """
     args = mc.ConfigDict(defaults)
+    given = set()
     for item in filter(None, (s.strip() for s in (arg or "").split(","))):
         key, has_value, value = item.partition("=")
         if key not in defaults:
             raise ValueError(f"Unknown config argument {key!r}; known: {sorted(defaults)}")
+        if key in given:
+            raise ValueError(f"Config argument {key!r} is given twice in {arg!r}")
+        given.add(key)
         default = defaults[key]
         if not has_value:
             if not isinstance(default, bool):
@@ -39,8 +46,70 @@ def parse_arg(arg: str | None, **defaults: Any) -> mc.ConfigDict:
                 raise ValueError(f"Config argument {key}={value!r} is not a boolean")
             args[key] = value.lower() in ("true", "1")
         else:
-            args[key] = type(default)(value)
+            try:
+                args[key] = type(default)(value)
+            except ValueError:
+                raise ValueError(
+                    f"Config argument {key}={value!r} is not a {type(default).__name__} "
+                    f"(its default is {default!r})"
+                ) from None
+    for key in sorted(given):
+        if key in NEEDS:
+            applies, needs = NEEDS[key]
+            if not applies(args):
+                raise ValueError(
+                    f"Config argument {key}={args[key]!r} does nothing here: it needs {needs}"
+                )
     return args
+
+
+def _family(pe: str) -> str:
+    """The rotary or bias family a ``pe=`` value runs on q and k ("nope" for a table)."""
+    if pe in ADDITIVE_PES:
+        return "nope"
+    return PE_VARIANTS.get(pe, (pe,))[0]
+
+
+# Recipe arguments that act only beside others: {argument: (does it act, given the parsed
+# arguments?, what it needs)}. Checked for the arguments a recipe has and a user gave.
+NEEDS = {
+    "block": (
+        lambda a: a.pe == "liere" or _family(a.pe) == "comrope",
+        "pe=liere or a comrope pe (the block size of LieRE and ComRoPE)",
+    ),
+    "ape_std": (lambda a: a.pe == "ape", "pe=ape (the APE table's init std)"),
+    "generator": (lambda a: a.pe == "cayley_string", "pe=cayley_string"),
+    "bw": (
+        lambda a: a.pe == "cayley_string" and a.generator == "banded",
+        "pe=cayley_string,generator=banded",
+    ),
+    "k": (
+        lambda a: a.pe == "cayley_string" and a.generator == "topk",
+        "pe=cayley_string,generator=topk",
+    ),
+    "rotary_fraction": (
+        lambda a: _family(a.pe) in p_rope_families(),
+        "a pe whose family takes p-RoPE's fraction (config_lib.p_rope_families())",
+    ),
+    "rescale": (
+        lambda a: _family(a.pe) != "nope",
+        "a pe that encodes positions in attention (not ape, sincos or nope: their tables and "
+        "NoPE read no augmented positions)",
+    ),
+    "rpe": (
+        lambda a: _family(a.pe) != "nope",
+        "a pe that encodes positions in attention (not ape, sincos or nope)",
+    ),
+    "min_side": (lambda a: a.naflex, "naflex"),
+    "max_side": (lambda a: a.naflex, "naflex"),
+    "naflex_evals": (lambda a: a.naflex, "naflex"),
+    "init_from": (lambda a: a.finetune, "finetune"),
+    "epochs": (
+        lambda a: not a.get("smoke") and not a.get("plateau"),
+        "smoke and plateau off (smoke trains a few steps of its own, plateau PLATEAU_EPOCHS)",
+    ),
+    "steps": (lambda a: not a.get("smoke"), "smoke off (smoke trains a few steps of its own)"),
+}
 
 
 def dataset_config(name: str, **overrides: Any) -> mc.ConfigDict:

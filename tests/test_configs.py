@@ -266,6 +266,53 @@ def test_unknown_recipe_argument_fails_clearly():
         get_config("arrows", "res=huge")
     with pytest.raises(ValueError, match="not a boolean"):
         common.parse_arg("smoke=maybe", smoke=False)
+    with pytest.raises(ValueError, match=r"epochs='ten' is not a float \(its default is 3.0\)"):
+        get_config("fashion_mnist", "epochs=ten")
+
+
+# Arguments that used to be dropped or overridden without a word: the config was the one
+# without them (or, for pe twice and smoke, another one than asked for).
+SILENT = [
+    ("quickstart", "pe=rope_mixed,pe=ape", "'pe' is given twice"),
+    ("quickstart", "pe=rope_mixed,block=8", "block=8 does nothing here: it needs pe=liere"),
+    ("fashion_mnist", "pe=liere,ape_std=0.02", "ape_std=0.02 does nothing here: it needs pe=ape"),
+    ("digits", "pe=liere,generator=banded", "generator='banded' does nothing"),
+    ("digits", "pe=cayley_string,bw=3", "needs pe=cayley_string,generator=banded"),
+    ("digits", "pe=cayley_string,generator=dense,k=5", "needs pe=cayley_string,generator=topk"),
+    ("fashion_mnist", "pe=ape,rotary_fraction=1.0", "rotary_fraction=1.0 does nothing here"),
+    ("fashion_mnist", "pe=ape,rescale=2", "rescale=2.0 does nothing here"),
+    ("fashion_mnist", "pe=sincos,rpe=2", "rpe=2.0 does nothing here"),
+    ("fashion_mnist", "min_side=4", "min_side=4 does nothing here: it needs naflex"),
+    ("arrows", "max_side=9", "max_side=9 does nothing here: it needs naflex"),
+    ("imagenet", "init_from=/a/run", "init_from='/a/run' does nothing here: it needs finetune"),
+    ("fashion_mnist", "smoke,epochs=50", "epochs=50.0 does nothing here: it needs smoke and"),
+    ("arrows", "smoke,steps=100", "steps=100 does nothing here: it needs smoke off"),
+    ("fashion_mnist", "plateau,epochs=5", "epochs=5.0 does nothing here"),
+    ("arrows3d", "steps=0", "steps=0: expected a positive number of training steps"),
+]
+
+
+@pytest.mark.parametrize("recipe, arg, match", SILENT, ids=[f"{r}:{a}" for r, a, _ in SILENT])
+def test_an_argument_that_would_do_nothing_is_refused(recipe, arg, match):
+    with pytest.raises(ValueError, match=match):
+        get_config(recipe, arg)
+
+
+@pytest.mark.parametrize(
+    "recipe, arg",
+    [
+        ("quickstart", "pe=liere,block=4"),
+        ("digits", "pe=comrope,block=4"),
+        ("digits", "pe=cayley_string,generator=banded,bw=3"),
+        ("fashion_mnist", "pe=ape,ape_std=0.02"),
+        ("fashion_mnist", "pe=rope_mixed,rotary_fraction=0.5,rescale=2"),
+        ("fashion_mnist", "naflex,min_side=4"),
+        ("fashion_mnist", "pe=liere,epochs=5"),
+        ("arrows", "steps=100"),
+    ],
+)
+def test_the_same_arguments_where_they_act_are_taken(recipe, arg):
+    assert get_config(recipe, arg).model.pe
 
 
 # ml_collections' config_flags loads a recipe file with importlib's deprecated load_module().
