@@ -123,6 +123,12 @@ def check_config(config: mc.ConfigDict) -> None:
         ("augment.mixup_alpha", aug.mixup_alpha, not aug.mixup_alpha, "0"),
         ("augment.cutmix_alpha", aug.cutmix_alpha, not aug.cutmix_alpha, "0"),
         ("augment.label_smoothing", aug.label_smoothing, not aug.label_smoothing, "0"),
+        (  # evaluation images are resized whole, never centre-cropped
+            "dataset.eval_crop_fraction",
+            ds.eval_crop_fraction,
+            ds.eval_crop_fraction == 1.0,
+            "1.0",
+        ),
         ("naflex", "set" if config.get("naflex") else None, not config.get("naflex"), "unset"),
         ("processes", jax.process_count(), jax.process_count() == 1, "1"),
         ("data_shards", shards, shards in (0, 1), "0 or 1"),

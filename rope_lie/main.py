@@ -36,7 +36,7 @@ try:
     from absl import flags, logging  # noqa: E402
     from ml_collections import config_flags  # noqa: E402
 
-    from rope_lie import config_lib, errors  # noqa: E402
+    from rope_lie import config_check, config_lib, errors  # noqa: E402
 except ModuleNotFoundError as _error:  # the core install: one line naming the extra to install
     from rope_lie import _extras
 
@@ -238,6 +238,11 @@ def run(argv: list[str]) -> int:
         return 0
     if _PRINT_CONFIG.value:
         print(config, end="")
+        # printed either way (to look at), but a config a run would refuse is not a success
+        try:
+            config_check.validate(config)
+        except ValueError as e:
+            return _fail(str(e))
         return 0
     if not workdir:
         return _fail("--workdir is required: the directory for checkpoints, metrics, final.json")

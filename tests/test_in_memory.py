@@ -271,6 +271,10 @@ def test_it_refuses_what_it_does_not_do(real_subset, at):
         in_memory.check_config(_config("pe=ape,scale_aug"))
     with pytest.raises(ValueError, match="naflex=.*it supports unset"):
         in_memory.check_config(_config("pe=ape,naflex"))
+    cropped = _config("pe=ape")
+    cropped.dataset.eval_crop_fraction = 0.875
+    with pytest.raises(ValueError, match="eval_crop_fraction=0.875; it supports 1.0"):
+        in_memory.check_config(cropped)
     with pytest.raises(ValueError, match="reads fashion_mnist_idx/.*not 'cifar10'"):
         in_memory.arrays("cifar10", "test")
     with pytest.raises(ValueError, match="canvas44 holds the test split only"):

@@ -133,7 +133,7 @@ def test_an_unwritable_workdir_is_one_line(tmp_path, run_main):
     assert f"workdir '{blocker}/run'" in line
 
 
-def test_help_list_and_print_config_exit_0(run_main):
+def test_help_list_and_print_config_exit_0_and_an_invalid_printed_config_2(run_main):
     help_ = run_main("--help")
     assert (
         help_.returncode == 0 and "--print_config" in help_.stdout and "quickstart" in help_.stdout
@@ -147,6 +147,10 @@ def test_help_list_and_print_config_exit_0(run_main):
     printed = run_main("--config=quickstart:smoke", "--config.optim.lr=0.005", "--print_config")
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert "lr: 0.005" in printed.stdout and "total_steps: 8" in printed.stdout
+    # printed, to look at, but a config a run would refuse does not exit 0
+    refused = run_main("--config=quickstart:smoke", "--config.num_epochs=-3", "--print_config")
+    assert "num_epochs: -3.0" in refused.stdout
+    assert _one_error_line(refused) == "error: num_epochs=-3.0: expected a finite number >= 0"
 
 
 def test_a_listing_cut_short_by_its_reader_exits_quietly():
