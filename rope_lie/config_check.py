@@ -126,6 +126,18 @@ def validate(config: mc.ConfigDict) -> None:
             f"naflex.pack=True and model.patch_dropout={config.model.patch_dropout}: patch "
             "dropout is not available on packed batches; set one of them off"
         )
+    augment = _get(config, "model.position_augment")
+    token_batches = _get(config, "naflex") not in (None, _MISSING) or patch_dropout not in (
+        0,
+        0.0,
+        _MISSING,
+    )
+    if augment not in (None, _MISSING) and dict(augment) and token_batches:
+        raise ValueError(
+            f"model.position_augment={dict(augment)} with naflex or model.patch_dropout: the "
+            "model augments the positions of image batches only, and these train on token "
+            "batches; set position_augment=None or train on images"
+        )
     if _get(config, "eval_every_steps") not in (0, _MISSING) and _get(
         config, "eval_every_epochs"
     ) not in (0, 0.0, _MISSING):

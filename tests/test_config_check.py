@@ -55,6 +55,19 @@ def test_a_bad_value_is_named_with_what_is_expected(key, value, message):
     assert message in str(raised.value)
 
 
+def test_position_augment_is_refused_beside_token_batches():
+    import importlib
+
+    recipe = importlib.import_module("configs.fashion_mnist")
+    with pytest.raises(ValueError, match="position_augment=.*with naflex or model.patch_dropout"):
+        config_check.validate(recipe.get_config("pe=dinov3,rescale=2,naflex"))
+    config = recipe.get_config("pe=rope_mixed,rpe=2")
+    config_check.validate(config)
+    config.model.patch_dropout = 0.25
+    with pytest.raises(ValueError, match="augments the positions of image batches only"):
+        config_check.validate(config)
+
+
 def test_total_steps_zero_needs_epochs_and_one_eval_schedule():
     config = _base()
     config.total_steps, config.num_epochs = 0, 0.0

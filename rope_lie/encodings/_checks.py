@@ -87,7 +87,7 @@ def check_index(index_BTA, family: str) -> None:
     """Grid coordinates of tokens must be integers: rows of a table, not positions between."""
     if not jnp.issubdtype(jnp.asarray(index_BTA).dtype, jnp.integer):
         raise TypeError(
-            f"{family}: index_BTA must hold integer grid coordinates, got dtype "
+            f"{family}: the tokens' index must hold integer grid coordinates, got dtype "
             f"{jnp.asarray(index_BTA).dtype}"
         )
 

@@ -419,6 +419,7 @@ def index_positions(
     """
     _check_convention(convention)
     spacing = check_temporal_spacing(temporal_spacing, convention)
+    _checks.check_index(index_XTA, "index_positions")
     index = jnp.asarray(index_XTA, jnp.float32)
     n = jnp.asarray(grid_XA, jnp.float32)[..., None, :]
     if convention == "integer":

@@ -203,7 +203,9 @@ class ViT(nnx.Module):
             training (``train=True``, positions
             not from ``pe_cache``) from the model's own ``augment`` RNG stream, created after
             every parameter (the parameters are those of the model without it); the train
-            step reseeds it every step as it does dropout's.
+            step reseeds it every step as it does dropout's. Image batches only: training on
+            token batches (``classify_tokens``: NaFlex, packed rows, patch dropout) with it
+            is an error, not a run without it.
           share_pe_heads: one set of encoder parameters for all heads (default: per head).
           share_pe_layers: one set of encoder parameters for all layers (default: per layer).
           head_zero_init: zero-initialise the classifier head.
@@ -440,6 +442,7 @@ class ViT(nnx.Module):
     ) -> tuple[jax.Array, list[State], dict[str, jax.Array]]:
         """A padded token batch's embedded tokens (prefix tokens first), block states and key
         mask (``{"key_mask_BS": ...}``, the prefix tokens real)."""
+        self._check_no_augment(train, "a padded token batch")
         mask_BT = batch.mask_BT > 0
         # Padded slots and all-padding examples (an evaluation's zero-filled batch tail, grid 0)
         # get coordinate 0 of a grid of at least 1: finite positions and tables everywhere.
@@ -454,12 +457,21 @@ class ViT(nnx.Module):
         x_BTD = self.embed_dropout(self.embed_token_batch(batch), deterministic=not train)
         return x_BTD, states, {"key_mask_BS": mask_BS}
 
+    def _check_no_augment(self, train: bool, what: str) -> None:
+        if train and self.position_augment:
+            raise ValueError(
+                f"position_augment={dict(self.position_augment)} augments the positions of "
+                f"image batches only; training on {what} (NaFlex, packed rows or patch dropout) "
+                "would run without it: set position_augment=None there"
+            )
+
     def _packed_inputs(
         self, batch: tokens.Packed, *, train: bool
     ) -> tuple[jax.Array, list[State], dict[str, jax.Array]]:
         """A packed batch's embedded tokens (every slot's prefix tokens first), block states
         and segments (``{"segment_BS": ...}``: an empty slot's prefix tokens in segment 0 with
         the padding)."""
+        self._check_no_augment(train, "a packed batch")
         slots = batch.grid_BUA.shape[1]
         states = self.pe_states(self.packed_positions(batch), num_prefix=slots * self.num_prefix)
         full_BU = batch.grid_BUA[..., 0] > 0

@@ -168,9 +168,12 @@ def test_grid_indices_row_major():
 
 def test_index_positions_errors():
     with pytest.raises(ValueError, match="needs its reference grid"):
-        positions.index_positions(np.zeros((1, 2, 2)), np.ones((1, 2)), "sequential")
+        positions.index_positions(np.zeros((1, 2, 2), int), np.ones((1, 2)), "sequential")
     with pytest.raises(ValueError, match="unknown position convention 'x'"):
-        positions.index_positions(np.zeros((1, 2, 2)), np.ones((1, 2)), "x")
+        positions.index_positions(np.zeros((1, 2, 2), int), np.ones((1, 2)), "x")
+    # a token batch's coordinates between grid cells would be positions nobody asked for
+    with pytest.raises(TypeError, match="integer grid coordinates, got dtype float32"):
+        positions.index_positions(np.full((1, 2, 2), 0.5, np.float32), np.ones((1, 2)), "integer")
 
 
 @pytest.mark.parametrize("convention", ["integer", "sequential"])

@@ -12,6 +12,7 @@ from flax import nnx
 
 from rope_lie import train
 from rope_lie.encodings import positions
+from rope_lie.models import tokens
 from rope_lie.models.vit import ViT
 
 TINY = dict(variant="pico/4", image_shape=(8, 12), channels=3, num_classes=5, head_zero_init=False)
@@ -130,6 +131,22 @@ def test_position_augment_is_reseeded_by_the_train_step_key():
     a, b = logits(jax.random.key(1)), logits(jax.random.key(1))
     np.testing.assert_array_equal(a, b)
     assert float(jnp.max(jnp.abs(a - logits(jax.random.key(2))))) > 1e-4
+
+
+def test_position_augment_refuses_to_train_on_token_batches_it_would_not_augment():
+    images = _images((2, 8, 12, 3))
+    config = dict(TINY, pe="dinov3", position_convention="centred", position_augment=AUGMENT)
+    model = ViT(**config, rngs=nnx.Rngs(0))
+    batch = model.image_tokens(images)
+    with pytest.raises(ValueError, match="augments the positions of image batches only"):
+        model.classify_tokens(batch, train=True)
+    packed, _ = tokens.pack_images(
+        [np.asarray(images[0]), np.asarray(images[1])], model.patch, 12, 2
+    )
+    with pytest.raises(ValueError, match="training on a packed batch"):
+        model.classify_tokens(jax.tree.map(jnp.asarray, packed), train=True)
+    # evaluation uses no augmentation: token batches are the images' logits there
+    np.testing.assert_allclose(model.classify_tokens(batch), model(images), rtol=1e-5, atol=1e-5)
 
 
 def test_position_augment_names_unknown_keys():
