@@ -119,12 +119,7 @@ def get_config(arg=None):
     )
     if args.pe == "cayley_string":
         c.model.pe_hparams = common.cayley_hparams(args.generator, args.bw, args.k)
-    if args.rotary_fraction != 1.0:
-        if c.model.pe not in common.p_rope_families():
-            raise ValueError(
-                f"rotary_fraction={args.rotary_fraction} is for pe in "
-                f"{common.p_rope_families()} (p-RoPE), not pe={args.pe!r}"
-            )
+    if args.rotary_fraction != 1.0:  # parse_arg refused it beside a pe without p-RoPE
         # p-RoPE (Barbero et al., 2025): the lowest frequencies of every axis left unrotated
         c.model.pe_hparams.rotary_fraction = float(args.rotary_fraction)
     augment = {}

@@ -57,6 +57,7 @@ def parse_arg(arg: str | None, **defaults: Any) -> mc.ConfigDict:
         if key in NEEDS:
             applies, needs = NEEDS[key]
             if not applies(args):
+                needs = needs(args) if callable(needs) else needs
                 raise ValueError(
                     f"Config argument {key}={args[key]!r} does nothing here: it needs {needs}"
                 )
@@ -71,7 +72,8 @@ def _family(pe: str) -> str:
 
 
 # Recipe arguments that act only beside others: {argument: (does it act, given the parsed
-# arguments?, what it needs)}. Checked for the arguments a recipe has and a user gave.
+# arguments?, what it needs: a string, or one made from them)}. Checked for the arguments a
+# recipe has and a user gave.
 NEEDS = {
     "block": (
         lambda a: a.pe == "liere" or _family(a.pe) == "comrope",
@@ -89,7 +91,7 @@ NEEDS = {
     ),
     "rotary_fraction": (
         lambda a: _family(a.pe) in p_rope_families(),
-        "a pe whose family takes p-RoPE's fraction (config_lib.p_rope_families())",
+        lambda a: f"a pe in {p_rope_families()} (p-RoPE), not pe={a.pe!r}",
     ),
     "rescale": (
         lambda a: _family(a.pe) != "nope",

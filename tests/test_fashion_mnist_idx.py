@@ -175,7 +175,9 @@ def test_recipe_arguments_for_p_rope_and_the_evaluations():
     angles = np.abs(np.asarray(angles_TNF(jax.random.key(0)))).max(axis=(0, 1))
     assert angles.shape == (8,) and list(angles == 0) == [False, False, False, True] * 2
     assert "rotary_fraction" not in fashion_mnist.get_config("pe=dinov3").model.pe_hparams
-    with pytest.raises(ValueError, match="rotary_fraction=0.5 is for pe in .*not pe='liere'"):
+    with pytest.raises(
+        ValueError, match="rotary_fraction=0.5 does nothing here: it needs a pe in .*not pe='liere'"
+    ):
         fashion_mnist.get_config("pe=liere,rotary_fraction=0.5")
     assert set(fashion_mnist.get_config("resolution_evals=false").evals) == {
         "test",
