@@ -63,8 +63,17 @@ _check(
     "optim.warmup_steps",
     "data_shards",
     "fsdp_min_size",
+    "seed",
+    "distributed.num_processes",
 )
-_check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0, "optim.eps")
+# None: the data order follows `seed` (config_lib.data_seed)
+_check("None or an integer >= 0", lambda v: v is None or (_is_int(v) and v >= 0), "data_seed")
+_check(
+    "a finite number > 0",
+    lambda v: _is_number(v) and math.isfinite(v) and v > 0,
+    "optim.eps",
+    "model.norm_eps",
+)
 # lr = 0 keeps the parameters as they are (a fine-tune's start evaluated at a new size, say)
 _check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0, "optim.lr")
 _check(

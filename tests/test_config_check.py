@@ -40,6 +40,10 @@ def test_every_recipe_passes(recipe, arg):
         ("model.dropout", 1.0, "model.dropout=1.0"),
         ("mesh.data", 0, "mesh.data=0: expected -1 (the remaining devices) or an integer >= 1"),
         ("init_head", "fresh", "init_head='fresh'"),
+        ("seed", -1, "seed=-1: expected an integer >= 0"),
+        ("data_seed", -2, "data_seed=-2: expected None or an integer >= 0"),
+        ("model.norm_eps", -1.0, "model.norm_eps=-1.0: expected a finite number > 0"),
+        ("distributed.num_processes", -3, "distributed.num_processes=-3: expected an integer"),
     ],
 )
 def test_a_bad_value_is_named_with_what_is_expected(key, value, message):
