@@ -186,9 +186,23 @@ def _fail(message: str, status: int = EXIT_USER_ERROR) -> int:
     return status
 
 
+# Fields a recipe's pe= argument sets together (config_lib.pe_fields): overriding one alone
+# would leave the others as that pe set them (APE plus RoPE, another family's positions).
+_PE_SET_FIELDS = ("model.pe", "model.additive")
+
+
 def _parse(argv: list[str]):
     """(config, workdir) from the command line; user errors raise ``_UsageError``."""
     argv = _resolve_recipe_names(argv)
+    for arg in argv:
+        field = arg.removeprefix("--config.").partition("=")[0]
+        if arg.startswith("--config.") and field in _PE_SET_FIELDS:
+            raise _UsageError(
+                f"--config.{field}: choose the encoder with the recipe's pe= argument "
+                "(--config=<recipe>:pe=...), which also sets the positions' convention, the "
+                "additive table and the block size; an override of one field leaves the others "
+                "as the recipe's pe set them"
+            )
     try:
         rest = flags.FLAGS(argv)
     except flags.Error as e:

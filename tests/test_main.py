@@ -103,6 +103,14 @@ CASES = {
         ],
         ["head_dim=15 must be even: rope_mixed"],
     ),
+    "pe overridden alone": (  # would keep pe=ape's table: APE plus RoPE
+        ["--config=configs/digits.py:smoke,pe=ape", "--config.model.pe=rope_mixed"],
+        ["--config.model.pe: choose the encoder with the recipe's pe= argument"],
+    ),
+    "recipe argument that does nothing": (
+        ["--config=configs/digits.py:smoke,pe=ape,block=8"],
+        ["block=8 does nothing here: it needs pe=liere"],
+    ),
 }
 
 
