@@ -11,6 +11,11 @@ Every training run writes, before its first step (``train.train_and_evaluate``):
 
 ``read(workdir)`` returns the ``config.json`` of a training workdir or of a directory written
 by ``python -m rope_lie.convert``; ``rope_lie/loading.py`` builds the trained model from it.
+
+``check_resume(workdir, config)``: a workdir that holds a checkpoint resumes only under the
+config that wrote it, but for ``MAY_CHANGE`` (what is evaluated and logged, how often it is
+saved, where the data lie, the mesh, and the run's length: the cosine schedule of the steps
+still to run then follows the new length).
 """
 
 from __future__ import annotations
@@ -55,6 +60,67 @@ def write(workdir: str, config: mc.ConfigDict) -> None:
     recipe = _RECIPE.format(path=os.path.join(workdir, CONFIG_PY), workdir=workdir)
     with open(os.path.join(workdir, CONFIG_PY), "w") as f:
         f.write(recipe)
+
+
+# Fields a resumed run may change: they do not change what a training step computes.
+MAY_CHANGE = (
+    "evals",
+    "eval_batch_size",
+    "eval_every_steps",
+    "eval_every_epochs",
+    "log_every_steps",
+    "checkpoint",
+    "tensorboard",
+    "progress",
+    "mesh",
+    "distributed",
+    "multihost",
+    "data_shards",
+    "fsdp_min_size",
+    "total_steps",
+    "num_epochs",
+    "dataset.data_dir",
+    "dataset.eval_split",
+    "dataset.eval_crop_fraction",
+    "model.attention",  # the backends compute the same attention
+    "model.fold_mix",  # P folded or applied per token: the same logits
+)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def check_resume(workdir: str, config: mc.ConfigDict) -> None:
+    """Raise ``ValueError`` when `workdir` holds a checkpoint written under another config: a
+    field outside ``MAY_CHANGE`` that both configs have and that differs (fields the saved one
+    lacks, from an older rope_lie, are not compared). A workdir without a checkpoint passes."""
+    workdir = os.path.abspath(os.path.expanduser(workdir))
+    checkpoints = os.path.join(workdir, "checkpoints")
+    path = os.path.join(workdir, CONFIG_JSON)
+    if not os.path.isdir(checkpoints) or not os.path.isfile(path):
+        return
+    if not any(name.isdigit() for name in os.listdir(checkpoints)):
+        return
+    with open(path) as f:
+        saved = _flat(json.load(f))
+    now = _flat(json.loads(config.to_json_best_effort()))
+    differ = [
+        key
+        for key in sorted(set(saved) & set(now))
+        if saved[key] != now[key]
+        and not any(key == m or key.startswith(m + ".") for m in MAY_CHANGE)
+    ]
+    if differ:
+        key = differ[0]
+        more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])})" if differ[1:] else ""
+        raise ValueError(
+            f"{workdir} holds a checkpoint of another config: {key}={saved[key]!r} there, "
+            f"{now[key]!r} here{more}. Resume it with its own config "
+            f"(--config={os.path.join(workdir, CONFIG_PY)}), or train in another workdir"
+        )
 
 
 def _as_tuples(value: Any) -> Any:

@@ -314,6 +314,9 @@ def train_and_evaluate(config: mc.ConfigDict, workdir: str) -> dict[str, Any]:
     """
     with errors.user_errors():
         config_check.validate(config)
+        from rope_lie import run_config  # ml_collections (the train extra)
+
+        run_config.check_resume(workdir, config)
     job.maybe_initialize_distributed(config)
     with errors.user_errors():
         mesh = sharding.make_mesh(config.mesh)

@@ -375,18 +375,60 @@ def test_a_truncated_newest_checkpoint_is_named_and_the_run_goes_on_from_the_one
     assert os.listdir(os.path.join(workdir, "checkpoints-unreadable")) == ["12"]
 
 
-def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds_dir):
-    """The workdir holds another model's checkpoint: the error names the step and the first
-    parameter that differs (not orbax's dump of both trees), and nothing is trained or written."""
+def test_a_checkpoint_of_another_config_is_named_before_training(reference, tfds_dir, tmp_path):
+    """The workdir holds another config's checkpoint: the error names the first field that
+    differs from its config.json; without one (a run of an older rope_lie), the first parameter
+    that differs (not orbax's dump of both trees). Nothing is trained or written."""
     ref_dir, _ = reference
     before = os.listdir(os.path.join(ref_dir, "checkpoints"))
+    other = digits_config(tfds_dir, **{"model.variant": "mu"})
+    with pytest.raises(ValueError, match=r"holds a checkpoint of another config: model.variant="):
+        train.train_and_evaluate(other, ref_dir)
+    assert os.listdir(os.path.join(ref_dir, "checkpoints")) == before
+    bare = str(tmp_path / "bare")
+    shutil.copytree(ref_dir, bare)
+    os.remove(os.path.join(bare, "config.json"))
     match = (
         r"checkpoint at step 12 in .* another configuration: parameter blocks/0/attn/bk_NH has "
         r"shape \(2, 16\) in the checkpoint and \(4, 16\) in this config"
     )
     with pytest.raises(ValueError, match=match):
-        train.train_and_evaluate(digits_config(tfds_dir, **{"model.variant": "mu"}), ref_dir)
-    assert os.listdir(os.path.join(ref_dir, "checkpoints")) == before
+        train.train_and_evaluate(other, bare)
+
+
+def test_a_checkpoint_resumes_only_under_its_config_but_for_what_steps_do_not_read(tmp_path):
+    """A seed, batch size or encoder of another run would be trained on top of this one's
+    steps, and config.json rewritten as if the whole run had used them: refused. Evaluations,
+    logging, saving, the data's path and the run's length may change."""
+    from configs import quickstart
+    from rope_lie import run_config
+
+    workdir = str(tmp_path / "run")
+    os.makedirs(workdir)
+    run_config.write(workdir, quickstart.get_config("smoke"))
+    run_config.check_resume(workdir, quickstart.get_config("smoke,pe=ape"))  # no checkpoint yet
+    os.makedirs(os.path.join(workdir, "checkpoints", "8"))
+    for field, value, said in [
+        ("seed", 7, "seed=0 there, 7 here"),
+        ("batch_size", 8, "batch_size=16 there, 8 here"),
+        ("optim.lr", 0.5, "optim.lr="),
+    ]:
+        changed = quickstart.get_config("smoke")
+        *parents, leaf = field.split(".")
+        node = changed
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+        with pytest.raises(ValueError, match=said):
+            run_config.check_resume(workdir, changed)
+    with pytest.raises(
+        ValueError, match="model.additive='none' there, 'ape' here .and 2 more: model.pe"
+    ):
+        run_config.check_resume(workdir, quickstart.get_config("smoke,pe=ape"))
+    free = quickstart.get_config("smoke")
+    free.total_steps, free.eval_batch_size, free.log_every_steps = 20, 4, 1
+    free.checkpoint.every_steps, free.dataset.data_dir = 5, "/elsewhere"
+    run_config.check_resume(workdir, free)
 
 
 def _make_read_only(path):
