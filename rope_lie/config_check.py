@@ -136,11 +136,8 @@ def validate(config: mc.ConfigDict) -> None:
             "dropout is not available on packed batches; set one of them off"
         )
     augment = _get(config, "model.position_augment")
-    token_batches = _get(config, "naflex") not in (None, _MISSING) or patch_dropout not in (
-        0,
-        0.0,
-        _MISSING,
-    )
+    drops_patches = patch_dropout not in (0, 0.0, _MISSING)
+    token_batches = _get(config, "naflex") not in (None, _MISSING) or drops_patches
     if augment not in (None, _MISSING) and dict(augment) and token_batches:
         raise ValueError(
             f"model.position_augment={dict(augment)} with naflex or model.patch_dropout: the "
