@@ -167,9 +167,7 @@ def markdown(
         else:
             out.append(f"- {label}: no runs yet.")
             continue
-        last = measured[-1][0]
-        if plateau is not None:
-            last = 2 * plateau
+        last = 2 * plateau if plateau is not None else measured[-1][0]  # the deciding rung
         se = errors[label].get(last)
         at = dict(measured)
         if se and last / 2 in at:
