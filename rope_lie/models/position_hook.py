@@ -13,11 +13,15 @@ goes through one contract (``docs/encoders.md``, ``encodings/state.py``):
 - ``init_pe_params``: the encoder's parameters as ``PositionParam`` variables (a ``NoDecay``
   parameter type, so that the optimiser excludes them from weight decay by type);
 - ``layer_states``: every layer's state, one precompute per layer or one vmapped over the
-  stacked layers, by platform (``LAYER_PLANS``).
+  stacked layers, by platform (``LAYER_PLANS``);
+- ``PECache``: every layer's state at one token grid, with that grid, so that a model given it
+  for images of another grid refuses it (``ViT.precompute_pe``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -38,6 +42,36 @@ class PositionParam(NoDecay):
     A ``NoDecay`` (so an ``nnx.Param``): ``nnx.state(model, PositionParam)`` selects exactly the
     encoder parameters, and weight decay leaves them alone.
     """
+
+
+@dataclasses.dataclass(frozen=True)
+class PECache(Sequence):
+    """Every block's encoder state at one token grid (``ViT.precompute_pe``), and that grid.
+
+    A sequence of the states, as a list of them would be. The grid is static (pytree
+    metadata), so a jitted evaluation step compiles once per grid, as it does per image size.
+    A model refuses a cache whose grid is not its images' grid: two grids with equal token
+    counts give states of equal shapes, which would otherwise be used silently.
+    """
+
+    states: tuple[State, ...]
+    grid: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+
+    def __getitem__(self, index):
+        return self.states[index]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+
+jax.tree_util.register_dataclass(PECache)
+# An evaluation step that takes a cache can be exported and serialised (jax.export).
+jax.export.register_pytree_node_serialization(
+    PECache,
+    serialized_name="rope_lie.models.PECache",
+    serialize_auxdata=lambda meta: json.dumps(meta).encode(),  # (grid,)
+    deserialize_auxdata=lambda data: tuple(tuple(field) for field in json.loads(data)),
+)
 
 
 def pe_names() -> list[str]:

@@ -674,7 +674,9 @@ class ViT(nnx.Module):
             scaling=scaling,
         )
 
-    def precompute_pe(self, grid: Sequence[int], extrapolation: str | None = None) -> list[State]:
+    def precompute_pe(
+        self, grid: Sequence[int], extrapolation: str | None = None
+    ) -> position_hook.PECache:
         """Encoder states at a token grid, to pass as ``pe_cache`` (evaluation at a resolution).
 
         They depend on the encoder parameters and the grid only, so an evaluation loop computes
@@ -689,19 +691,22 @@ class ViT(nnx.Module):
             ``"pi+logit"``, ``"ntk+logit"``), resolved from ``train_grid``; no retraining.
 
         Returns:
-          a list of per-block states (pytrees of arrays).
+          the per-block states with their grid (``position_hook.PECache``, a sequence of
+          states): a model given it for images of another grid refuses it.
         """
-        if extrapolation is None:
-            return self.pe_states(self.positions(grid))
-        scaling = extrapolation_lib.resolve(
-            extrapolation,
-            family=self.pe,
-            grid=grid,
-            train_grid=self.train_grid,
-            convention=self.position_convention,
-            num_prefix=self.num_prefix,
-        )
-        return self.pe_states(self.positions(grid), scaling)
+        grid = tuple(int(n) for n in grid)
+        scaling = None
+        if extrapolation is not None:
+            scaling = extrapolation_lib.resolve(
+                extrapolation,
+                family=self.pe,
+                grid=grid,
+                train_grid=self.train_grid,
+                convention=self.position_convention,
+                num_prefix=self.num_prefix,
+            )
+        states = self.pe_states(self.positions(grid), scaling)
+        return position_hook.PECache(tuple(states), grid)
 
     def attention_maps(self, images: jax.Array) -> jax.Array:
         """Every layer's attention weights on a batch (eval mode), float32 (L, B, N, T, T).
@@ -729,8 +734,9 @@ class ViT(nnx.Module):
         Args:
           images: (B, H, W, C) or (B, D, H, W, C), matching ``image_shape``'s rank.
           train: apply dropout (uses the ``dropout`` RNG stream).
-          pe_cache: ``precompute_pe(self.input_grid(images))`` computed beforehand, or None to
-            compute the encoder states here.
+          pe_cache: ``precompute_pe(self.input_grid(images))`` computed beforehand (refused
+            for another grid), a list of states of your own positions (``pe_states(pos_TA)``,
+            unchecked), or None to compute the encoder states here.
 
         Returns:
           float32 logits (B, V).
@@ -744,6 +750,11 @@ class ViT(nnx.Module):
         """A batch of images' embedded tokens (prefix tokens first) and block states: from
         ``pe_cache``, augmented positions in training (``position_augment``), or the grid's."""
         grid = self.input_grid(images)
+        if isinstance(pe_cache, position_hook.PECache) and pe_cache.grid != tuple(grid):
+            raise ValueError(
+                f"pe_cache was computed for the token grid {pe_cache.grid}, the images make "
+                f"{tuple(grid)} (use model.precompute_pe(model.input_grid(images)))"
+            )
         if pe_cache is not None:
             states = list(pe_cache)
         elif train and self.position_augment:

@@ -327,6 +327,29 @@ def test_cached_encoder_states_give_the_same_logits(pe, hparams, share_heads, sh
         model(images, pe_cache=cache[:1])
 
 
+@pytest.mark.parametrize("pe", ["liere", "rope_mixed", "alibi"])
+def test_a_cache_for_another_grid_is_refused(pe):
+    """A (2, 3) grid's states have a (3, 2) grid's shapes; used for (3, 2) images they would
+    give other logits silently. The cache carries its grid, and the model refuses it, also
+    inside ``jit`` (the grid is static) and through ``features``."""
+    model = ViT(
+        **TINY, pe=pe, position_convention="sequential", head_zero_init=False, rngs=nnx.Rngs(0)
+    )
+    wide, tall = _images((2, 8, 12, 3), seed=0), _images((2, 12, 8, 3), seed=1)
+    cache = model.precompute_pe(model.input_grid(wide))
+    assert cache.grid == (2, 3) and len(cache) == len(model.blocks)
+    np.testing.assert_allclose(model(wide, pe_cache=cache), model(wide), rtol=1e-6, atol=1e-6)
+    message = r"computed for the token grid \(2, 3\), the images make \(3, 2\)"
+    with pytest.raises(ValueError, match=message):
+        model(tall, pe_cache=cache)
+    with pytest.raises(ValueError, match=message):
+        nnx.jit(lambda m, x, c: m(x, pe_cache=c))(model, tall, cache)
+    with pytest.raises(ValueError, match=message):
+        model.features(tall, pe_cache=cache)
+    states = list(cache)  # a plain list of states: the user's own positions, unchecked
+    assert np.max(np.abs(model(tall, pe_cache=states) - model(tall))) > 1e-3
+
+
 @pytest.mark.parametrize("share_heads", [False, True])
 @pytest.mark.parametrize("share_layers, calls", [(False, 2), (True, 1)])
 def test_shared_generators_share_the_exponential(monkeypatch, share_heads, share_layers, calls):
