@@ -141,7 +141,8 @@ def get_config(arg=None):
     c.optim.weight_decay = 0.05 if args.res == "cpu" else 0.0  # weight matrices only
     c.optim.warmup_steps = 100 if args.res == "cpu" else 0  # linear warmup steps
     c.log_every_steps = 50  # steps between metrics lines
-    c.eval_every_steps = c.total_steps // 2  # half-way and at the end
+    # half-way and at the end; a reference, so that --config.total_steps moves it too
+    c.eval_every_steps = c.get_ref("total_steps") // 2
     c.eval_batch_size = 250  # eval examples per step
     c.checkpoint.every_steps = 100  # steps between checkpoints
     own = name(s["grid"]) if args.mixed_grids else None  # the fixed training grid's scenes

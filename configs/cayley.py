@@ -37,13 +37,13 @@ Expected metric: not run here. Study Table 1 (best test accuracy):
 from rope_lie import config_lib as common
 
 DATASETS = {
-    # channels, epochs and learning rate (the study); warmup and checkpoint interval: steps per
-    # epoch at batch 128 (60,000 / 128 and 50,000 / 128)
-    "mnist": dict(channels=1, epochs=10.0, lr=2e-3, epoch_steps=468),
-    "cifar10": dict(channels=3, epochs=25.0, lr=4e-3, epoch_steps=390),
+    # channels, epochs and learning rate (the study); train_size: the training split's images,
+    # which make warmup and checkpoint interval one epoch at any batch size
+    "mnist": dict(channels=1, epochs=10.0, lr=2e-3, train_size=60_000),
+    "cifar10": dict(channels=3, epochs=25.0, lr=4e-3, train_size=50_000),
     # The MNIST recipe on Fashion-MNIST (Debian's files, rope_lie/data/fashion_mnist_idx.py):
     # the study's MNIST analogue on real images that need no download here.
-    "fashion_mnist": dict(channels=1, epochs=10.0, lr=2e-3, epoch_steps=468),
+    "fashion_mnist": dict(channels=1, epochs=10.0, lr=2e-3, train_size=60_000),
 }
 TFDS_NAMES = {"fashion_mnist": "fashion_mnist_idx/plain"}  # others: the catalogue's name
 
@@ -88,11 +88,14 @@ def get_config(arg=None):
     c.optim.name = "adamw"  # AdamW (study)
     c.optim.lr = d["lr"]  # learning rate (study)
     c.optim.weight_decay = 1e-4  # weight decay (study), weight matrices only
-    c.optim.warmup_steps = d["epoch_steps"]  # 1 epoch of linear warmup
+    # One epoch (468 and 390 steps at batch 128) as a reference to the batch size, so that
+    # --config.batch_size keeps warmup and checkpoints at one epoch; a reference per field, so
+    # that overriding one leaves the other.
+    c.optim.warmup_steps = d["train_size"] // c.get_ref("batch_size")  # 1 epoch of warmup
     c.log_every_steps = 100  # steps between metrics lines
     c.eval_every_epochs = 1.0  # every epoch: the study reports the best epoch
     c.eval_batch_size = 500  # 10,000 test images = 20 batches
-    c.checkpoint.every_steps = d["epoch_steps"]  # about every epoch
+    c.checkpoint.every_steps = d["train_size"] // c.get_ref("batch_size")  # every epoch
     c.evals = dict(test=common.eval_entry())  # 10,000 test images
     if args.smoke:
         common.make_smoke(c, variant="string")

@@ -55,7 +55,8 @@ def get_config(arg=None):
     c.optim.weight_decay = 0.05  # on weight matrices only
     c.optim.warmup_steps = 100  # linear warmup steps
     c.log_every_steps = 50  # steps between metrics lines
-    c.eval_every_steps = 250  # evaluate half-way and at the end
+    # evaluate half-way and at the end; a reference, so that --config.total_steps moves it too
+    c.eval_every_steps = c.get_ref("total_steps") // 2
     c.eval_batch_size = 250  # eval examples per step (2,000 test examples = 8 batches)
     c.checkpoint.every_steps = 100  # steps between checkpoints
 

@@ -2,11 +2,14 @@
 configs fail clearly. Which tests run the recipes end to end: see ``CATALOGUE`` below.
 """
 
+import functools
 import glob
 import importlib
 import inspect
+import json
 import os
 import sys
+from unittest import mock
 
 import jax
 import numpy as np
@@ -353,3 +356,59 @@ def test_every_recipe_and_its_smoke_fit_4_and_8_devices(recipe, arg, devices):
         sharding.check_batch_size(config.batch_size, mesh)
         padded = sharding.padded_batch_size(config.eval_batch_size, mesh)
         assert padded % devices == 0 and 0 <= padded - config.eval_batch_size < devices
+
+
+def _parsed(recipe, arg, *overrides):
+    """The recipe's config as ``rope_lie.main`` reads it: absl's ``--config`` flag and overrides."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=flag_values)
+    path = os.path.join(REPO, "configs", f"{recipe}.py")
+    argv = ["main", f"--config={path}:{arg}" if arg else f"--config={path}", *overrides]
+    with mock.patch.object(sys, "argv", argv):  # config_flags reads the overrides there
+        flag_values(argv)
+    return flag_values.config
+
+
+@pytest.mark.parametrize(
+    "recipe, arg, overrides, expected",
+    [
+        ("quickstart", "", [], {"eval_every_steps": 250}),
+        ("quickstart", "", ["--config.total_steps=100"], {"eval_every_steps": 50}),
+        (
+            "quickstart",
+            "",
+            ["--config.eval_every_steps=100", "--config.total_steps=400"],
+            {"eval_every_steps": 100},
+        ),
+        ("arrows", "", ["--config.total_steps=300"], {"eval_every_steps": 150}),
+        ("cayley", "", [], {"optim.warmup_steps": 468, "checkpoint.every_steps": 468}),
+        (
+            "cayley",
+            "dataset=cifar10",
+            ["--config.batch_size=512"],
+            {"optim.warmup_steps": 97, "checkpoint.every_steps": 97},
+        ),
+        (
+            "cayley",
+            "",
+            ["--config.optim.warmup_steps=10", "--config.batch_size=512"],
+            {"optim.warmup_steps": 10, "checkpoint.every_steps": 117},
+        ),
+    ],
+)
+@pytest.mark.filterwarnings("ignore:the load_module\\(\\) method is deprecated:DeprecationWarning")
+def test_fields_a_recipe_derives_follow_the_command_lines_overrides(
+    recipe, arg, overrides, expected
+):
+    """A recipe's "half-way" evaluation or "one epoch" of warmup is a reference to the field it
+    comes from, so an override of that field moves it (an overridden ``total_steps`` would
+    otherwise keep an evaluation step past the end, a larger batch a warmup of 40 % of the
+    run); the derived field's own override wins; config.json holds the values."""
+    config = _parsed(recipe, arg, *overrides)
+    written = json.loads(config.to_json_best_effort())
+    for key, value in expected.items():
+        assert functools.reduce(lambda tree, name: tree[name], key.split("."), config) == value
+        assert functools.reduce(lambda tree, name: tree[name], key.split("."), written) == value
