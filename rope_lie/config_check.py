@@ -129,6 +129,12 @@ def validate(config: mc.ConfigDict) -> None:
             f"total_steps=0 and num_epochs={epochs!r}: no steps to train; set total_steps >= 1 "
             "or num_epochs > 0"
         )
+    warmup = _get(config, "optim.warmup_steps")
+    if _is_int(total) and total >= 1 and _is_int(warmup) and warmup >= total:
+        raise ValueError(
+            f"optim.warmup_steps={warmup} and total_steps={total}: the warmup must end before "
+            "the run does; set warmup_steps < total_steps"
+        )
     patch_dropout = _get(config, "model.patch_dropout")
     if _get(config, "naflex.pack") is True and patch_dropout not in (0, 0.0, _MISSING):
         raise ValueError(

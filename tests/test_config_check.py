@@ -84,3 +84,16 @@ def test_total_steps_zero_needs_epochs_and_one_eval_schedule():
     config = _base()
     config.total_steps = 5
     config_check.validate(config)  # a valid config passes
+
+
+def test_a_warmup_as_long_as_the_run_is_refused_before_it_starts():
+    """``--config.total_steps=100`` on the quickstart (warmup 100) would otherwise fail only
+    when the optimizer is built; a run sized in epochs is checked there, by the split's size."""
+    import importlib
+
+    config = importlib.import_module("configs.quickstart").get_config()
+    config.total_steps = 100
+    with pytest.raises(ValueError, match="optim.warmup_steps=100 and total_steps=100"):
+        config_check.validate(config)
+    config.optim.warmup_steps = 99
+    config_check.validate(config)
