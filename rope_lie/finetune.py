@@ -44,7 +44,10 @@ def load_params(path: str) -> tuple[int, dict[str, Any]]:
     elif os.path.isdir(os.path.join(path, "checkpoints")):
         path = os.path.join(path, "checkpoints")
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"init_from={path!r}: no such checkpoint directory")
+        raise FileNotFoundError(
+            f"{path!r}: no such checkpoint directory (expected a workdir with checkpoints/, a "
+            "checkpoints directory, or one step's directory inside it)"
+        )
     step, state = ckpt.load_state(path, step)
     return step, state["params"]
 

@@ -482,7 +482,10 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
 
 def _init_from(config: mc.ConfigDict, setup: Setup, state: dict) -> dict:
     """The fresh state with the parameters of ``config.init_from`` (rope_lie/finetune.py)."""
-    step, source = finetune.load_params(config.init_from)
+    try:
+        step, source = finetune.load_params(config.init_from)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"init_from={config.init_from!r}: {e}") from None
     params = finetune.adapt_params(
         source, jax.device_get(state["params"]), init_head=config.get("init_head", "keep")
     )

@@ -108,5 +108,9 @@ def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(
         tuned["additive_params"]["grid_GD"].reshape(144, -1), expected, rtol=1e-6
     )
     assert not np.allclose(gen(source), 0)  # trained and carried, not a fresh zero init
-    with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
-        finetune.load_params(str(tmp_path / "nowhere"))
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint directory") as raised:
+        finetune.load_params(missing)
+    assert "init_from" not in str(raised.value)  # rope_lie.load's caller never named it
+    with pytest.raises(FileNotFoundError, match=f"init_from='{missing}': '{missing}': no such"):
+        train._init_from(_arrows_config(data_dir, 12, init_from=missing), None, {})
