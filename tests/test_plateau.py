@@ -52,6 +52,32 @@ def test_seeds_are_averaged_and_a_gap_in_the_ladder_stops_the_reading():
     assert plateau.next_arms(plateau.ladders(STUDY, rows)[APE]) == [NAMES[APE][1]]
 
 
+def test_a_gain_of_exactly_a_third_of_a_point_is_not_a_plateau():
+    """0.9259 - 0.9229 is 0.0029999... in floating point: the rule says "less than 0.3"."""
+    rows = _rows({APE: [0.9229, 0.9259, 0.9288]})
+    assert plateau.verdict(STUDY, rows)["plateaus"][APE] == 20.0
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (_rows({APE: [0.87, 0.89]}, seed=1)[1:], r"rungs hold different seeds"),  # 20 only
+        (_rows({APE: [0.95]}), r"seed 0: two 'test' rows"),  # a rerun recorded twice
+        (None, r"seed 0: test accuracy nan, not a number"),
+    ],
+)
+def test_rungs_over_other_seeds_a_rerun_or_a_nan_are_refused(extra, match):
+    """A gain of seed means over other seeds (seed 1 at 20 epochs, not at 10) or over a rerun
+    would be another quantity than the one the rule and its paired error describe."""
+    rows = _rows({APE: [0.87, 0.89, 0.91]})
+    if extra is None:
+        rows[1]["accuracy"] = float("nan")
+    else:
+        rows += extra
+    with pytest.raises(ValueError, match=match):
+        plateau.verdict(STUDY, rows)
+
+
 def test_a_ladder_that_is_not_doublings_is_refused():
     ladder = [(10.0, "a", 0.8), (30.0, "b", 0.8)]
     with pytest.raises(ValueError, match="rungs 10.0 and 30.0: the rule compares doublings"):

@@ -41,16 +41,34 @@ PLOT = "plateau.png"
 
 def ladders(study: lib.Study, rows: Sequence[dict], eval_name: str = EVAL) -> dict:
     """{line label: [(epochs, arm name, mean accuracy over seeds or None), ...]} along the
-    study's ``curves``, from results.csv rows."""
+    study's ``curves``, from results.csv rows.
+
+    A gain is a difference of two rungs' seed means, so the measured rungs of a line must hold
+    the same seeds, each once, with a finite accuracy: otherwise this raises, naming the arm,
+    rather than compare other seeds (or a rerun twice) at each rung."""
     if study.curves is None:
         raise ValueError(f"{study.name} has no curves (arms on an epochs axis)")
-    accuracy = defaultdict(list)
+    accuracy = defaultdict(dict)  # arm -> {seed: accuracy}
     for row in rows:
-        if row["eval"] == eval_name:
-            accuracy[row["arm"]].append(float(row["accuracy"]))
+        if row["eval"] != eval_name:
+            continue
+        arm, seed, value = row["arm"], row["seed"], float(row["accuracy"])
+        if seed in accuracy[arm]:
+            raise ValueError(f"{arm} seed {seed}: two {eval_name!r} rows in results.csv")
+        if not np.isfinite(value):
+            raise ValueError(f"{arm} seed {seed}: {eval_name} accuracy {value}, not a number")
+        accuracy[arm][seed] = value
+    for label, line in study.curves[1]:
+        measured = [name for _, name in line if accuracy[name]]
+        seeds = {name: sorted(accuracy[name]) for name in measured}
+        if len({tuple(s) for s in seeds.values()}) > 1:
+            raise ValueError(
+                f"{label}: the rungs hold different seeds ({seeds}); the rule compares rungs "
+                "over the same seeds: train the missing ones or leave the extra ones out"
+            )
     return {
         label: [
-            (x, name, float(np.mean(accuracy[name])) if accuracy[name] else None)
+            (x, name, float(np.mean(list(accuracy[name].values()))) if accuracy[name] else None)
             for x, name in line
         ]
         for label, line in study.curves[1]
@@ -91,7 +109,8 @@ def arm_plateau(ladder: Sequence[tuple[float, str, float | None]]) -> float | No
             return None
         if e2 != 2 * e:
             raise ValueError(f"rungs {e} and {e2}: the rule compares doublings")
-        if acc2 - acc < MIN_GAIN:
+        # rounded: a gain of exactly 0.3 points (0.9259 - 0.9229) is not less than 0.3
+        if round(acc2 - acc, 9) < MIN_GAIN:
             return e
     return None
 
