@@ -558,6 +558,19 @@ def test_welch_t_matches_scipy_and_handles_seeds_without_spread():
         stats.welch_t([0.9], [0.8, 0.7])
 
 
+@pytest.mark.parametrize(
+    "a, b",
+    [([0.9, 0.8, 0.7], [0.8, 0.7, 0.6]), ([0.5, 0.6, 0.7], [0.4, 0.5, 0.6])],
+)
+def test_a_constant_difference_reads_the_same_whatever_its_float_rounding(a, b):
+    """Both pairs differ by 0.1 on every seed; in floating point one has a spread of 1e-17,
+    the other none. Neither is "p = 1e-31": no spread leaves t undefined, for every test."""
+    assert np.isnan(stats.paired_t(a, b)["p"])
+    assert np.isnan(stats.welch_t(a[:1] * 3, b[:1] * 3)["p"])
+    assert stats.paired_t(a, a)["p"] == 1.0
+    assert stats.paired_t(a, np.array(b) + [0.0, 0.0, 1e-4])["p"] < 1e-3  # a real spread
+
+
 def test_gap_change_tests_a_difference_of_differences_at_its_nominal_level():
     a, b = np.array([0.56, 0.57, 0.555]), np.array([0.59, 0.588, 0.593])
     c, d = np.array([0.813, 0.815, 0.816]), np.array([0.824, 0.821, 0.816])
@@ -817,6 +830,10 @@ def test_compare_prints_seed_level_results_and_p_last(tmp_path, capsys):
     assert lines[-1] == f"p={expected['p']:.4g}"
     text = "\n".join(lines)
     assert "b = b: 3 seeds" in text and "difference of means a - b: +15.00 points" in text
+    assert (
+        "b: seeds [3] left out ('test'): the pairs are the seeds every arm has, [0, 1, 2]" in text
+    )
+    assert "a: seeds" not in text
     assert "seed level, as pairs" in text and "exact sign-flip over the 3 pairs p = 0.25" in text
     assert "seed pairs, then test examples" in text
     with pytest.raises(SystemExit, match="no results for arm 'c'.*arms: \\['a', 'b'\\]"):

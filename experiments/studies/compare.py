@@ -262,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     arms = (args.arm_a, args.arm_b, *(args.versus or ()))
     paired = _paired(args.pairing, args.study, arms)
     if args.versus:
-        gaps = {}
+        gaps, left_out = {}, []
         for name in names:
             seeds = _common_seeds(rows, arms, name) if paired else None
+            left_out += _left_out(rows, arms, name, seeds)
             accs = [
                 stats.seed_accuracies(arm_examples(rows, examples, a, name, seeds)) for a in arms
             ]
@@ -274,17 +275,22 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as e:  # too few seeds: a message, not a traceback
                 raise SystemExit(f"eval {name!r}, arms {list(arms)}: {e}") from None
         print(f"{args.study}, eval {','.join(names)} ({directory})")
+        for line in dict.fromkeys(left_out):
+            print(line)
         print("\n".join(gap_lines(arms, gaps)))
         return 0
-    results = {}
+    results, left_out = {}, []
     for name in names:
         seeds = _common_seeds(rows, arms, name) if paired else None
+        left_out += _left_out(rows, arms, name, seeds)
         results[name] = stats.compare_arms(
             arm_examples(rows, examples, args.arm_a, name, seeds),
             arm_examples(rows, examples, args.arm_b, name, seeds),
             paired=paired,
         )
     print(f"{args.study}, eval {','.join(names)} ({directory})")
+    for line in dict.fromkeys(left_out):  # once each, in order
+        print(line)
     if len(names) == 1:
         print("\n".join(describe(args.arm_a, args.arm_b, results[names[0]])))
     else:
@@ -301,6 +307,23 @@ def _paired(pairing: str, study_name: str, arms: tuple[str, ...]) -> bool:
 
     study = STUDIES.get(study_name)
     return all(lib.shares_data(study, arms[0], other) for other in arms[1:])
+
+
+def _left_out(
+    rows: list[dict], arms: tuple[str, ...], eval_name: str, seeds: list[int] | None
+) -> list[str]:
+    """A line per arm whose seeds on `eval_name` outside the pairs `seeds` are left out."""
+    if seeds is None:
+        return []
+    lines = []
+    for arm in arms:
+        extra = sorted(set(arm_seeds(rows, arm, eval_name)) - set(seeds))
+        if extra:
+            lines.append(
+                f"{arm}: seeds {extra} left out ({eval_name!r}): the pairs are the seeds every "
+                f"arm has, {seeds}"
+            )
+    return lines
 
 
 def _common_seeds(rows: list[dict], arms: tuple[str, ...], eval_name: str) -> list[int] | None:

@@ -63,6 +63,17 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+# A spread or a mean below this, relative to the values' size, is float rounding: a constant
+# difference (0.9 - 0.8 three times) must read the same as an exact one (0.5 - 0.4), not come
+# out once as t = 1e15, p = 1e-31 and once as NaN.
+_ROUNDING = 1e-12
+
+
+def _negligible(x: float, values) -> bool:
+    """``x`` is within float rounding of 0 for quantities of the size of ``values``."""
+    return abs(x) <= _ROUNDING * max(1.0, float(np.max(np.abs(values))))
+
+
 def paired_z(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, float]:
     """Paired z-test of accuracy(a) - accuracy(b) on the same test examples: do *these trained
     models* differ on *this test set*? Not a comparison of encodings (seed variance is ignored;
@@ -82,8 +93,9 @@ def paired_z(correct_a_SN: np.ndarray, correct_b_SN: np.ndarray) -> dict[str, fl
     d = a - b
     diff = float(d.mean())
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
-    if se == 0.0:
-        z = 0.0 if diff == 0.0 else math.copysign(math.inf, diff)
+    if _negligible(se, d):
+        se = 0.0
+        z = 0.0 if _negligible(diff, d) else math.copysign(math.inf, diff)
     else:
         z = diff / se
     p = math.erfc(abs(z) / math.sqrt(2.0))
@@ -199,14 +211,9 @@ def paired_t(acc_a_S: np.ndarray, acc_b_S: np.ndarray) -> dict[str, float]:
     d = _pair_differences(acc_a_S, acc_b_S, "paired_t")
     diff = float(d.mean())
     se = float(d.std(ddof=1) / math.sqrt(len(d)))
-    if se == 0.0:
-        nan = float("nan")
-        return dict(
-            diff=diff,
-            t=0.0 if diff == 0.0 else nan,
-            df=float(len(d) - 1),
-            p=1.0 if diff == 0.0 else nan,
-        )
+    if _negligible(se, d):
+        nan, zero = float("nan"), _negligible(diff, d)
+        return dict(diff=diff, t=0.0 if zero else nan, df=float(len(d) - 1), p=1.0 if zero else nan)
     t = diff / se
     df = len(d) - 1
     return dict(diff=diff, t=float(t), df=float(df), p=float(2 * scipy_stats.t.sf(abs(t), df)))
@@ -295,9 +302,10 @@ def _satterthwaite_t(diff: float, arms: list[np.ndarray]) -> dict[str, float]:
 
     v = [x.var(ddof=1) / len(x) for x in arms]
     se2 = sum(v)
-    if se2 == 0.0:
-        nan = float("nan")
-        return dict(t=0.0 if diff == 0.0 else nan, df=nan, p=1.0 if diff == 0.0 else nan)
+    values = np.concatenate(arms)
+    if _negligible(math.sqrt(se2), values):
+        nan, zero = float("nan"), _negligible(diff, values)
+        return dict(t=0.0 if zero else nan, df=nan, p=1.0 if zero else nan)
     t = diff / math.sqrt(se2)
     df = se2**2 / sum(vi**2 / (len(x) - 1) for vi, x in zip(v, arms, strict=True))
     return dict(t=float(t), df=float(df), p=float(2 * scipy_stats.t.sf(abs(t), df)))
