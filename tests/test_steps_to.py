@@ -114,3 +114,32 @@ def test_the_cli_reads_held_out_csv_and_counts_seeds_that_never_reach(tmp_path, 
     assert out.strip().splitlines()[-1] == "p=nan"
     with pytest.raises(SystemExit, match="held_out.csv not found"):
         steps_to.main(["other", "a", "b", f"--results={tmp_path}"])
+
+
+@pytest.mark.parametrize("paired, p_rank", [(True, 2 / 32), (False, 2 / 252)])
+def test_seeds_that_never_reach_count_as_the_slowest_in_the_rank_test(paired, p_rank):
+    """b's two slowest seeds never reach the threshold. The ratio and the t test see only the
+    three that did (a 2.4x ratio over 3 of 5 pairs); the rank test keeps all five, b slower
+    in each: the sign-flip test of 5 positive signed ranks (2 of 32 sign vectors), or the
+    permutation test of 5 ranks above 5 (2 of C(10, 5) = 252 relabellings)."""
+    steps_a = {s: 400.0 for s in range(5)}
+    steps_b = {0: math.inf, 1: math.inf, 2: 1000.0, 3: 957.0, 4: 918.0}
+    result = steps_to.compare_steps(steps_a, steps_b, paired=paired)
+    assert result["unreached_b"] == 2 and result["ratio"] == pytest.approx(2.4, rel=0.03)
+    assert result["p_rank"] == pytest.approx(p_rank)
+    # the reverse comparison reads the same
+    assert steps_to.compare_steps(steps_b, steps_a, paired=paired)["p_rank"] == pytest.approx(
+        p_rank
+    )
+
+
+def test_the_table_says_over_how_many_pairs_its_ratio_is(tmp_path, capsys):
+    """b's seed 3 tops out at 70 % and never reaches 80 %."""
+    rows = _rows({"a": [1000.0] * 4, "b": [3000.0, 3300.0, 2700.0]})
+    rows += _rows({"b": [1.0, 1.0, 1.0, 3000.0]}, top={"b": 0.7})[-len(EVAL_STEPS) :]
+    (tmp_path / "toy").mkdir()
+    curves_csv.write_csv(rows, str(tmp_path / "toy" / "held_out.csv"), curves_csv.HELD_OUT_COLUMNS)
+    steps_to.main(["toy", "a", "b", "--threshold", "0.8", f"--results={tmp_path}"])
+    row = capsys.readouterr().out.strip().splitlines()[-2]
+    assert "not reached |" in row and "(over 3 of 4 pairs)" in row
+    assert row.endswith(f"| {2 / 16:.2g} |")  # four positive signed ranks: 2 of 16 vectors

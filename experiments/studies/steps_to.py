@@ -17,8 +17,13 @@ Arms are compared over seeds as `compare` does (`lib.shares_data`): as pairs whe
 both saw the same data order, the per-pair ratio b / a of the steps (how many times fewer
 steps a needs) tested on its logarithm by a paired t and the exact sign-flip test; otherwise
 the arms' log steps by Welch's t. A seed that never reaches a threshold is reported as "not
-reached" and left out of the ratio and its test (the count says how many). The output is a
-markdown table, one row per threshold; ``p=`` with each threshold's p last.
+reached" and left out of the ratio and its t test (the ratio then says over how many pairs or
+seeds). Those seeds are often the slow ones (with ``final``, b's seeds below b's mean), so a
+rank test keeps them, as slower than any that reached it: the exact sign-flip test of the
+pairs' signed ranks (Wilcoxon's signed-rank test; a pair where neither reached is a tie and
+left out), or the exact permutation test of the ranks (Mann-Whitney's) for independent arms.
+The output is a markdown table, one row per threshold; ``p=`` with each threshold's t-test p
+last.
 """
 
 from __future__ import annotations
@@ -107,8 +112,47 @@ def compare_steps(
             p = stats.welch_t(log_b, log_a)["p"]
             p_perm = stats.permutation_test(log_b, log_a)["p"]
     return dict(
-        ratio=ratio, p=p, p_perm=p_perm, used=used, unreached_a=unreached_a, unreached_b=unreached_b
+        ratio=ratio,
+        p=p,
+        p_perm=p_perm,
+        p_rank=_rank_p(steps_a, steps_b, paired=paired),
+        used=used,
+        unreached_a=unreached_a,
+        unreached_b=unreached_b,
     )
+
+
+def _rank_p(steps_a: dict[int, float], steps_b: dict[int, float], *, paired: bool) -> float:
+    """Two-sided p of a rank test of b's steps against a's, a seed that never reached the
+    threshold (inf) slower than any that did: exact sign-flip of the signed ranks of the pairs'
+    log ratios (a pair where neither reached is a tie, left out), or exact permutation of the
+    ranks of both arms' log steps; NaN with fewer than 2 pairs or seeds a side."""
+    from scipy.stats import rankdata
+
+    if paired:
+        pairs = [s for s in set(steps_a) & set(steps_b) if min(steps_a[s], steps_b[s]) < math.inf]
+        if len(pairs) < 2:
+            return float("nan")
+        d = np.array([np.log(steps_b[s]) - np.log(steps_a[s]) for s in sorted(pairs)])
+        signed = np.sign(d) * rankdata(np.abs(d))
+        return stats.sign_flip_test(signed, np.zeros_like(signed))["p"]
+    if min(len(steps_a), len(steps_b)) < 2:
+        return float("nan")
+    ranks = rankdata(np.log([*steps_b.values(), *steps_a.values()]))
+    return stats.permutation_test(ranks[: len(steps_b)], ranks[len(steps_b) :])["p"]
+
+
+def _over(result: dict, steps_a: dict, steps_b: dict, paired: bool) -> str:
+    """ " (over k of n pairs)" when seeds that never reached the threshold are left out."""
+    if not result["unreached_a"] and not result["unreached_b"]:
+        return ""
+    total = len(set(steps_a) & set(steps_b)) if paired else len(steps_a) + len(steps_b)
+    used = (
+        result["used"]
+        if paired
+        else len(steps_a) + len(steps_b) - (result["unreached_a"] + result["unreached_b"])
+    )
+    return f" (over {used} of {total} {'pairs' if paired else 'seeds'})"
 
 
 def _steps(steps: float) -> str:
@@ -130,8 +174,8 @@ def report(rows, arm_a: str, arm_b: str, eval_name: str, thresholds, paired: boo
         f"({'as pairs' if paired else 'independent data orders'}; {test})",
         "",
         "| threshold | a: steps per seed | b: steps per seed | b / a (geometric mean) | p "
-        "| perm. p | seeds used |",
-        "|---|---|---|---|---|---|---|",
+        "| perm. p | seeds used | rank p, not reached = slowest |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     ps = []
     for spec in thresholds:
@@ -144,8 +188,9 @@ def report(rows, arm_a: str, arm_b: str, eval_name: str, thresholds, paired: boo
         lines.append(
             f"| {label} | {', '.join(_steps(steps_a[s]) for s in sorted(steps_a))} "
             f"| {', '.join(_steps(steps_b[s]) for s in sorted(steps_b))} "
-            f"| {result['ratio']:.2f} | {result['p']:.2g} | {result['p_perm']:.2g} "
-            f"| {result['used']} |"
+            f"| {result['ratio']:.2f}{_over(result, steps_a, steps_b, paired)} "
+            f"| {result['p']:.2g} | {result['p_perm']:.2g} | {result['used']} "
+            f"| {result['p_rank']:.2g} |"
         )
     lines.append("p=" + ",".join(f"{p:.4g}" for p in ps))
     return lines
