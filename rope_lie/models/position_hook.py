@@ -64,7 +64,7 @@ class PECache(Sequence):
         return len(self.states)
 
 
-jax.tree_util.register_dataclass(PECache)
+jax.tree_util.register_dataclass(PECache, data_fields=["states"], meta_fields=["grid"])
 # An evaluation step that takes a cache can be exported and serialised (jax.export).
 jax.export.register_pytree_node_serialization(
     PECache,
