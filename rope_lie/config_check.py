@@ -129,6 +129,12 @@ def validate(config: mc.ConfigDict) -> None:
             f"total_steps=0 and num_epochs={epochs!r}: no steps to train; set total_steps >= 1 "
             "or num_epochs > 0"
         )
+    shards, batch = _get(config, "data_shards"), _get(config, "batch_size")
+    if _is_int(shards) and shards >= 1 and _is_int(batch) and batch % shards:
+        raise ValueError(
+            f"data_shards={shards} and batch_size={batch}: each batch is made of data_shards "
+            "equal shards; set a batch_size that data_shards divides"
+        )
     warmup = _get(config, "optim.warmup_steps")
     if _is_int(total) and total >= 1 and _is_int(warmup) and warmup >= total:
         raise ValueError(

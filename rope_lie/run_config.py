@@ -62,7 +62,8 @@ def write(workdir: str, config: mc.ConfigDict) -> None:
         f.write(recipe)
 
 
-# Fields a resumed run may change: they do not change what a training step computes.
+# Fields a resumed run may change: they do not change what a training step computes. Not
+# ``data_shards``: it composes each batch, so a run resumes on another topology by keeping it.
 MAY_CHANGE = (
     "evals",
     "eval_batch_size",
@@ -75,7 +76,6 @@ MAY_CHANGE = (
     "mesh",
     "distributed",
     "multihost",
-    "data_shards",
     "fsdp_min_size",
     "total_steps",
     "num_epochs",

@@ -97,3 +97,12 @@ def test_a_warmup_as_long_as_the_run_is_refused_before_it_starts():
         config_check.validate(config)
     config.optim.warmup_steps = 99
     config_check.validate(config)
+
+
+def test_data_shards_that_do_not_divide_the_batch_are_named():
+    config = _base()
+    config.batch_size, config.data_shards = 8, 3
+    with pytest.raises(ValueError, match="data_shards=3 and batch_size=8: each batch is made"):
+        config_check.validate(config)
+    config.data_shards = 4
+    config_check.validate(config)

@@ -412,6 +412,7 @@ def test_a_checkpoint_resumes_only_under_its_config_but_for_what_steps_do_not_re
         ("seed", 7, "seed=0 there, 7 here"),
         ("batch_size", 8, "batch_size=16 there, 8 here"),
         ("optim.lr", 0.5, "optim.lr="),
+        ("data_shards", 2, "data_shards=0 there, 2 here"),  # other batches from the next step
     ]:
         changed = quickstart.get_config("smoke")
         *parents, leaf = field.split(".")
