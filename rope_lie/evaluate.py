@@ -177,7 +177,7 @@ def evaluate(
                 )
             resolution = f"tokens{batch['patches'].shape[1]}"
             sums = eval_step.step(params, sharding.shard_batch(batch, mesh), None)
-            correct.append(_add_sums(totals, sums))
+            correct.append(_add_sums(totals, sums, mesh))
             continue
         spatial = tuple(int(d) for d in batch["image"].shape[1:-1])
         resolution = "x".join(str(d) for d in spatial)
@@ -191,7 +191,7 @@ def evaluate(
         if shuffle_patch is not None:
             batch["image"] = shuffle_patches(batch["image"], shuffle_patch, rng)
         sums = eval_step.step(params, sharding.shard_batch(batch, mesh), caches.get(spatial))
-        correct.append(_add_sums(totals, sums))
+        correct.append(_add_sums(totals, sums, mesh))
     count = totals["count"]
     if count == 0:
         raise ValueError("Evaluation saw no examples (empty split or every example masked).")
@@ -200,19 +200,26 @@ def evaluate(
         "loss": totals["loss_sum"] / count,
         "num_examples": int(count),
         "resolution": resolution,
-        "correct": np.concatenate(correct),
+        # process p read the split's p-th contiguous part: its batches, then p + 1's
+        "correct": np.concatenate([c[p] for p in range(jax.process_count()) for c in correct]),
     }
 
 
-def _add_sums(totals: dict[str, float], sums: dict[str, Any]) -> np.ndarray:
-    """Adds one batch's sums to ``totals``; returns its unmasked examples' correctness."""
+def _add_sums(totals: dict[str, float], sums: dict[str, Any], mesh: Mesh) -> list[np.ndarray]:
+    """Adds one batch's sums to ``totals``; returns its unmasked examples' correctness, one
+    array per process (every process gets every process's entries): process p's local
+    examples in the order it read them, whatever the mesh's order of the devices."""
     per_example = [sums.pop("correct_B"), sums.pop("mask_B")]
-    if jax.process_count() > 1:  # every process gets the whole batch's entries
-        per_example = multihost_utils.process_allgather(per_example, tiled=True)
-    sums, (correct_B, mask_B) = jax.device_get((sums, per_example))
+    if jax.process_count() > 1:
+        spec = sharding.batch_sharding(mesh).spec
+        local = multihost_utils.global_array_to_host_local_array(per_example, mesh, [spec] * 2)
+        per_example = multihost_utils.process_allgather(local, tiled=False)  # (P, local B)
+    sums, (correct, mask) = jax.device_get((sums, per_example))
     for key in totals:
         totals[key] += float(sums[key])
-    return np.asarray(correct_B)[np.asarray(mask_B)]
+    correct_PB = np.asarray(correct).reshape(jax.process_count(), -1)
+    mask_PB = np.asarray(mask).reshape(jax.process_count(), -1)
+    return [c[m] for c, m in zip(correct_PB, mask_PB, strict=True)]
 
 
 def check_extrapolation(model: Any, evals: Mapping[str, Any]) -> None:

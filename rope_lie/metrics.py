@@ -125,8 +125,8 @@ EXAMPLES_FILE = "eval_examples.npz"
 def write_examples(workdir: str, correct: Mapping[str, Any]) -> None:
     """Write workdir/eval_examples.npz: per evaluation, whether each test example was right.
 
-    Arrays are bool, in the order the evaluation read its split (the same for every run of a
-    dataset on the same process layout), so runs can be compared example by example.
+    Arrays are bool, in the order of the split as the evaluation reads it (the same for every
+    run of a dataset, on any number of processes), so runs can be compared example by example.
     """
     if jax.process_index() == 0:
         path = os.path.join(workdir, EXAMPLES_FILE)
