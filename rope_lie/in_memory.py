@@ -96,7 +96,8 @@ def arrays(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def train_arrays(ds_cfg: mc.ConfigDict) -> tuple[np.ndarray, np.ndarray]:
-    """The training examples: the first round(train_fraction N) of ``train_split``."""
+    """The training examples: the first round(train_fraction N) of ``train_split``, in file
+    order (the TFDS path's are the first of its stored order: other examples)."""
     images, labels = arrays(ds_cfg.name, ds_cfg.train_split)
     if ds_cfg.train_fraction != 1.0:
         count = round(ds_cfg.train_fraction * len(labels))
@@ -111,6 +112,11 @@ def check_config(config: mc.ConfigDict) -> None:
     recipe's pad-and-crop and flip, no NaFlex)."""
     ds, aug = config.dataset, config.dataset.augment
     _parse(ds.name, ds.train_split)
+    if ds.train_fraction != 1.0 and "[" in ds.train_split:
+        raise ValueError(  # as the TFDS path (pipeline.train_split): one way to take a part
+            f"train_fraction={ds.train_fraction} needs a plain split name, "
+            f"got train_split={ds.train_split!r}"
+        )
     shards = config.get("data_shards", 0)
     supported = (  # (field, value, whether supported, what is)
         ("augment.crop", aug.crop, aug.crop in ("none", "pad"), "'none' or 'pad'"),

@@ -275,6 +275,10 @@ def test_it_refuses_what_it_does_not_do(real_subset, at):
     cropped.dataset.eval_crop_fraction = 0.875
     with pytest.raises(ValueError, match="eval_crop_fraction=0.875; it supports 1.0"):
         in_memory.check_config(cropped)
+    both = _config("pe=ape")  # a slice and a fraction of it: refused, as the TFDS path does
+    both.dataset.train_split, both.dataset.train_fraction = "train[:1000]", 0.5
+    with pytest.raises(ValueError, match="train_fraction=0.5 needs a plain split name"):
+        in_memory.check_config(both)
     with pytest.raises(ValueError, match="reads fashion_mnist_idx/.*not 'cifar10'"):
         in_memory.arrays("cifar10", "test")
     with pytest.raises(ValueError, match="canvas44 holds the test split only"):
