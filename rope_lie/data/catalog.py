@@ -65,6 +65,18 @@ def check_config(ds_cfg: ml_collections.ConfigDict) -> Recipe:
             f"{aug.randaugment.num_layers} would move or mirror glyphs and change the label; "
             "expected crop='none', flip=False, num_layers=0"
         )
+    # a centre crop cuts border cells away, cutmix pastes another scene's: either can remove
+    # the glyphs that set the label
+    cuts = {
+        "eval_crop_fraction": (ds_cfg.eval_crop_fraction, 1.0),
+        "augment.cutmix_alpha": (aug.cutmix_alpha, 0.0),
+    }
+    for key, (value, keeps) in cuts.items():
+        if value != keeps and not recipe.geometry_keeps_label:
+            raise ValueError(
+                f"{ds_cfg.name}: {key}={value} would cut glyphs away and change the label; "
+                f"expected {keeps}"
+            )
     if aug.randaugment.num_layers > 0 and recipe.kind != "image":
         raise ValueError(f"RandAugment is for 2D images; {ds_cfg.name} holds {recipe.kind}s")
     if recipe.kind == "volume" and ds_cfg.image_size is not None:

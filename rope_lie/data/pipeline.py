@@ -40,7 +40,7 @@ Batches are dicts of numpy arrays, B = batch_size // process_count per process:
   frame_stride       stored frames between consecutive clip frames (ucf101)
   train_fraction     in (0, 1]: train on the first round(f N) examples of train_split
   shuffle_buffer     shuffle buffer in examples (capped at the split size)
-  mean, std          per-channel normalisation, in units of 1/255 of a pixel value
+  mean, std          per-channel normalisation of x / 255 (fractions of the pixel range)
   eval_crop_fraction 1.0: resize eval images to image_size; < 1: resize the shorter
                      side to image_size / f and centre-crop (ImageNet: 0.875)
   augment.crop       "none", "pad" (zero-pad by crop_padding, random crop back) or

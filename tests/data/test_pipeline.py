@@ -72,6 +72,8 @@ def test_default_configs_are_valid(name):
     "field, value, match",
     [
         ("augment.flip", True, "change the label"),
+        ("eval_crop_fraction", 0.75, "eval_crop_fraction=0.75 would cut glyphs away"),
+        ("augment.cutmix_alpha", 1.0, "augment.cutmix_alpha=1.0 would cut glyphs away"),
         ("augment.crop", "random", "augment.crop='random'"),
         ("train_fraction", 0.0, "train_fraction=0.0"),
         ("image_size", 16, "volumes keep their stored size"),
