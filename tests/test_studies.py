@@ -806,6 +806,20 @@ def _tmp_study(
     lib.append_results(directory, rows, examples)
 
 
+def test_a_run_is_recorded_once(tmp_path):
+    """A second row for one arm, seed and evaluation would count as a seed more in every
+    statistic: refused when appended, and named when a results.csv edited by hand holds one."""
+    directory = str(tmp_path / "tmp")
+    _tmp_study(directory, {"a": [0.9, 0.8]})
+    row = lib.read_results(directory)[0]
+    with pytest.raises(ValueError, match=r"already records \('a', 0, 'test'\)"):
+        lib.append_results(directory, [row], {})
+    with open(lib.results_path(directory), "a") as f:
+        f.write(",".join(str(row[k]) for k in lib.RESULT_COLUMNS) + "\n")
+    with pytest.raises(ValueError, match="arm a seed 0 has two 'test' rows"):
+        lib.read_results(directory)
+
+
 def test_compare_prints_seed_level_results_and_p_last(tmp_path, capsys):
     from experiments.studies import compare
 

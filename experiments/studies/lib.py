@@ -465,6 +465,12 @@ def read_results(study_dir: str) -> list[dict]:
             row[key] = float(row[key])
         for key in ("tree", "cpu"):  # not recorded before provenance was kept: ""
             row[key] = row.get(key) or ""
+    seen = set()
+    for row in rows:  # a run recorded twice would count as two seeds in every statistic
+        key = (row["arm"], row["seed"], row["eval"])
+        if key in seen:
+            raise ValueError(f"{path}: arm {key[0]} seed {key[1]} has two {key[2]!r} rows")
+        seen.add(key)
     return rows
 
 
@@ -485,8 +491,12 @@ def read_examples(study_dir: str) -> dict[str, np.ndarray]:
 def append_results(study_dir: str, rows: list[dict], examples: Mapping[str, np.ndarray]) -> None:
     """Add one run's rows and examples; each file is replaced atomically."""
     os.makedirs(study_dir, exist_ok=True)
-    all_rows = read_results(study_dir) + rows
-    _atomic_csv(results_path(study_dir), all_rows)
+    recorded = read_results(study_dir)
+    keys = {(r["arm"], r["seed"], r["eval"]) for r in recorded}
+    again = [k for k in ((r["arm"], int(r["seed"]), r["eval"]) for r in rows) if k in keys]
+    if again:
+        raise ValueError(f"{results_path(study_dir)} already records {again[0]} (arm, seed, eval)")
+    _atomic_csv(results_path(study_dir), recorded + rows)
     merged = {**read_examples(study_dir), **examples}
     packed = {}
     for key, bits in merged.items():
