@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -62,7 +63,8 @@ def shuffle_patches(
     Args:
       images: (B, *spatial, C), spatial divisible by `patch`.
       patch: patch (or tubelet) size per spatial axis.
-      rng: source of one permutation per example.
+      rng: source of one permutation per example, from T uniform draws each (T patches; a
+        stream skips n examples with ``rng.bit_generator.advance(n * T)``).
 
     Returns:
       array of the same shape and dtype whose patches are those of `images`, reordered.
@@ -151,7 +153,8 @@ def evaluate(
       batches: numpy dicts with "image", "label" and optionally "mask" (padding = 0).
       mesh: the device mesh; batches are split over all its devices.
       shuffle_patch: when set, shuffle patches of this size (one permutation per example,
-        reproducible from `seed`).
+        reproducible from `seed`, the same on any number of processes: a batch's
+        ``first_example`` says where this process's part of the split starts).
       seed: seed of the shuffling.
       extrapolation: None, or the tool the encoder states are computed with
         (``ViT.precompute_pe``'s ``extrapolation``; fixed-size images only).
@@ -166,7 +169,9 @@ def evaluate(
     resolution = ""
     rng = np.random.default_rng(seed)
     caches = {}  # spatial shape -> encoder states, computed once for these params
+    first = None  # where this process's part of the split starts; the shuffling skips to it
     for batch in batches:
+        first = int(batch.get("first_example", 0)) if first is None else first
         batch = {k: batch[k] for k in ("image", "label", "mask", *TOKEN_KEYS) if k in batch}
         if "image" not in batch:  # NaFlex tokens: positions per example, no shared cache
             if shuffle_patch is not None:
@@ -189,6 +194,10 @@ def evaluate(
             else:
                 caches[spatial] = eval_step.precompute(params, spatial, extrapolation=extrapolation)
         if shuffle_patch is not None:
+            if first:  # skip the draws of the split's examples before this process's part
+                grid = tokens.token_grid(spatial, shuffle_patch, "images spatial shape")
+                rng.bit_generator.advance(first * math.prod(grid))
+                first = 0
             batch["image"] = shuffle_patches(batch["image"], shuffle_patch, rng)
         sums = eval_step.step(params, sharding.shard_batch(batch, mesh), caches.get(spatial))
         correct.append(_add_sums(totals, sums, mesh))

@@ -184,3 +184,35 @@ def test_check_extrapolation_names_the_entry_before_training():
     naflex = mc.ConfigDict({"bad": {"extrapolation": "pi", "naflex_side": 7}})
     with pytest.raises(ValueError, match="not NaFlex tokens"):
         evaluate.check_extrapolation(model, naflex)
+
+
+def test_shuffled_patches_follow_the_split_on_any_number_of_processes():
+    """Process p's part of the split starts at its batches' ``first_example``: its examples get
+    the permutations one process gives them, however the parts are batched (shuffled-patch
+    accuracy was another number on two processes). The model reads one corner pixel."""
+    from rope_lie import sharding
+
+    step = evaluate.make_eval_step(
+        lambda p, x, cache: jnp.stack([-x[:, 0, 0, 0], x[:, 0, 0, 0]], axis=-1)
+    )
+    mesh = sharding.make_mesh({"data": -1})
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(6, 8, 12, 1)).astype(np.float32)
+    labels = rng.integers(0, 2, size=(6,))
+
+    def batches(start, size, first=None):
+        out = []
+        for i in range(start, 6, size):
+            batch = {"image": images[i : i + size], "label": labels[i : i + size]}
+            out.append(batch if first is None else {**batch, "first_example": np.asarray(first)})
+        return out
+
+    def correct(batch_list):
+        return evaluate.evaluate(step, None, batch_list, mesh, shuffle_patch=(4, 4), seed=3)[
+            "correct"
+        ]
+
+    whole = correct(batches(0, 2))
+    np.testing.assert_array_equal(correct(batches(3, 3, first=3)), whole[3:])
+    np.testing.assert_array_equal(correct(batches(2, 1, first=2)), whole[2:])
+    assert not np.array_equal(correct(batches(3, 3)), whole[3:])  # restarting at draw 0

@@ -343,7 +343,8 @@ def make_eval_iterator(
         (``naflex.example_fn`` with a fixed budget).
 
     Returns:
-      Iterator of {"image", "label", "mask"} numpy batches.
+      Iterator of {"image", "label", "mask"} numpy batches; a process after the first adds
+      "first_example", the split position of its part's first example.
     """
     ds_cfg = ds_cfg.copy_and_resolve_references()
     with ds_cfg.unlocked():
@@ -371,7 +372,16 @@ def make_eval_iterator(
     ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
     ds = ds.take(num_batches * local_batch).batch(local_batch)
     iterator = ds.prefetch(AUTOTUNE).as_numpy_iterator()
-    return records.naming_damage(iterator, builder, ds_cfg.name, split, process_slice)
+    batches = records.naming_damage(iterator, builder, ds_cfg.name, split, process_slice)
+    first = sum(counts[:process_index])
+    return _with_first_example(batches, first) if first else batches
+
+
+def _with_first_example(batches, first: int):
+    """`batches`, each with ``first_example``: where this process's part starts in the split
+    (so that ``evaluate``'s shuffled patches follow the split's order on any process count)."""
+    for batch in batches:
+        yield {**batch, "first_example": np.asarray(first)}
 
 
 def dataset_summary(ds_cfg: ml_collections.ConfigDict) -> dict:

@@ -257,6 +257,11 @@ def test_process_splits_are_disjoint_and_cover_the_split(data_dir, process_count
     assert len({len(batches) for batches in per_process}) == 1
     assert per_process[0][0]["image"].shape[0] == 24
     assert sum(b["mask"].sum() for batches in per_process for b in batches) == 360
+    # where each process's part starts in the split (evaluate's shuffled patches skip to it)
+    assert "first_example" not in per_process[0][0]
+    for p in range(1, process_count):
+        before = sum(b["mask"].sum() for batches in per_process[:p] for b in batches)
+        assert {int(b["first_example"]) for b in per_process[p]} == {before}
     firsts = [
         next(
             data.make_train_iterator(
