@@ -1158,6 +1158,29 @@ def test_an_eval_suffix_arm_reads_the_suffixed_evaluations_of_its_arms_run(tmp_p
         dataclasses.replace(base, eval_suffix="pi")
 
 
+def test_a_tool_arm_is_not_trained_apart_from_its_recorded_base_run(tmp_path, monkeypatch):
+    """The base arm's seed 0 is recorded but its workdir is gone: training the run again for
+    the tool arm alone would give another model (another tree or CPU differs in the last bits),
+    which compare would still pair with the recorded one as the same model."""
+    base = lib.Arm("rope", "RoPE", "digits", "pe=rope_axial")
+    tool = dataclasses.replace(base, name="rope_pi", label="RoPE + PI", eval_suffix="@pi")
+    study = lib.Study(name="s", title="S", arms=(base, tool), evals=("test", "big"))
+    results = str(tmp_path / "results")
+    _tmp_study(results, {"rope": [0.9]}, evals=("test", "big"))
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    with pytest.raises(SystemExit, match="rope_pi seed 0 reads the run that rope seed 0 was"):
+        lib.run_study(
+            study,
+            seeds=1,
+            scale="cpu",
+            root=str(tmp_path / "runs"),
+            study_dir=results,
+            log=lambda *_: None,
+        )
+    assert calls == []
+
+
 def test_a_suffixed_arm_is_not_copied_from_another_studys_plain_arm(tmp_path):
     base = lib.Arm("rope", "RoPE", "digits", "pe=rope_axial")
     tool = dataclasses.replace(base, name="rope_pi", eval_suffix="@pi")

@@ -692,6 +692,14 @@ def run_study(
         if not dry_run and is_finished(workdir):
             record(arm, seed, workdir)
             continue
+        readers = [a.name for a in study.arms if (a.name, seed) in done and same_runs(a, arm)]
+        if readers:  # trained again, it would be another model than the one recorded
+            raise SystemExit(
+                f"{arm.name} seed {seed} reads the run that {readers[0]} seed {seed} was "
+                f"recorded from, and {workdir} no longer holds it finished; compare would pair "
+                "the two as one model. Restore that workdir (run.py --pack carries runs between "
+                f"machines), or remove {readers[0]}'s seed-{seed} rows to train both again"
+            )
         if workdir in to_train:  # a tool arm of a run to train: trained once, recorded for each
             to_train[workdir].readers.append((arm, seed, workdir))
         else:
