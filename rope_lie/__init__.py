@@ -19,12 +19,17 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
+def load(
+    workdir: str, step: int | None = None, *, attention: str | None = None
+) -> tuple[ViT, mc.ConfigDict]:
     """The trained model of a workdir and its config (``rope_lie.loading.load``).
 
     Args:
       workdir: a training run's workdir, or a directory written by ``rope_lie.convert``.
       step: the checkpoint step to load; None = the latest.
+      attention: None: the run's attention backend (``model.attention``), refused where it
+        cannot run; or another backend, which computes the same attention (``"xla"`` runs
+        everywhere: a model trained with ``"cudnn"`` on a GPU, loaded on a CPU).
 
     Returns:
       (model, config): the NNX ViT with the checkpoint's parameters, and the workdir's
@@ -37,4 +42,4 @@ def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
 
         _extras.raise_missing(e, "rope_lie.load")
 
-    return loading.load(workdir, step)
+    return loading.load(workdir, step, attention=attention)

@@ -28,6 +28,7 @@ from flax import nnx
 from rope_lie import checkpoint as ckpt
 from rope_lie import finetune, run_config
 from rope_lie.models import ViT
+from rope_lie.models.attention import check_backends
 
 
 def build(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> ViT:
@@ -60,13 +61,17 @@ def build(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> ViT:
     return model
 
 
-def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
+def load(
+    workdir: str, step: int | None = None, *, attention: str | None = None
+) -> tuple[ViT, mc.ConfigDict]:
     """The trained model of a workdir (NNX, weights of its latest checkpoint) and its config.
 
     Args:
       workdir: a training run's workdir (``python -m rope_lie.main``) or a converted model's
         directory (``python -m rope_lie.convert``).
       step: the checkpoint step to load; None = the latest.
+      attention: None keeps the run's ``model.attention`` (refused here where this platform
+        cannot run it); a backend name replaces it (the backends compute the same attention).
 
     Returns:
       (model, config): ``model(images)`` takes (B, H, W, C) float32 images normalised as
@@ -78,4 +83,12 @@ def load(workdir: str, step: int | None = None) -> tuple[ViT, mc.ConfigDict]:
         raise ValueError(f"{workdir}/{run_config.CONFIG_JSON} has no 'model' section")
     root = os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
     _, params = finetune.load_params(root if step is None else os.path.join(root, str(step)))
-    return build(config.model.to_dict(), params), config
+    model_cfg = config.model.to_dict()
+    if attention is not None:
+        model_cfg["attention"] = attention
+    model = build(model_cfg, params)
+    try:
+        check_backends(model, jax.default_backend())
+    except ValueError as e:
+        raise ValueError(f"{e}; rope_lie.load(..., attention='xla') loads it for here") from None
+    return model, config

@@ -33,3 +33,24 @@ def test_an_old_checkpoint_gives_its_old_logits(pe):
         np.testing.assert_allclose(
             np.asarray(model(jnp.asarray(images))), stored[key], rtol=1e-5, atol=1e-5
         )
+
+
+def test_a_run_whose_attention_cannot_run_here_loads_with_another(tmp_path):
+    """A model trained with cuDNN's attention, loaded on a CPU: refused with what to pass,
+    then loaded with ``attention="xla"``, which computes the same attention."""
+    import json
+    import shutil
+
+    pe = PES[0]
+    workdir = tmp_path / pe
+    shutil.copytree(FIXTURES / pe, workdir)
+    config = json.loads((workdir / "config.json").read_text())
+    config["model"]["attention"] = "cudnn"
+    (workdir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model.attention='cudnn' needs platform .*'xla'\) loads"):
+        rope_lie.load(str(workdir))
+    model, _ = rope_lie.load(str(workdir), attention="xla")
+    stored = np.load(FIXTURES / "logits.npz")
+    np.testing.assert_allclose(
+        np.asarray(model(jnp.asarray(stored["images"]))), stored[pe], rtol=1e-5, atol=1e-5
+    )
