@@ -194,6 +194,8 @@ def convert(args: argparse.Namespace) -> str:
         std=std,
         interop=interop,
     )
+    with errors.user_errors():  # a ViT the overrides make impossible (image size vs patch)
+        workdir.abstract_model(config.model.to_dict())
     return workdir.save(args.workdir, config, params)
 
 

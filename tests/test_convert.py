@@ -219,6 +219,8 @@ cases = {
     "unsupported_architecture": [*timm, "--checkpoint=none", tiny + ",qk_norm=True"],
     "head_differs": [*timm, f"--checkpoint={tmp}/ten.pth", tiny + ",num_classes=7"],
     "width_differs": [*timm, f"--checkpoint={tmp}/ten.pth", tiny.replace("64", "32")],
+    "heads_do_not_divide": [*timm, "--checkpoint=none", tiny.replace("num_heads=2", "num_heads=3")],
+    "image_not_divisible": [*timm, "--checkpoint=none", tiny.replace("img_size=32", "img_size=30")],
     "three_channel_std": [*timm, "--checkpoint=none", tiny, "--std=0.5"],
     "zero_std": [*timm, "--checkpoint=none", tiny, "--std=0.5,0,0.5"],
     "liere_from_a_timm_file": ["--from=liere", "--model=", f"--checkpoint={tmp}/ten.pth"],
@@ -248,6 +250,9 @@ TORCH_CASES = {  # case: what the error line says
     r"10 classes",
     "width_differs": r"checkpoint '.*/ten\.pth' does not fit timm's 'vit_small_patch16_rope_224'"
     r" with overrides .*: tensor shapes \(checkpoint, model\)",
+    "heads_do_not_divide": r"timm\.create_model\('vit_small_patch16_rope_224'\) refused the "
+    r"overrides .*'num_heads': 3.*; expected keyword arguments of timm's .* that fit together",
+    "image_not_divisible": r"image_shape=\(30, 30\) is not divisible by patch_size=\(8, 8\)",
     "three_channel_std": r"the converted model has 3 input channels but the normalisation has "
     r"mean=.*std=\(0\.5,\).*pass --mean and --std with 3 values",
     "zero_std": r"--std=0\.5,0\.0,0\.5: expected positive values",
@@ -280,3 +285,20 @@ def test_an_error_found_by_pytorch_or_timm_is_one_line_and_exit_status_2(torch_s
     assert len(lines) == 1, stderr
     assert re.fullmatch(f"error: {TORCH_CASES[case]}.*", lines[0]), stderr
     assert not workdir_left
+
+
+def test_a_rectangular_model_says_the_square_size_it_fine_tunes_at():
+    """The data pipeline makes square images: a (32, 48) px source fine-tunes at 48 x 48 px,
+    on another token grid, which config.interop.notes says (and the command prints)."""
+    from rope_lie.interop import workdir
+
+    def notes(shape):
+        config = workdir.converted_config(
+            {"image_shape": shape}, dataset="d", mean=(0.5,), std=(0.5,), interop={"notes": ["a"]}
+        )
+        return config.dataset.image_size, list(config.interop.notes)
+
+    assert notes((32, 32)) == (32, ["a"])
+    size, said = notes((32, 48))
+    assert size == 48 and said[0] == "a"
+    assert said[1].startswith("image_shape=(32, 48) is not square: a fine-tune from this")

@@ -127,12 +127,13 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
         overrides = {**overrides, **_head_of(state, overrides, checkpoint)}
     try:
         model = timm.create_model(name, pretrained=False, **overrides)
-    except TypeError as e:  # a keyword the model class does not take
+    except (TypeError, RuntimeError) as e:  # a keyword it does not take, or sizes that clash
         if not overrides:
             raise
-        raise TypeError(
+        raise ValueError(
             f"timm.create_model({name!r}) refused the overrides {overrides} ({e}); expected "
-            f"keyword arguments of timm's {name!r} (e.g. embed_dim, depth, num_heads, img_size)"
+            f"keyword arguments of timm's {name!r} that fit together (e.g. embed_dim divisible "
+            "by num_heads, img_size by patch_size)"
         ) from e
     if state is not None:
         wanted = model.state_dict()
@@ -148,7 +149,8 @@ def create(name: str, checkpoint: str | None = None, **overrides: Any):
             raise ValueError(
                 f"checkpoint {checkpoint!r} does not fit timm's {name!r} with overrides "
                 f"{overrides}: tensor shapes (checkpoint, model) {differ}; pass the "
-                "architecture's size with --overrides (e.g. embed_dim=, depth=, num_heads=)"
+                "architecture's size with --overrides (e.g. embed_dim=, depth=, num_heads=; "
+                "img_size= and patch_size= for pos_embed and patch_embed)"
             )
         model.load_state_dict(state, strict=True)
     return model.eval()

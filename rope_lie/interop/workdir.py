@@ -61,7 +61,8 @@ def _pure_params(model: ViT) -> dict[str, Any]:
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-def _abstract_model(model_cfg: Mapping[str, Any]) -> ViT:
+def abstract_model(model_cfg: Mapping[str, Any]) -> ViT:
+    """The ViT of ``model_cfg`` without arrays (``nnx.eval_shape``): its settings checked."""
     cfg = dict(model_cfg)
     return nnx.eval_shape(lambda: ViT(**cfg, rngs=nnx.Rngs(0)))
 
@@ -70,7 +71,7 @@ def check_params(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> Non
     """Raise naming every parameter the model lacks, has in excess, or holds in another shape."""
     wanted = {
         ckpt.path_name(p): tuple(v.shape)
-        for p, v in jax.tree_util.tree_leaves_with_path(_pure_params(_abstract_model(model_cfg)))
+        for p, v in jax.tree_util.tree_leaves_with_path(_pure_params(abstract_model(model_cfg)))
     }
     given = {
         ckpt.path_name(p): tuple(np.shape(v))
@@ -111,7 +112,14 @@ def converted_config(
     config.model = mc.ConfigDict(dict(model_cfg))  # ViT keyword arguments
     config.dataset = mc.ConfigDict()
     config.dataset.name = dataset  # TFDS name for fine-tuning or evaluation runs
-    config.dataset.image_size = int(tuple(model_cfg["image_shape"])[-1])  # training px
+    shape = tuple(model_cfg["image_shape"])
+    config.dataset.image_size = int(shape[-1])  # training px (the pipeline's are square)
+    if len(set(shape)) > 1:  # a fine-tune from here trains on another grid: said, in the notes
+        note = (
+            f"image_shape={shape} is not square: a fine-tune from this directory trains at "
+            f"dataset.image_size={shape[-1]} px square; set --config.dataset.image_size to choose"
+        )
+        interop = {**interop, "notes": [*interop.get("notes", []), note]}
     config.dataset.mean = tuple(mean)  # input normalisation: (x / 255 - mean) / std
     config.dataset.std = tuple(std)
     config.interop = mc.ConfigDict(dict(interop))  # where the weights came from
