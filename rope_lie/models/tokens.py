@@ -312,6 +312,60 @@ def pack_images(
     return pack_rows(patchified(images, patch), max_tokens, max_images, row_multiple=row_multiple)
 
 
+def _concrete(*arrays) -> list[np.ndarray] | None:
+    """The arrays as numpy, or None inside a trace (``jit``), where values are not known."""
+    try:
+        return [np.asarray(a) for a in arrays]
+    except jax.errors.TracerArrayConversionError:
+        return None
+
+
+def check_tokens(batch: Tokens) -> None:
+    """Raise, naming the example, where a real token's index lies outside its example's grid
+    or a real example's grid has a side below 1 (either moves tokens silently). Checked where
+    the values are known: eager calls, not inside ``jit`` (the data pipeline builds valid ones).
+    """
+    arrays = _concrete(batch.index_BTA, batch.grid_BA, batch.mask_BT)
+    if arrays is None:
+        return
+    index_BTA, grid_BA, mask_BT = arrays
+    real_BT = mask_BT > 0
+    for b in np.flatnonzero(real_BT.any(axis=1)):
+        grid, index_TA = grid_BA[b], index_BTA[b][real_BT[b]]
+        if (grid < 1).any() or (index_TA < 0).any() or (index_TA >= grid).any():
+            raise ValueError(
+                f"example {b}: grid_BA={grid.tolist()} and its real tokens' index_BTA span "
+                f"{index_TA.min(0).tolist()}..{index_TA.max(0).tolist()}; expected a grid of "
+                "sides >= 1 and every index in [0, grid)"
+            )
+
+
+def check_packed(batch: Packed) -> None:
+    """Raise, naming the row, where a segment id lies outside [0, U], a used slot's grid has a
+    side below 1, or a token's index lies outside its slot's grid (each gives another image's
+    logits silently). Checked where the values are known, as ``check_tokens``."""
+    arrays = _concrete(batch.index_BTA, batch.segment_BT, batch.grid_BUA)
+    if arrays is None:
+        return
+    index_BTA, segment_BT, grid_BUA = arrays
+    slots = grid_BUA.shape[1]
+    for b in range(segment_BT.shape[0]):
+        used = np.unique(segment_BT[b])
+        if used.min() < 0 or used.max() > slots:
+            raise ValueError(
+                f"row {b}: segment_BT holds {used.tolist()}; expected 0 (padding) to "
+                f"U={slots} (grid_BUA's slots)"
+            )
+        for u in used[used > 0]:
+            grid, index_TA = grid_BUA[b, u - 1], index_BTA[b][segment_BT[b] == u]
+            if (grid < 1).any() or (index_TA < 0).any() or (index_TA >= grid).any():
+                raise ValueError(
+                    f"row {b}, segment {u}: grid_BUA={grid.tolist()} and its tokens' index_BTA "
+                    f"span {index_TA.min(0).tolist()}..{index_TA.max(0).tolist()}; expected a "
+                    "grid of sides >= 1 and every index in [0, grid)"
+                )
+
+
 def slot_grids(batch: Packed) -> jax.Array:
     """Each token's image grid (B, T, A): its slot's, and 1 on every axis for padding (a
     finite grid for its unused position)."""

@@ -443,6 +443,7 @@ class ViT(nnx.Module):
         """A padded token batch's embedded tokens (prefix tokens first), block states and key
         mask (``{"key_mask_BS": ...}``, the prefix tokens real)."""
         self._check_no_augment(train, "a padded token batch")
+        tokens.check_tokens(batch)
         mask_BT = batch.mask_BT > 0
         # Padded slots and all-padding examples (an evaluation's zero-filled batch tail, grid 0)
         # get coordinate 0 of a grid of at least 1: finite positions and tables everywhere.
@@ -472,6 +473,7 @@ class ViT(nnx.Module):
         and segments (``{"segment_BS": ...}``: an empty slot's prefix tokens in segment 0 with
         the padding)."""
         self._check_no_augment(train, "a packed batch")
+        tokens.check_packed(batch)
         slots = batch.grid_BUA.shape[1]
         states = self.pe_states(self.packed_positions(batch), num_prefix=slots * self.num_prefix)
         full_BU = batch.grid_BUA[..., 0] > 0
@@ -838,7 +840,9 @@ class ViT(nnx.Module):
             if reshape:
                 patch_BTD = patch_BTD.reshape(patch_BTD.shape[0], *grid, patch_BTD.shape[-1])
             if slots is not None:  # (B, U, P, D)
-                prefix_BPD = prefix_BPD.reshape(y_BTD.shape[0], slots, self.num_prefix, -1)
+                prefix_BPD = prefix_BPD.reshape(
+                    y_BTD.shape[0], slots, self.num_prefix, y_BTD.shape[-1]
+                )
             patch.append(patch_BTD)
             prefix.append(prefix_BPD)
         return Features(patch=tuple(patch), prefix=tuple(prefix))

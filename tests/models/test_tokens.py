@@ -399,3 +399,53 @@ def test_liere_padded_batch_by_distinct_position_equals_per_token(rank, monkeypa
     shared = _logits_packed(model, batch)
     monkeypatch.setattr(liere, "_token_rotations", liere._rotations)
     np.testing.assert_allclose(shared, _logits_packed(model, batch), rtol=1e-5, atol=2e-5)
+
+
+def test_tokens_outside_their_grid_and_bad_segments_are_refused_where_values_are_known():
+    """An index outside its example's grid, a real example with a zero grid, a segment id
+    above U or below 0, or a used slot without a grid would move tokens or drop an image,
+    with other logits and no error. Eager calls check them; under jit values are unknown."""
+    model = _model("rope_axial")
+    images = _images([(2, 3), (3, 2), (2, 2)], (2, 2))
+    batch = tokens.pack(images, (2, 2), 8)
+    rows, _ = tokens.pack_images(images, (2, 2), 12, 3)
+    assert np.isfinite(model.classify_tokens(tokens.Tokens(*map(jnp.asarray, batch)))).all()
+    assert np.isfinite(model.classify_tokens(tokens.Packed(*map(jnp.asarray, rows)))).all()
+
+    def padded(**change):
+        return tokens.Tokens(*map(jnp.asarray, batch._replace(**change)))
+
+    def packed(**change):
+        return tokens.Packed(*map(jnp.asarray, rows._replace(**change)))
+
+    index = batch.index_BTA.copy()
+    index[0, 0] = (7, 9)
+    with pytest.raises(ValueError, match=r"example 0: grid_BA=\[2, 3\] .* every index in"):
+        model.classify_tokens(padded(index_BTA=index))
+    grid = batch.grid_BA.copy()
+    grid[1] = 0
+    with pytest.raises(ValueError, match=r"example 1: grid_BA=\[0, 0\]"):
+        model.classify_tokens(padded(grid_BA=grid))
+    segment = rows.segment_BT.copy()
+    segment[segment == 2] = 5
+    with pytest.raises(ValueError, match=r"segment_BT holds \[1, 5\]; expected 0 .* to U=3"):
+        model.classify_tokens(packed(segment_BT=segment))
+    grid = rows.grid_BUA.copy()
+    grid[0, 1] = 0
+    with pytest.raises(ValueError, match=r"row 0, segment 2: grid_BUA=\[0, 0\]"):
+        model.classify_tokens(packed(grid_BUA=grid))
+    with pytest.raises(ValueError, match=r"row 0, segment 2"):
+        model.features(packed(grid_BUA=grid))
+    # inside jit the values are not known: the check stands aside, the pipeline builds them
+    graphdef, state = nnx.split(model)
+    jitted = jax.jit(lambda s, b: nnx.merge(graphdef, s).classify_tokens(b))
+    assert jitted(state, padded(index_BTA=index)).shape == (3, 5)
+
+
+def test_features_of_packed_rows_without_prefix_tokens():
+    """pool="mean" and no registers: no prefix tokens, an empty (B, U, 0, D) prefix."""
+    model = _model("rope_axial", pool="mean")
+    assert model.num_prefix == 0
+    rows, place = tokens.pack_images(_images([(2, 3), (3, 2)], (2, 2)), (2, 2), 12, 2)
+    features = model.features(tokens.Packed(*map(jnp.asarray, rows)))
+    assert features.prefix[0].shape == (rows.segment_BT.shape[0], 2, 0, DIMS["width"])
