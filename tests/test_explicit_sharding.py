@@ -80,6 +80,7 @@ VIT_CALLS = {
     "circulant_string": _WITH_GRADIENT,
     "alibi": _WITH_GRADIENT,
     "ape": _WITH_GRADIENT,
+    "sincos": _BOTH,  # a fixed table: zero prefix rows split like the batch
 }
 # One train step of rope_lie/train.py (LieRE, dropout on) on an Explicit mesh against the same
 # step on the loop's Auto mesh: a batch split over two mesh axes and parameters split over
@@ -173,7 +174,8 @@ _SCRIPT = textwrap.dedent(
                   head_zero_init=False)
         hp = {"liere": {"block_size": 8 if b8 else 4}, "alibi": {"learnable": True},
               "cayley_string": {"init_std": 0.1}, "comrope": {"block_size": 4}}.get(pe)
-        kw |= dict(pe="nope", additive="ape") if pe == "ape" else dict(pe=pe, pe_hparams=hp)
+        additive = pe in ("ape", "sincos")
+        kw |= dict(pe="nope", additive=pe) if additive else dict(pe=pe, pe_hparams=hp)
         graphdef, state = nnx.split(ViT(**kw, rngs=nnx.Rngs(0)))
         token_batch = nnx.merge(graphdef, state).image_tokens(jnp.asarray(images))
         loss = lambda s, x: jnp.mean(nnx.merge(graphdef, s)(x) ** 2)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_lie.encodings import _checks
+from rope_lie.encodings import _checks, _sharding
 from rope_lie.encodings.ape import check_grid, check_num_prefix
 
 APPLY_HPARAMS: tuple[str, ...] = ()
@@ -149,4 +149,5 @@ def gather(
     ]
     emb_BTD = jnp.concatenate(blocks, axis=-1)
     prefix_BPD = jnp.zeros((emb_BTD.shape[0], num_prefix, width), jnp.float32)
+    prefix_BPD = _sharding.split_batch(prefix_BPD, _sharding.batch_axes(emb_BTD))  # Explicit
     return jnp.concatenate([prefix_BPD, emb_BTD], axis=1)
