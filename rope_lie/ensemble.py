@@ -295,8 +295,13 @@ def train_ensemble(
     configs, workdirs = list(configs), [os.fspath(w) for w in workdirs]
     with errors.user_errors():
         check_members(configs, workdirs)
-        for c in configs:
+        from rope_lie import run_config  # ml_collections (the train extra)
+
+        stacked = os.path.join(os.fspath(ensemble_dir), "checkpoints")
+        for c, w in zip(configs, workdirs, strict=True):
             config_check.validate(c)
+            run_config.check_resume(w, c)  # a member's own finished run of another config
+            run_config.check_resume(w, c, checkpoints=stacked)  # the ensemble resumed
         mesh = sharding.make_mesh(configs[0].mesh)
     with jax.set_mesh(mesh):
         return _train(configs, workdirs, os.fspath(ensemble_dir), mesh)
@@ -308,14 +313,27 @@ def _restore(manager, abstract: Any, seeds: list[int]) -> tuple[int, Any, dict] 
     latest = manager.latest_step()
     if latest is not None:
         args = ocp.args.Composite(**{ckpt.META: ocp.args.JsonRestore()})
-        saved = dict(manager.restore(latest, args=args)[ckpt.META]).get("seeds")
-        if saved != seeds:
-            raise ValueError(
-                f"{manager.directory} holds the ensemble of seeds {saved} (step {latest}), not "
-                f"of seeds {seeds}; a stacked checkpoint resumes only as the same ensemble: "
-                "use another ensemble_dir for these seeds"
-            )
-    return ckpt.restore_latest(manager, abstract)
+        try:
+            meta = dict(manager.restore(latest, args=args)[ckpt.META])
+        except Exception as e:  # an unreadable step: restore_latest sets it aside, falls back
+            if ckpt.unreadable_reason(e) is None:
+                raise
+        else:
+            _check_seeds(manager, latest, meta, seeds)
+    restored = ckpt.restore_latest(manager, abstract)
+    if restored is not None:
+        _check_seeds(manager, restored[0], restored[2], seeds)
+    return restored
+
+
+def _check_seeds(manager, step: int, meta: dict, seeds: list[int]) -> None:
+    saved = meta.get("seeds")
+    if saved != seeds:
+        raise ValueError(
+            f"{manager.directory} holds the ensemble of seeds {saved} (step {step}), not "
+            f"of seeds {seeds}; a stacked checkpoint resumes only as the same ensemble: "
+            "use another ensemble_dir for these seeds"
+        )
 
 
 def _train(configs, workdirs, ensemble_dir, mesh) -> list[dict[str, Any]]:

@@ -93,12 +93,15 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def check_resume(workdir: str, config: mc.ConfigDict) -> None:
+def check_resume(workdir: str, config: mc.ConfigDict, checkpoints: str | None = None) -> None:
     """Raise ``ValueError`` when `workdir` holds a checkpoint written under another config: a
     field outside ``MAY_CHANGE`` that both configs have and that differs (fields the saved one
-    lacks, from an older rope_lie, are not compared). A workdir without a checkpoint passes."""
+    lacks, from an older rope_lie, are not compared). A workdir without a checkpoint passes.
+
+    ``checkpoints``: where the run's checkpoints are, when not in ``workdir/checkpoints`` (an
+    ensemble member's: the ensemble's stacked ones, ``rope_lie/ensemble.py``)."""
     workdir = os.path.abspath(os.path.expanduser(workdir))
-    checkpoints = os.path.join(workdir, "checkpoints")
+    checkpoints = checkpoints or os.path.join(workdir, "checkpoints")
     path = os.path.join(workdir, CONFIG_JSON)
     if not os.path.isdir(checkpoints) or not os.path.isfile(path):
         return

@@ -255,6 +255,41 @@ def test_other_seed_set_on_resume_is_refused(config, members, tmp_path):
         ensemble.train_ensemble(_configs(config, (3, 9)), workdirs, ens_dir)
 
 
+def test_a_resume_under_another_config_is_refused(config, members, tmp_path):
+    """As a single run's: a member workdir holding its finished run, or an ensemble directory
+    holding the stacked checkpoint of members written under another config, refuses it (the
+    members' config.json would otherwise say the new config of a run trained under both)."""
+    workdirs, ens_dir, _ = members
+    changed = _configs(config)
+    for c in changed:
+        c.optim.lr = 0.5
+    with pytest.raises(ValueError, match=r"holds a checkpoint of another config: optim\.lr="):
+        ensemble.train_ensemble(changed, workdirs, str(tmp_path / "another"))
+    interrupted = []  # the members before their final state: config.json, no checkpoint
+    for w in workdirs:
+        interrupted.append(str(tmp_path / os.path.basename(w)))
+        os.makedirs(interrupted[-1])
+        shutil.copy(os.path.join(w, "config.json"), interrupted[-1])
+    with pytest.raises(ValueError, match=r"another config: optim\.lr=.* there, 0\.5 here"):
+        ensemble.train_ensemble(changed, interrupted, ens_dir)
+
+
+def test_an_unreadable_stacked_checkpoint_falls_back_to_the_one_before(config, members, tmp_path):
+    """The newest stacked checkpoint damaged (its meta no longer JSON): set aside, resumed from
+    the step before, and the members end as the uninterrupted ensemble's, as a single run does."""
+    workdirs, ens_dir, _ = members
+    copy = shutil.copytree(ens_dir, tmp_path / "ens")
+    with open(copy / "checkpoints" / str(STEPS) / "meta" / "metadata", "w") as f:
+        f.write("{broken")
+    fresh = [str(tmp_path / f"seed{s}") for s in SEEDS]
+    assert [r["step"] for r in ensemble.train_ensemble(_configs(config), fresh, copy)] == [
+        STEPS
+    ] * 2
+    assert os.path.isdir(tmp_path / "ens" / "checkpoints-unreadable" / str(STEPS))
+    for resumed, whole in zip(fresh, workdirs, strict=True):
+        _assert_params_close(_params(resumed), _params(whole), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
