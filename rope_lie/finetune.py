@@ -48,6 +48,12 @@ def load_params(path: str) -> tuple[int, dict[str, Any]]:
             f"{path!r}: no such checkpoint directory (expected a workdir with checkpoints/, a "
             "checkpoints directory, or one step's directory inside it)"
         )
+    steps = sorted(int(n) for n in os.listdir(path) if n.isdigit())
+    if step is not None and step not in steps:
+        raise FileNotFoundError(
+            f"{path!r} has no checkpoint of step {step}; its steps are {steps} (an ensemble "
+            "member keeps its final one only; the others are in its ensemble_dir)"
+        )
     step, state = ckpt.load_state(path, step)
     return step, state["params"]
 

@@ -90,6 +90,10 @@ def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(
     train.train_and_evaluate(_arrows_config(data_dir, 8), src_dir)
     step, source = finetune.load_params(src_dir)
     assert step == 4
+    with pytest.raises(
+        FileNotFoundError, match=r"has no checkpoint of step 3; its steps are \[2, 4\]"
+    ):
+        finetune.load_params(os.path.join(src_dir, "checkpoints", "3"))
     config = _arrows_config(data_dir, 12, init_from=src_dir, total_steps=2)
     config.optim.lr = 0.0
     final = train.train_and_evaluate(config, ft_dir)
