@@ -320,6 +320,30 @@ def _concrete(*arrays) -> list[np.ndarray] | None:
         return None
 
 
+def check_shapes(batch: Tokens | Packed, *, patch: Sequence[int], channels: int) -> None:
+    """Raise, naming the field, where a token batch's arrays disagree with each other or with
+    the model: patches of prod(patch) * channels values, A = len(patch) index axes, and one
+    (B, T) shared by every per-token field. Shapes only: checked inside ``jit`` too."""
+    batch_size, num_tokens, _ = batch.patches_BTC.shape
+    rank = len(patch)
+    expected = {
+        "patches_BTC": (batch_size, num_tokens, math.prod(patch) * channels),
+        "index_BTA": (batch_size, num_tokens, rank),
+    }
+    if isinstance(batch, Tokens):
+        expected |= {"grid_BA": (batch_size, rank), "mask_BT": (batch_size, num_tokens)}
+    else:
+        slots = batch.grid_BUA.shape[1] if batch.grid_BUA.ndim > 1 else 0
+        expected |= {"segment_BT": (batch_size, num_tokens), "grid_BUA": (batch_size, slots, rank)}
+    for name, shape in expected.items():
+        if tuple(getattr(batch, name).shape) != shape:
+            raise ValueError(
+                f"{type(batch).__name__}.{name} has shape {tuple(getattr(batch, name).shape)}; "
+                f"expected {shape} (patches {tuple(patch)} of {channels} channels, B and T of "
+                f"patches_BTC {(batch_size, num_tokens)})"
+            )
+
+
 def check_tokens(batch: Tokens) -> None:
     """Raise, naming the example, where a real token's index lies outside its example's grid
     or a real example's grid has a side below 1 (either moves tokens silently). Checked where

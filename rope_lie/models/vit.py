@@ -443,6 +443,7 @@ class ViT(nnx.Module):
         """A padded token batch's embedded tokens (prefix tokens first), block states and key
         mask (``{"key_mask_BS": ...}``, the prefix tokens real)."""
         self._check_no_augment(train, "a padded token batch")
+        tokens.check_shapes(batch, patch=self.patch, channels=self.channels)
         tokens.check_tokens(batch)
         mask_BT = batch.mask_BT > 0
         # Padded slots and all-padding examples (an evaluation's zero-filled batch tail, grid 0)
@@ -473,6 +474,7 @@ class ViT(nnx.Module):
         and segments (``{"segment_BS": ...}``: an empty slot's prefix tokens in segment 0 with
         the padding)."""
         self._check_no_augment(train, "a packed batch")
+        tokens.check_shapes(batch, patch=self.patch, channels=self.channels)
         tokens.check_packed(batch)
         slots = batch.grid_BUA.shape[1]
         states = self.pe_states(self.packed_positions(batch), num_prefix=slots * self.num_prefix)

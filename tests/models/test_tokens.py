@@ -449,3 +449,16 @@ def test_features_of_packed_rows_without_prefix_tokens():
     rows, place = tokens.pack_images(_images([(2, 3), (3, 2)], (2, 2)), (2, 2), 12, 2)
     features = model.features(tokens.Packed(*map(jnp.asarray, rows)))
     assert features.prefix[0].shape == (rows.segment_BT.shape[0], 2, 0, DIMS["width"])
+
+
+def test_token_batch_shapes_that_disagree_are_named():
+    """A patch width of another patch size or channel count, or a mask of another length,
+    ended in XLA's messages about dot_general or broadcasting, naming no field."""
+    model = _model("rope_axial")
+    batch = tokens.pack(_images([(2, 3), (3, 2)], (2, 2)), (2, 2), 8)
+    wide = batch._replace(patches_BTC=np.zeros((2, 8, 16), np.float32))
+    with pytest.raises(ValueError, match=r"Tokens.patches_BTC has shape \(2, 8, 16\); expected"):
+        model.classify_tokens(tokens.Tokens(*map(jnp.asarray, wide)))
+    short = batch._replace(mask_BT=batch.mask_BT[:, :7])
+    with pytest.raises(ValueError, match=r"Tokens.mask_BT has shape \(2, 7\); expected \(2, 8\)"):
+        jax.jit(model.classify_tokens)(tokens.Tokens(*map(jnp.asarray, short)))
