@@ -310,15 +310,19 @@ def evaluate_all(
             dynamic_ncols=True,
             mininterval=1.0,
         )
-        res = evaluate(
-            eval_step,
-            params,
-            entry_batches,
-            mesh,
-            shuffle_patch=patch if entry.shuffle_patches else None,
-            seed=seed,
-            extrapolation=entry.get("extrapolation"),
-        )
+        try:
+            res = evaluate(
+                eval_step,
+                params,
+                entry_batches,
+                mesh,
+                shuffle_patch=patch if entry.shuffle_patches else None,
+                seed=seed,
+                extrapolation=entry.get("extrapolation"),
+            )
+        except ValueError as e:  # which evaluation, and of what
+            what = " ".join(str(p) for p in (entry.get("name"), entry.get("split")) if p)
+            raise ValueError(f"evals.{name} ({what or 'the dataset eval_split'}): {e}") from e
         if name not in best or res["accuracy"] > best[name]["accuracy"]:
             best[name] = {"accuracy": res["accuracy"], "step": step}
         res.update(best_accuracy=best[name]["accuracy"], best_step=best[name]["step"])

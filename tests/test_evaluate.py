@@ -216,3 +216,29 @@ def test_shuffled_patches_follow_the_split_on_any_number_of_processes():
     np.testing.assert_array_equal(correct(batches(3, 3, first=3)), whole[3:])
     np.testing.assert_array_equal(correct(batches(2, 1, first=2)), whole[2:])
     assert not np.array_equal(correct(batches(3, 3)), whole[3:])  # restarting at draw 0
+
+
+def test_an_evaluation_that_sees_no_example_names_its_entry_and_split():
+    import ml_collections as mc
+
+    from rope_lie import sharding
+
+    step = evaluate.make_eval_step(lambda p, x, cache: jnp.zeros((x.shape[0], 2)))
+    entry = mc.ConfigDict(dict(name="fashion_mnist_idx/canvas44", split="test[:0]"))
+    entry.shuffle_patches = False
+    with pytest.raises(
+        ValueError,
+        match=r"evals.big \(fashion_mnist_idx/canvas44 test\[:0\]\): "
+        "Evaluation saw no examples",
+    ):
+        evaluate.evaluate_all(
+            {"big": entry},
+            lambda e: [],
+            step,
+            None,
+            sharding.make_mesh({"data": -1}),
+            patch=(4, 4),
+            step=0,
+            best={},
+            seed=0,
+        )
