@@ -66,6 +66,8 @@ class Run:
       batch_size: examples per global batch, for the throughput.
       optim_cfg: ``config.optim`` (its lr and warmup_steps name the likely cause of a NaN).
       progress: show a progress bar.
+      data_shards: the shards each global batch is made of (``run_inputs.data_shards``),
+        saved with each checkpoint: a resume that makes its batches otherwise is refused.
     """
 
     workdir: str
@@ -87,8 +89,14 @@ class Run:
     batch_size: int
     optim_cfg: Mapping[str, Any]
     progress: bool = False
+    data_shards: int = 1
     correct: dict = dataclasses.field(default_factory=dict)  # last evals' per-example results
     stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "preemption" when stopped early
+
+
+def _meta(run: Run, step: int) -> dict[str, Any]:
+    """A checkpoint's JSON: its step, the best evaluations so far, how its batches were made."""
+    return {"step": step, "best": run.best, "data_shards": run.data_shards}
 
 
 def check_step(step: int, m: dict, manager, workdir: str, optim_cfg: Any = None) -> None:
@@ -194,7 +202,7 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
                 window = []
             last = step == run.total
             if last:  # saved before the final evaluations: an interruption there loses no steps
-                ckpt.save(run.manager, step, state, {"step": step, "best": run.best}, force=True)
+                ckpt.save(run.manager, step, state, _meta(run, step), force=True)
             if evaluate_now:
                 pbar.set_description("evaluating")
                 results = evals(run, state, step, final=last)
@@ -203,8 +211,7 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
             if record:
                 run.writer.write(step, record)
             if not last:
-                meta = {"step": step, "best": run.best}
-                ckpt.save(run.manager, step, state, meta, force=stop)
+                ckpt.save(run.manager, step, state, _meta(run, step), force=stop)
             if stop or preempted:
                 run.stopped_by = sigterm.signal_name or "preemption"
                 what = "Interrupted (Ctrl-C)" if run.stopped_by == "SIGINT" else "Preemption"

@@ -142,7 +142,7 @@ def data_train_batches(config: mc.ConfigDict, patch: Sequence[int], start_step: 
 def _train_batches(config: mc.ConfigDict, patch: Sequence[int], start_step: int):
     """``data_train_batches`` before packing."""
     processes, index = jax.process_count(), jax.process_index()
-    shards = config.get("data_shards", 0) or processes
+    shards = sharding.data_shards(config)
     if shards < processes or shards % processes:
         raise ValueError(
             f"data_shards={shards} must be a multiple of the {processes} processes of the job"

@@ -149,6 +149,12 @@ def padded_batch_size(batch_size: int, mesh: Mesh) -> int:
     return -(-batch_size // shards) * shards
 
 
+def data_shards(config: Any) -> int:
+    """The shards each global batch is made of: ``config.data_shards``, or with 0 one per
+    process (so that a job's batches then follow its process count)."""
+    return config.get("data_shards", 0) or jax.process_count()
+
+
 def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Global jax arrays from this process's slice of the batch (multi-host safe).
 

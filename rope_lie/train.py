@@ -443,6 +443,7 @@ def _make_run(
         batch_size=config.batch_size,
         optim_cfg=config.get("optim") or {},
         progress=config.progress,
+        data_shards=sharding.data_shards(config),
     )
 
 
@@ -458,6 +459,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
             state = _init_from(config, p.setup, state)
     else:
         start, state, meta = p.restored
+        _check_data_shards(meta, config, workdir)
         other, best = p.init_other(init_key), meta.get("best", {})
         if start >= p.total:
             say(f"{workdir}: already at step {start}; evaluating its final state")
@@ -478,6 +480,21 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         results = loop.evals(run, state, step)
     metrics.write_examples(workdir, run.correct)
     return metrics.write_final(workdir, step, results)
+
+
+def _check_data_shards(meta: dict, config: mc.ConfigDict, workdir: str) -> None:
+    """A checkpoint resumes only where the batches are made of as many shards as before
+    (``data_shards=0``: one per process, so another process count makes other batches).
+    Checkpoints written before the count was saved are not checked."""
+    saved, now = meta.get("data_shards"), sharding.data_shards(config)
+    if saved is not None and saved != now:
+        with errors.user_errors():
+            raise ValueError(
+                f"{workdir}'s checkpoint was trained on batches of {saved} data shards, this job "
+                f"makes {now} (data_shards={config.get('data_shards', 0)} on "
+                f"{jax.process_count()} processes): set --config.data_shards={saved} to resume "
+                "it here on the same batches"
+            )
 
 
 def _init_from(config: mc.ConfigDict, setup: Setup, state: dict) -> dict:

@@ -498,3 +498,25 @@ def test_initialisation_compiles_without_backend_optimisation_only_for_cpu_progr
     for device_platform in ("cpu", "gpu", "tpu"):
         assert train._run_once(Jitted(), device_platform)(7) == (7,)
     assert seen == [{"xla_backend_optimization_level": 0}, {}, {}]
+
+
+def test_a_checkpoint_resumes_only_on_batches_made_as_before(reference):
+    """Each checkpoint says how many shards its batches were made of (the reference run sets
+    data_shards=2). data_shards=0 makes one per process: a resume of such a run by another
+    process count would read other batches from the next step on, and is refused."""
+    import json
+
+    from rope_lie import config_lib
+
+    workdir, _ = reference
+    with open(os.path.join(workdir, "checkpoints", "12", "meta", "metadata")) as f:
+        assert json.load(f)["data_shards"] == 2
+    config = config_lib.base_config()  # data_shards=0, one process here
+    train._check_data_shards({"data_shards": 1}, config, workdir)
+    train._check_data_shards({}, config, workdir)  # written before the count was saved
+    with pytest.raises(
+        ValueError,
+        match=r"batches of 2 data shards, this job makes 1 .*"
+        r"--config.data_shards=2",
+    ):
+        train._check_data_shards({"data_shards": 2}, config, workdir)
