@@ -313,11 +313,14 @@ def pack_images(
 
 
 def _concrete(*arrays) -> list[np.ndarray] | None:
-    """The arrays as numpy, or None inside a trace (``jit``), where values are not known."""
-    try:
-        return [np.asarray(a) for a in arrays]
-    except jax.errors.TracerArrayConversionError:
-        return None
+    """The arrays as numpy, or None inside a trace (``jit``), where values are not known, and
+    for arrays split over other processes, whose values this one does not hold."""
+    for a in arrays:
+        if isinstance(a, jax.core.Tracer) or (
+            isinstance(a, jax.Array) and not a.is_fully_addressable
+        ):
+            return None
+    return [np.asarray(a) for a in arrays]
 
 
 def check_shapes(batch: Tokens | Packed, *, patch: Sequence[int], channels: int) -> None:
