@@ -65,7 +65,11 @@ linear in log-turns. On RoPE-Axial at 7 tokens an axis (base 100, 4 pairs per ax
 dimension 16) the fastest pair makes 1.1 turns over the training extent, and keeping it is
 what leaves YaRN at the untreated model's accuracy in ``fashion_extrapolation``, where the
 ramp without the clip (linear in log-turns, as for learned tables below) comes within about 2
-points of ``"pi"`` on resized images (that study's README gives the figures).
+points of ``"pi"`` on resized images (that study's README gives the figures). Where even the
+fastest pair turns fewer than ``beta_slow`` times (a short axis under ``"sequential"``, whose
+extent is n / (n - 1) positions), transformers' range is empty and its ramp keeps every pair:
+``"yarn"`` would change the temperature only, so it is refused there, naming ``"pi"`` (what
+YaRN's rule asks for every pair then) and ``yarn_clipped=False``.
 
 **YaRN on a learned table.** The by-parts rule works by wavelength, so it applies to
 RoPE-Mixed's learned frequencies too: pair j of head n turns by sum_a p_a f[a, n, j], and
@@ -373,6 +377,8 @@ def spectrum_multipliers(
         if scaling.tool == "ntk":
             scaled = ntk_inv_freq(dim, base, s, first)
         else:
+            if scaling.yarn_clipped:
+                _check_yarn_range(name, axis, dim, base, extent, scaling, first)
             scaled = yarn_inv_freq(
                 dim,
                 base,
@@ -385,6 +391,27 @@ def spectrum_multipliers(
             )
         out[order] = scaled / freq_F[order]
     return out
+
+
+def _check_yarn_range(
+    name: str, axis: int, dim: int, base: float, extent: float, scaling: Scaling, first: float
+) -> None:
+    """Refuse clipped YaRN where transformers' correction range is empty: every pair of the
+    axis turns fewer than ``beta_slow`` times over the training extent (a short axis under the
+    ``"sequential"`` convention, say), so its ramp keeps every frequency and the tool would
+    change the attention temperature only."""
+    low, high = yarn_correction_range(
+        dim, base, extent, scaling.beta_fast, scaling.beta_slow, first
+    )
+    if high < low:
+        turns = extent * first / (2 * math.pi)
+        raise ValueError(
+            f"yarn on {name}: axis {axis}'s fastest pair turns {turns:.2f} times over the "
+            f"training extent of {extent:.3g} positions, fewer than beta_slow="
+            f"{scaling.beta_slow}, so transformers' correction range is empty and YaRN would "
+            "keep every frequency, changing the temperature only; use 'pi' (every pair "
+            "interpolated, as YaRN's rule asks here) or Scaling(yarn_clipped=False)"
+        )
 
 
 def resolve(

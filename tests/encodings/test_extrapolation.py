@@ -368,6 +368,21 @@ def test_pi_at_twice_the_grid_rotates_token_2i_as_training_token_i(name, setting
 # ---------------------------------------------------------------- YaRN on a learned table
 
 
+def test_yarn_whose_correction_range_is_empty_is_refused():
+    """A 7-token axis under the "sequential" convention spans 7 / 6 positions: the fastest pair
+    turns 0.19 times, every pair fewer than beta_slow, and transformers' clipped range comes
+    out empty (0, -1): the ramp keeps every frequency and "yarn" would change the temperature
+    only. Refused, naming what to use; unclipped, every pair is interpolated."""
+    assert ex.yarn_correction_range(8, 100.0, 7 / 6) == (0, -1)
+    enc = encodings.encoder("rope_axial", num_heads=1, head_dim=16, num_axes=2)
+    pos = positions.grid_positions((14, 7), "sequential")
+    scaling = _scaling("yarn", (2.0, 1.0), (7 / 6, 7 / 6))
+    with pytest.raises(ValueError, match=r"axis 0's fastest pair turns 0.19 times .* use 'pi'"):
+        _angles(enc, {}, pos, scaling)
+    unclipped = _angles(enc, {}, pos, dataclasses.replace(scaling, yarn_clipped=False))
+    np.testing.assert_allclose(unclipped[:, :4], _angles(enc, {}, pos, None)[:, :4] / 2.0)
+
+
 def test_yarn_on_learned_frequencies_is_transformers_ramp_before_its_rounding():
     """Axis-aligned RoPE-Mixed frequencies equal to a 1D spectrum whose correction range lies
     inside the table (pairs 8.06 to 20.1 of 32): the continuous ramp (linear in log turns)
