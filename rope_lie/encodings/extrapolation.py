@@ -171,8 +171,10 @@ def tools_for(name: str, convention: str) -> tuple[str, ...]:
 
     Returns:
       the tool names, ``"logit"`` always; the frequency tools only for conventions in
-      ``GROWING_CONVENTIONS``; ``"ntk"`` for fixed spectra, ``"yarn"`` for fixed and learned
-      ones, ``"pi"`` for every family with positions (not NoPE).
+      ``GROWING_CONVENTIONS``; ``"ntk"`` for fixed spectra, ``"yarn"`` for learned ones and
+      for fixed ones under ``"integer"`` (under ``"sequential"`` a fixed spectrum's pairs all
+      turn fewer than ``beta_slow`` times over the training extent, where clipped YaRN is
+      refused: ``_check_yarn_range``), ``"pi"`` for every family with positions (not NoPE).
     """
     fam = family_lib.family_of(name)
     tools = []
@@ -180,7 +182,8 @@ def tools_for(name: str, convention: str) -> tuple[str, ...]:
         tools.append("pi")
         if fam.pair_spectrum is not None:
             tools.append("ntk")
-        if fam.pair_spectrum is not None or fam.learned_frequencies is not None:
+        fixed_yarn = fam.pair_spectrum is not None and convention != "sequential"
+        if fixed_yarn or fam.learned_frequencies is not None:
             tools.append("yarn")
     return (*tools, "logit")
 

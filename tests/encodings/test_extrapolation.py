@@ -527,4 +527,6 @@ def test_tools_for_reads_the_family_declarations():
     assert ex.tools_for("rope_mixed", "integer") == ("pi", "yarn", "logit")
     assert ex.tools_for("cayley_string", "integer") == ("pi", "logit")
     assert ex.tools_for("comrope", "sequential") == ("pi", "logit")
+    assert ex.tools_for("rope_axial", "sequential") == ("pi", "ntk", "logit")  # yarn: empty range
+    assert ex.tools_for("rope_mixed", "sequential") == ("pi", "yarn", "logit")  # unclipped rule
     assert ex.tools_for("dinov3", "centred") == ("logit",)
