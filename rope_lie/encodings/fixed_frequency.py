@@ -15,8 +15,10 @@ Partial rotation (p-RoPE, Barbero et al., "Round and Round We Go! What makes Rot
 Encodings useful?", arXiv:2410.06205): ``rotary_fraction`` = p < 1 keeps, on every axis, the
 round(p n_a) highest of its n_a frequencies (halves rounded up) and sets the others to 0, so
 that those pairs are not rotated (the paper truncates the lowest frequencies of 1D RoPE; per
-axis is our generalisation to several axes; ties are kept in pair order). p = 1 (the default)
-leaves the table untouched, p = 0 is NoPE.
+axis is our generalisation to several axes; ties are kept in pair order). The paper's code
+(``apply_p_rope``: ``int(p * head_dim // 2)``) rounds down instead: at a half (p = 0.25 of 6
+pairs, 0.75 of 2) we keep one pair more. p = 1 (the default) leaves the table untouched, p = 0
+is NoPE.
 """
 
 from __future__ import annotations
