@@ -82,7 +82,9 @@ the range lies inside the table), and that is the ramp used here:
 gamma = clip(ln(beta_fast / r) / ln(beta_fast / beta_slow), 0, 1), f' = f (gamma / s + 1 - gamma).
 NTK needs a base, so it is refused for learned frequencies.
 
-YaRN's attention factor takes s = prod_a s_a, the token ratio: in 1D, YaRN's s is both the
+YaRN's attention factor takes s = prod_a s_a, the token ratio when no axis shrinks (an axis
+below its training size counts as 1, so a grid wider but shorter than the training grid still
+gets a temperature above 1): in 1D, YaRN's s is both the
 length ratio and the ratio of keys attended over, and its temperature corrects the attention's
 entropy, which grows with the keys (a choice of ours for several axes; transformers has one
 axis).
