@@ -7,6 +7,8 @@ axis j mod A and is rotated by
 
 so in 2D the pairs go (row, col, row, col, ...) with frequencies 1, 1, base^(-4/H),
 base^(-4/H), ... Every pair sees a single axis, so <R(p) q, R(p') k> depends on p' - p only.
+VisionLLaMA's code puts x (the column) first, (col, row, ...): the same encoding with the two
+axes swapped, which a converted model's positions must follow.
 For A = 1 this is ``rope``.
 
 Auto-scaling (the "AS" of AS2DRoPE: positions times anchor/current grid size, so that a larger
