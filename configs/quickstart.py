@@ -8,8 +8,9 @@ patches (a model that uses positions should drop to chance, 25%).
     python -m rope_lie.main --config=configs/quickstart.py --workdir=workdirs/quickstart
     python -m rope_lie.main --config=configs/quickstart.py:smoke --workdir=/tmp/qs_smoke
 
-Arguments: pe=<family> (liere, rope_mixed, rope_axial, visionllama, cayley_string, alibi,
-nope, or the additive tables ape, sincos), block=<LieRE block size>,
+Arguments: pe=<family> (any name `python -m rope_lie.main --list` prints: liere, rope_mixed,
+rope_axial, cayley_string, comrope, dinov3, alibi, nope, the additive tables ape and sincos,
+...), block=<LieRE block size>,
 ape_std=<APE init std, default 0.02>, smoke (8 steps: checks the whole path, not accuracy).
 Compare encoders with e.g. `:pe=ape` and `:pe=rope_mixed` in other workdirs.
 
