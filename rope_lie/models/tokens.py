@@ -358,13 +358,7 @@ def check_tokens(batch: Tokens) -> None:
     index_BTA, grid_BA, mask_BT = arrays
     real_BT = mask_BT > 0
     for b in np.flatnonzero(real_BT.any(axis=1)):
-        grid, index_TA = grid_BA[b], index_BTA[b][real_BT[b]]
-        if (grid < 1).any() or (index_TA < 0).any() or (index_TA >= grid).any():
-            raise ValueError(
-                f"example {b}: grid_BA={grid.tolist()} and its real tokens' index_BTA span "
-                f"{index_TA.min(0).tolist()}..{index_TA.max(0).tolist()}; expected a grid of "
-                "sides >= 1 and every index in [0, grid)"
-            )
+        _check_in_grid(f"example {b}: grid_BA", grid_BA[b], index_BTA[b][real_BT[b]])
 
 
 def check_packed(batch: Packed) -> None:
@@ -384,13 +378,18 @@ def check_packed(batch: Packed) -> None:
                 f"U={slots} (grid_BUA's slots)"
             )
         for u in used[used > 0]:
-            grid, index_TA = grid_BUA[b, u - 1], index_BTA[b][segment_BT[b] == u]
-            if (grid < 1).any() or (index_TA < 0).any() or (index_TA >= grid).any():
-                raise ValueError(
-                    f"row {b}, segment {u}: grid_BUA={grid.tolist()} and its tokens' index_BTA "
-                    f"span {index_TA.min(0).tolist()}..{index_TA.max(0).tolist()}; expected a "
-                    "grid of sides >= 1 and every index in [0, grid)"
-                )
+            where = f"row {b}, segment {u}: grid_BUA"
+            _check_in_grid(where, grid_BUA[b, u - 1], index_BTA[b][segment_BT[b] == u])
+
+
+def _check_in_grid(where: str, grid_A: np.ndarray, index_TA: np.ndarray) -> None:
+    """One image's grid has sides >= 1 and holds every index of its tokens."""
+    if (grid_A < 1).any() or (index_TA < 0).any() or (index_TA >= grid_A).any():
+        raise ValueError(
+            f"{where}={grid_A.tolist()} and its tokens' index_BTA span "
+            f"{index_TA.min(0).tolist()}..{index_TA.max(0).tolist()}; expected a grid of sides "
+            ">= 1 and every index in [0, grid)"
+        )
 
 
 def slot_grids(batch: Packed) -> jax.Array:
