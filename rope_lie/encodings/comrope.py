@@ -50,9 +50,9 @@ reference divides every axis, frames included, by the spatial side (its
 ``num_patches_on_single_axis``); we divide each axis by its own token count, so on a video
 whose frame count differs from its side our time axis is scaled by side / frames against the
 reference's (2D: the same). Where we differ besides: the fast path above instead of a
-per-token ``matrix_exp`` (same logits; R'(p) = P R(p) as said); b must be even (an odd block has a zero eigenvalue whose channel we would carry
-separately; the reference allows it); the block size defaults to 8, LieRE's block size in our
-recipes (the reference's config default is 2).
+per-token ``matrix_exp`` (same logits; R'(p) = P R(p) as said); b must be even (an odd block
+has a zero eigenvalue whose channel we would carry separately; the reference allows it); the
+block size defaults to 8, LieRE's block size in our recipes (the reference's config default is 2).
 
 Conventions: interleaved pairs in the rotated frame, contiguous blocks, axis order of ``pos`` =
 array order, prefix tokens at position 0 get R'(0) = P. Angles and the decomposition in float32
