@@ -14,9 +14,7 @@ from rope_lie.encodings import (
     comrope,
     dinov3,
     positions,
-    rope_axial,
     rope_mixed,
-    visionllama,
 )
 
 N, H = 2, 16
@@ -31,46 +29,99 @@ def _inputs(rank=2, seed=1):
     return x_BTNH, pos_TA
 
 
-# The six cases where apply(params, q, pos) used its own defaults instead of init's settings.
-SILENT = [
-    (rope_mixed, {"rotary_fraction": 0.5}),
-    (dinov3, {"base": 1000.0}),
-    (dinov3, {"rotary_fraction": 0.5}),
-    (rope_axial, {"base": 1000.0}),
-    (rope_axial, {"rotary_fraction": 0.5}),
-    (visionllama, {"base": 1000.0}),
-]
+# A setting init and apply both take (``FAMILY.apply_defaults``) is carried by the parameters:
+# apply without it must use init's value, not its own default. The cases come from every
+# rotary family's examples, plus the settings no example changes (EXTRA), so a new family or a
+# new setting is covered without editing this list; test_every_apply_setting_is_covered fails
+# when one is not.
+EXTRA = {
+    "rope": (({"base": 1000.0}, (1,)),),
+    "rope_axial": (({"base": 1000.0}, (2,)),),
+    "visionllama": (({"base": 1000.0}, (2,)),),
+    "dinov3": (({"base": 1000.0}, (2,)), ({"rotary_fraction": 0.5}, (2,))),
+}
+HEAD_DIM = 12  # divisible by every example's 2 * axes, block and sections; rope_axial needs 12
 
 
-@pytest.mark.parametrize("module,settings", SILENT, ids=[f"{m.FAMILY.name}-{s}" for m, s in SILENT])
-def test_apply_uses_what_init_was_given(module, settings):
-    params = module.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=2, **settings)
-    x_BTNH, pos_TA = _inputs()
-    want = module.apply(dict(params), x_BTNH, pos_TA, **settings)  # a plain dict, told explicitly
-    default = module.apply(dict(params), x_BTNH, pos_TA)
-    assert float(jnp.max(jnp.abs(want - default))) > 0.1  # the setting matters here
+def _told(family, settings):
+    """The settings that apply also takes, where they differ from apply's defaults."""
+    return {
+        k: v
+        for k, v in settings.items()
+        if k in family.apply_defaults and v != family.apply_defaults[k]
+    }
+
+
+def _silent_cases():
+    cases = []
+    for name, module in encodings.ROTARY.items():
+        extra = EXTRA.get(name, ())
+        for settings, ranks in (*module.FAMILY.examples, *extra):
+            if _told(module.FAMILY, settings):
+                cases.append(
+                    pytest.param(module, dict(settings), ranks[0], id=f"{name}-{settings}")
+                )
+    return cases
+
+
+SILENT = _silent_cases()
+
+
+def _grid_inputs(rank):
+    pos_TA = positions.grid_positions(
+        {1: (5,), 2: GRID, 3: (2, 2, 3)}[rank], "integer", num_prefix=1
+    )
+    x_BTNH = jax.random.normal(jax.random.key(1), (2, pos_TA.shape[0], N, HEAD_DIM))
+    return x_BTNH, pos_TA
+
+
+def test_every_apply_setting_is_covered():
+    for name, module in encodings.ROTARY.items():
+        extra = EXTRA.get(name, ())
+        changed = set()
+        for settings, _ in (*module.FAMILY.examples, *extra):
+            changed |= set(_told(module.FAMILY, settings))
+        missing = set(module.FAMILY.apply_defaults) - changed
+        assert not missing, f"{name}: no example or EXTRA entry changes {sorted(missing)}"
+
+
+@pytest.mark.parametrize("module,settings,rank", SILENT)
+def test_apply_uses_what_init_was_given(module, settings, rank):
+    told = _told(module.FAMILY, settings)
+    kw = {"num_heads": N, "head_dim": HEAD_DIM}
+    params = module.init(jax.random.key(0), num_axes=rank, **kw, **settings)
+    x_BTNH, pos_TA = _grid_inputs(rank)
+    want = module.apply(dict(params), x_BTNH, pos_TA, **told)  # a plain dict, told explicitly
+    try:
+        default = module.apply(dict(params), x_BTNH, pos_TA)
+    except ValueError:
+        pass  # a plain dict whose parameters do not fit the defaults is refused: loud, fine
+    else:
+        assert float(jnp.max(jnp.abs(want - default))) > 1e-3  # the setting matters here
     np.testing.assert_allclose(module.apply(params, x_BTNH, pos_TA), want, rtol=1e-6, atol=1e-6)
     jitted = jax.jit(module.apply)(params, x_BTNH, pos_TA)  # the tag crosses jit as static data
     np.testing.assert_allclose(jitted, want, rtol=1e-5, atol=1e-5)
-    state = module.precompute(params, pos_TA, num_heads=N, head_dim=H)
+    state = module.precompute(params, pos_TA, **kw)
     np.testing.assert_allclose(state.rotate(x_BTNH), want, rtol=1e-6, atol=1e-6)
-    enc = encodings.encoder(module.FAMILY.name, num_heads=N, head_dim=H, num_axes=2, **settings)
+    enc = encodings.encoder(module.FAMILY.name, num_axes=rank, **kw, **settings)
     np.testing.assert_allclose(
         enc.apply(enc.init(jax.random.key(0)), x_BTNH, pos_TA), want, rtol=1e-6, atol=1e-6
     )
 
 
-@pytest.mark.parametrize("module,settings", SILENT, ids=[f"{m.FAMILY.name}-{s}" for m, s in SILENT])
-def test_a_setting_other_than_inits_is_an_error_and_the_same_one_is_not(module, settings):
-    params = module.init(jax.random.key(0), num_heads=N, head_dim=H, num_axes=2, **settings)
-    x_BTNH, pos_TA = _inputs()
-    ((name, value),) = settings.items()
-    default = module.FAMILY.apply_defaults[name]
-    with pytest.raises(ValueError, match=f"{name}={default!r} was passed, but init was given"):
-        module.apply(params, x_BTNH, pos_TA, **{name: default})
-    with pytest.raises(ValueError, match="was passed, but init was given"):
-        module.precompute(params, pos_TA, num_heads=N, head_dim=H, **{name: default})
-    module.apply(params, x_BTNH, pos_TA, **settings)  # the same value: fine
+@pytest.mark.parametrize("module,settings,rank", SILENT)
+def test_a_setting_other_than_inits_is_an_error_and_the_same_one_is_not(module, settings, rank):
+    kw = {"num_heads": N, "head_dim": HEAD_DIM}
+    params = module.init(jax.random.key(0), num_axes=rank, **kw, **settings)
+    x_BTNH, pos_TA = _grid_inputs(rank)
+    told = _told(module.FAMILY, settings)
+    for name in told:
+        default = module.FAMILY.apply_defaults[name]
+        with pytest.raises(ValueError, match=f"{name}={default!r} was passed, but init was given"):
+            module.apply(params, x_BTNH, pos_TA, **{name: default})
+        with pytest.raises(ValueError, match="was passed, but init was given"):
+            module.precompute(params, pos_TA, **kw, **{name: default})
+    module.apply(params, x_BTNH, pos_TA, **told)  # the same values: fine
 
 
 def test_parameters_of_another_family_are_named():
