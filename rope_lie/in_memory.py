@@ -109,7 +109,7 @@ def train_arrays(ds_cfg: mc.ConfigDict) -> tuple[np.ndarray, np.ndarray]:
 
 def check_config(config: mc.ConfigDict) -> None:
     """Raise ValueError naming what the in-memory path does not do (a single process, the
-    recipe's pad-and-crop and flip, no NaFlex)."""
+    recipe's pad-and-crop and flip, no NaFlex, no TFDS ``data_dir``)."""
     ds, aug = config.dataset, config.dataset.augment
     _parse(ds.name, ds.train_split)
     if ds.train_fraction != 1.0 and "[" in ds.train_split:
@@ -136,6 +136,12 @@ def check_config(config: mc.ConfigDict) -> None:
             "1.0",
         ),
         ("naflex", "set" if config.get("naflex") else None, not config.get("naflex"), "unset"),
+        (  # a TFDS root: this path reads the IDX files (fashion_mnist_files.idx_dir)
+            "dataset.data_dir",
+            ds.get("data_dir"),
+            ds.get("data_dir") is None,
+            "None; it reads the IDX files from $ROPE_LIE_FASHION_MNIST_DIR or Debian's path",
+        ),
         ("processes", jax.process_count(), jax.process_count() == 1, "1"),
         ("data_shards", shards, shards in (0, 1), "0 or 1"),
     )

@@ -275,6 +275,10 @@ def test_it_refuses_what_it_does_not_do(real_subset, at):
     cropped.dataset.eval_crop_fraction = 0.875
     with pytest.raises(ValueError, match="eval_crop_fraction=0.875; it supports 1.0"):
         in_memory.check_config(cropped)
+    rooted = _config("pe=ape")  # a TFDS root would be ignored: the IDX files are read
+    rooted.dataset.data_dir = "/data/tfds"
+    with pytest.raises(ValueError, match="data_dir='/data/tfds'; it supports None; it reads"):
+        in_memory.check_config(rooted)
     both = _config("pe=ape")  # a slice and a fraction of it: refused, as the TFDS path does
     both.dataset.train_split, both.dataset.train_fraction = "train[:1000]", 0.5
     with pytest.raises(ValueError, match="train_fraction=0.5 needs a plain split name"):
