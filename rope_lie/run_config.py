@@ -26,6 +26,8 @@ from typing import Any
 
 import ml_collections as mc
 
+from rope_lie import config_lib
+
 CONFIG_JSON = "config.json"
 CONFIG_PY = "config.py"
 
@@ -88,15 +90,61 @@ MAY_CHANGE = (
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
+    """Leaves by dotted path; an empty dict is a leaf ({}), so that it differs from a filled one."""
+    if isinstance(tree, dict) and tree:
         return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
     return {prefix[:-1]: tree}
 
 
+# Fields whose presence is the setting: options dicts (a family's init arguments, the position
+# hook's) and sections only some runs have. A key in one config only is a difference there; in
+# the schema's fixed sections it is a field a newer or older rope_lie added or removed.
+_OPTIONAL = ("naflex", "model.position_augment", "model.pe_hparams", "model.position_hparams")
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def _is_option(key: str) -> bool:
+    return any(key == o or key.startswith(o + ".") for o in _OPTIONAL)
+
+
+def _may_change(key: str) -> bool:
+    return any(key == m or key.startswith(m + ".") for m in MAY_CHANGE)
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, value here) for every field that differs and may not change. A field
+    only one side has differs when it is an option (``_OPTIONAL``), or, in the run's config only,
+    when it is a default field (``config_lib.base_config``) set away from its default; other
+    one-sided fields are schema changes between rope_lie versions and are not compared."""
+    defaults = _flat(json.loads(config_lib.base_config().to_json_best_effort()))
+    differ = []
+    for key in sorted(set(saved) | set(now)):
+        if _may_change(key):
+            continue
+        if key in saved and key in now:
+            if saved[key] != now[key]:
+                differ.append((key, saved[key], now[key]))
+        elif _is_option(key):
+            differ.append((key, saved.get(key, _ABSENT), now.get(key, _ABSENT)))
+        elif key in now and key in defaults and now[key] != defaults[key]:
+            differ.append((key, _ABSENT, now[key]))  # a field the run predates, set here
+    # a value changed is named first, then a one-sided option's innermost field
+    return sorted(differ, key=lambda d: (_ABSENT in d[1:], -d[0].count(".")))
+
+
 def check_resume(workdir: str, config: mc.ConfigDict, checkpoints: str | None = None) -> None:
     """Raise ``ValueError`` when `workdir` holds a checkpoint written under another config: a
-    field outside ``MAY_CHANGE`` that both configs have and that differs (fields the saved one
-    lacks, from an older rope_lie, are not compared). A workdir without a checkpoint passes.
+    field outside ``MAY_CHANGE`` that differs, including an option one config has and the
+    other lacks (``model.pe_hparams`` keys, ``model.position_augment``, ``naflex``). Fields a
+    newer rope_lie added pass at their defaults, and fields it removed are not compared, so a
+    run resumes on a newer tree. A workdir without a checkpoint passes.
 
     ``checkpoints``: where the run's checkpoints are, when not in ``workdir/checkpoints`` (an
     ensemble member's: the ensemble's stacked ones, ``rope_lie/ensemble.py``)."""
@@ -109,19 +157,14 @@ def check_resume(workdir: str, config: mc.ConfigDict, checkpoints: str | None = 
         return
     with open(path) as f:
         saved = _flat(json.load(f))
-    now = _flat(json.loads(config.to_json_best_effort()))
-    differ = [
-        key
-        for key in sorted(set(saved) & set(now))
-        if saved[key] != now[key]
-        and not any(key == m or key.startswith(m + ".") for m in MAY_CHANGE)
-    ]
+    differ = _differences(saved, _flat(json.loads(config.to_json_best_effort())))
     if differ:
-        key = differ[0]
-        more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])})" if differ[1:] else ""
+        key, there, here = differ[0]
+        names = ", ".join(k for k, _, _ in differ[1:4])
+        more = f" (and {len(differ) - 1} more: {names})" if differ[1:] else ""
         raise ValueError(
-            f"{workdir} holds a checkpoint of another config: {key}={saved[key]!r} there, "
-            f"{now[key]!r} here{more}. Resume it with its own config "
+            f"{workdir} holds a checkpoint of another config: {key}={there!r} there, "
+            f"{here!r} here{more}. Resume it with its own config "
             f"(--config={os.path.join(workdir, CONFIG_PY)}), or train in another workdir"
         )
 

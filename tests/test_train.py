@@ -423,13 +423,57 @@ def test_a_checkpoint_resumes_only_under_its_config_but_for_what_steps_do_not_re
         with pytest.raises(ValueError, match=said):
             run_config.check_resume(workdir, changed)
     with pytest.raises(
-        ValueError, match="model.additive='none' there, 'ape' here .and 2 more: model.pe"
+        ValueError, match="model.additive='none' there, 'ape' here .and 4 more: model.pe, "
     ):
         run_config.check_resume(workdir, quickstart.get_config("smoke,pe=ape"))
     free = quickstart.get_config("smoke")
     free.total_steps, free.eval_batch_size, free.log_every_steps = 20, 4, 1
     free.checkpoint.every_steps, free.dataset.data_dir = 5, "/elsewhere"
     run_config.check_resume(workdir, free)
+
+
+def test_an_option_one_config_has_and_the_other_lacks_is_a_difference(tmp_path):
+    """A family's init argument, the position hook's rescaling or NaFlex, set in one run and
+    not the other, changes the model or its data: refused both ways. A field a newer rope_lie
+    added resumes at its default and is refused set otherwise; one it removed is not compared."""
+    from configs import fashion_mnist
+    from rope_lie import run_config
+
+    def saved(arg, edit=None):
+        workdir = str(tmp_path / f"run{len(os.listdir(tmp_path))}")
+        os.makedirs(workdir)
+        run_config.write(workdir, fashion_mnist.get_config(arg))
+        if edit:
+            path = os.path.join(workdir, run_config.CONFIG_JSON)
+            with open(path) as f:
+                config = json.load(f)
+            edit(config)
+            with open(path, "w") as f:
+                json.dump(config, f)
+        os.makedirs(os.path.join(workdir, "checkpoints", "8"))
+        return workdir
+
+    for there, here, said in [
+        ("pe=rope_mixed,rotary_fraction=0.75", "pe=rope_mixed", "pe_hparams.rotary_fraction=0.75"),
+        ("pe=rope_mixed", "pe=rope_mixed,rotary_fraction=0.75", "rotary_fraction=.absent. there"),
+        ("pe=liere,rescale=2", "pe=liere", "position_augment.rescale=2.0 there, .absent. here"),
+        ("pe=liere", "pe=liere,rescale=2", "position_augment.rescale=.absent. there, 2.0 here"),
+        ("pe=liere,naflex", "pe=liere", "naflex.max_side=9 there"),
+    ]:
+        with pytest.raises(ValueError, match=said):
+            run_config.check_resume(saved(there), fashion_mnist.get_config(here))
+    run_config.check_resume(
+        saved("pe=liere,rescale=2"), fashion_mnist.get_config("pe=liere,rescale=2")
+    )
+
+    older = saved("pe=liere", edit=lambda c: c.pop("data_seed"))  # written before data_seed
+    run_config.check_resume(older, fashion_mnist.get_config("pe=liere"))
+    seeded = fashion_mnist.get_config("pe=liere")
+    seeded.data_seed = 3
+    with pytest.raises(ValueError, match="data_seed=.absent. there, 3 here"):
+        run_config.check_resume(older, seeded)
+    removed = saved("pe=liere", edit=lambda c: c["model"].update(retired_field=1))
+    run_config.check_resume(removed, fashion_mnist.get_config("pe=liere"))
 
 
 def _make_read_only(path):
