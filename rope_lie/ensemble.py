@@ -25,8 +25,8 @@ Design:
   example indices (``in_memory.batch_indices`` of each data seed) ``DEVICE_CHUNK`` steps at
   a time, and one jitted call per step of ``in_memory.batch_maker``, the single run's batch,
   vmapped, gathers, crops, flips and normalises them with the keys
-  ``fold_in(key(data_seed_k), step)`` (``device_batches``): member k's batch t is run k's
-  batch t.
+  ``fold_in(in_memory.augment_key(data_seed_k), step)`` (``device_batches``): member k's
+  batch t is run k's batch t.
 - **Loop** (``_run_steps``, the order of ``loop.run_steps``): train, check, log, evaluate,
   checkpoint. Each member's ``metrics.jsonl`` gets the single run's record fields
   (``loop._log_record``; ``throughput`` is the member's: batch size x ensemble steps/s). A
@@ -214,15 +214,15 @@ def make_device_input(configs: Sequence[mc.ConfigDict], mesh) -> Callable:
     """Jitted (index_SB, step) -> the stacked batch of `step`, made on the device.
 
     The members' training examples are held on the device once; member k's batch is a single
-    run's (``in_memory.batch_maker``, augmentation key fold_in(key(data_seed), step)), vmapped
-    over the members: one dispatch per step, not one per member. The members must share the
-    dataset and augmentation (seeds of one arm).
+    run's (``in_memory.batch_maker``, augmentation key fold_in(augment_key(data_seed), step)),
+    vmapped over the members: one dispatch per step, not one per member. The members must share
+    the dataset and augmentation (seeds of one arm).
     """
     ds = configs[0].dataset
     if any(c.dataset.to_dict() != ds.to_dict() for c in configs):
         raise ValueError("the members' config.dataset differ; an ensemble is one arm's seeds")
     images, labels = in_memory.train_arrays(ds)
-    keys_S = jnp.stack([jax.random.key(data_seed(c)) for c in configs])
+    keys_S = jnp.stack([in_memory.augment_key(data_seed(c)) for c in configs])
     member = in_memory.batch_maker(ds)
     # the examples are arguments, not constants folded into the program
     members = jax.jit(

@@ -17,7 +17,7 @@ Training stream (one process; ``data_seed``, else ``seed``): epoch e is the trai
 permutes them; epochs are concatenated and cut into batches, so batch k holds stream positions
 [k B, (k + 1) B), may straddle two epochs, and is the same whatever step the stream starts at
 (an exact resume). Batch k is made on the device from the training set held there, in one
-program (``batch_maker``), and augmented with the key fold_in(key(data_seed), k): per
+program (``batch_maker``), and augmented with the key fold_in(``augment_key(data_seed)``, k): per
 example, a random crop after ``crop_padding`` px of zero padding (``augment.crop="pad"``) and
 a left-right flip with probability 1/2 (``augment.flip``), the augmentations of the
 Fashion-MNIST recipe; others (inception crops, RandAugment, mixup, cutmix, label smoothing,
@@ -48,6 +48,18 @@ from rope_lie.config_lib import data_seed
 DATASET = "fashion_mnist_idx"
 CANVASES = {"plain": fashion_mnist_files.SIDE, "canvas36": 36, "canvas44": 44, "canvas56": 56}
 NUM_CLASSES = len(fashion_mnist_files.CLASS_NAMES)
+
+
+# The augmentation stream's root is fold_in(key(data_seed), AUGMENT_STREAM), apart from the
+# model's keys: train.py splits key(seed) into init and dropout keys, which are fold_in(key(seed),
+# 0) and fold_in(key(seed), 1), so with data_seed = seed batch 0 would be cropped with the init
+# key and batch 1 with the dropout key.
+AUGMENT_STREAM = 0x61756775
+
+
+def augment_key(seed: int) -> jax.Array:
+    """The root of a run's augmentation keys; batch k's is fold_in(augment_key(data_seed), k)."""
+    return jax.random.fold_in(jax.random.key(seed), AUGMENT_STREAM)
 
 
 def uses_memory(config: mc.ConfigDict) -> bool:
@@ -289,7 +301,7 @@ def data_train_batches(
     images, labels = train_arrays(config.dataset)
     seed, batch, num = data_seed(config), config.batch_size, len(labels)
     make = jax.jit(batch_maker(config.dataset))
-    images_NHWC, labels_N, key = jnp.asarray(images), jnp.asarray(labels), jax.random.key(seed)
+    images_NHWC, labels_N, key = jnp.asarray(images), jnp.asarray(labels), augment_key(seed)
     for step in itertools.count(start_step):
         index_B = jnp.asarray(batch_indices(seed, step, batch, num), jnp.int32)
         yield make(images_NHWC, labels_N, key, index_B, step)

@@ -16,6 +16,10 @@ from rope_lie import checkpoint, ensemble, fashion_mnist_files, in_memory, shard
 
 STEPS = 3
 RTOL = 1e-5  # float32 rounding: the ensemble's program is not the single run's
+# Parameters, absolutely: Adam divides by sqrt(v), so where a gradient is near zero its rounding
+# moves that step's update by a fraction of lr (1e-3); 1e-5 is 1 % of one step (seeds differ
+# by > 1e-3, test_seeds_differ).
+ATOL = 1e-5
 SEEDS = (3, 8)
 
 
@@ -85,7 +89,7 @@ def _assert_params_close(actual, expected):
     actual, expected = _by_path(actual), _by_path(expected)
     assert actual.keys() == expected.keys()
     for name, x in actual.items():
-        np.testing.assert_allclose(x, expected[name], rtol=RTOL, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(x, expected[name], rtol=RTOL, atol=ATOL, err_msg=name)
 
 
 @pytest.mark.parametrize("k", range(len(SEEDS)))
