@@ -301,7 +301,9 @@ def schedule_steps(config: mc.ConfigDict, num_train_examples: int) -> tuple[int,
             f"total_steps={config.total_steps}, num_epochs={config.num_epochs}: no steps "
             f"({steps_per_epoch} steps per epoch); set total_steps >= 1"
         )
-    every = config.eval_every_steps or int(round(config.eval_every_epochs * steps_per_epoch))
+    every = config.eval_every_steps
+    if not every and config.eval_every_epochs > 0:  # a fraction of a step is every step
+        every = max(1, int(round(config.eval_every_epochs * steps_per_epoch)))
     return total, steps_per_epoch, every or total
 
 

@@ -564,3 +564,17 @@ def test_a_checkpoint_resumes_only_on_batches_made_as_before(reference):
         r"--config.data_shards=2",
     ):
         train._check_data_shards({"data_shards": 2}, config, workdir)
+
+
+def test_an_evaluation_interval_under_one_step_evaluates_every_step():
+    """eval_every_epochs that rounds to 0 steps meant "only at the end" before; it is every step."""
+    from configs import quickstart
+
+    config = quickstart.get_config("smoke")
+    config.total_steps, config.eval_every_steps, config.batch_size = 0, 0, 128
+    config.num_epochs, config.eval_every_epochs = 3, 0.001
+    assert train.schedule_steps(config, 60_000) == (1404, 468, 1)
+    config.eval_every_epochs = 0.5
+    assert train.schedule_steps(config, 60_000) == (1404, 468, 234)
+    config.eval_every_epochs = 0.0  # off: only at the end
+    assert train.schedule_steps(config, 60_000) == (1404, 468, 1404)
