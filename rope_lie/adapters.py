@@ -38,6 +38,8 @@ from flax import nnx
 
 from rope_lie import encodings
 from rope_lie.encodings import positions as positions_lib
+from rope_lie.models import position_hook
+from rope_lie.models.position_hook import PositionParam
 
 
 def num_axes_of(name: str, grid: Sequence[int] | None, positions: jax.Array | None) -> int:
@@ -114,7 +116,9 @@ def attend(
 class NNXAttention(nnx.Module):
     """An ``attention_fn`` for ``nnx.MultiHeadAttention`` with a rope_lie encoder on q and k.
 
-    Its parameters are ``nnx.Param`` variables of this module (so of the attention holding it).
+    Its parameters are ``PositionParam`` variables (``nnx.Param``s) of this module, so of the
+    attention holding it: ``rope_lie.optim``'s weight-decay mask leaves them alone, as in
+    rope_lie's own ViT, and ``nnx.state(model, PositionParam)`` selects them.
     """
 
     def __init__(
@@ -147,7 +151,7 @@ class NNXAttention(nnx.Module):
         """
         self.encoder = encodings.encoder(
             name,
-            num_heads=1 if share_heads else num_heads,
+            num_heads=position_hook.encoder_heads(name, num_heads, share_heads, settings),
             head_dim=head_dim,
             num_axes=num_axes_of(name, grid, positions),
             **settings,
@@ -163,7 +167,7 @@ class NNXAttention(nnx.Module):
             )
         )
         arrays = self.encoder.init(rngs.params())
-        self.params = nnx.Dict({k: nnx.Param(v) for k, v in arrays.items()})
+        self.params = nnx.Dict({k: PositionParam(v) for k, v in arrays.items()})
 
     def __call__(self, query, key, value, bias=None, mask=None, **kwargs) -> jax.Array:
         params = {k: v[...] for k, v in self.params.items()}
@@ -186,6 +190,8 @@ class LinenAttention(nn.Module):
     """An ``attention_fn`` for Linen's ``MultiHeadDotProductAttention`` with a rope_lie encoder.
 
     Its parameters are one Linen param, ``"pe"`` (a dict of the family's arrays), of this module.
+    Leave them out of weight decay (a mask that is False under ``"pe"``): decay pulls the
+    rotations towards the identity, i.e. towards NoPE.
 
     Attributes:
       family: a rotary or bias family (``encodings.ROTARY``, ``encodings.BIAS``).
@@ -212,7 +218,9 @@ class LinenAttention(nn.Module):
     def _encoder(self) -> encodings.Encoder:
         return encodings.encoder(
             self.family,
-            num_heads=1 if self.share_heads else self.num_heads,
+            num_heads=position_hook.encoder_heads(
+                self.family, self.num_heads, self.share_heads, self.settings
+            ),
             head_dim=self.head_dim,
             num_axes=num_axes_of(self.family, self.grid, self.positions),
             **dict(self.settings or {}),

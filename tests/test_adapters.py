@@ -270,3 +270,21 @@ def test_the_grid_or_the_positions_one_of_them():
     q = jnp.zeros((1, 7, HEADS, HEAD_DIM))
     with pytest.raises(ValueError, match=r"positions have T=13 tokens, but the queries have shape"):
         fn(q, q, q)
+
+
+def test_weight_decay_leaves_the_nnx_adapters_position_parameters_alone():
+    """rope_lie.optim decays plain Params of 2+ dims: the adapter's generators are
+    PositionParams, as in rope_lie's own ViT, so a foreign model trained with its mask does not
+    pull LieRE's rotations towards the identity."""
+    from flax.nnx import traversals
+
+    from rope_lie import optim
+    from rope_lie.models.position_hook import PositionParam
+
+    model = NNXViT("liere", SETTINGS["liere"], rngs=nnx.Rngs(0))
+    flat = traversals.flatten_mapping(optim.decay_mask(nnx.state(model, nnx.Param)))
+    decayed = {"/".join(map(str, path)) for path, decay in flat.items() if decay}
+    pe = [p for p, _ in nnx.to_flat_state(nnx.state(model, PositionParam))]
+    assert pe and all("attention_fn" in map(str, p) for p in pe)
+    assert not [d for d in decayed if "attention_fn" in d], decayed
+    assert any("kernel" in d for d in decayed)  # the projections still are

@@ -120,11 +120,26 @@ def pe_encoder(
     pe_module(pe)  # an unknown pe names the valid ones
     return encodings.encoder(
         pe,
-        num_heads=1 if share_heads else num_heads,
+        num_heads=encoder_heads(pe, num_heads, share_heads, hparams),
         head_dim=head_dim,
         num_axes=num_axes,
         **dict(hparams or {}),
     )
+
+
+def encoder_heads(
+    pe: str, num_heads: int, share_heads: bool, hparams: Mapping[str, Any] | None = None
+) -> int:
+    """The heads a family is built for: 1 when the heads share its parameters (its state then
+    broadcasts over them). Fixed ALiBi has no parameters to share: built for 1 head it would
+    give every head the 1-head slope 2^-8, about no bias, so it is refused."""
+    if share_heads and pe == "alibi" and not dict(hparams or {}).get("learnable", False):
+        raise ValueError(
+            f"alibi: share_heads (share_pe_heads) with fixed slopes would give all {num_heads} "
+            "heads the 1-head slope 2^-8 (about no bias); ALiBi's slopes are per head. Leave "
+            "it off, or share learnable slopes (learnable=True)"
+        )
+    return 1 if share_heads else num_heads
 
 
 def init_pe_params(encoder: encodings.Encoder, key: jax.Array) -> nnx.Dict:

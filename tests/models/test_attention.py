@@ -403,3 +403,26 @@ def test_errors():
             pe_hparams={"not_an_hparam": 1},
             rngs=nnx.Rngs(0),
         )
+
+
+def test_fixed_alibi_with_shared_heads_is_refused_and_learnable_slopes_are_shared():
+    """Built for one head, fixed ALiBi gives every head the 1-head slope 2^-8: about no bias,
+    where the model was asked for ALiBi. Refused by name; learnable slopes may be shared."""
+    with pytest.raises(ValueError, match="alibi: share_heads .* 1-head slope 2\\^-8"):
+        Attention(WIDTH, HEADS, num_axes=AXES, pe="alibi", share_pe_heads=True, rngs=nnx.Rngs(0))
+    from rope_lie import adapters
+
+    with pytest.raises(ValueError, match="alibi: share_heads"):
+        adapters.NNXAttention(
+            "alibi", num_heads=HEADS, head_dim=8, grid=(2, 3), share_heads=True, rngs=nnx.Rngs(0)
+        )
+    shared = Attention(
+        WIDTH,
+        HEADS,
+        num_axes=AXES,
+        pe="alibi",
+        pe_hparams={"learnable": True},
+        share_pe_heads=True,
+        rngs=nnx.Rngs(0),
+    )
+    assert [leaf.shape for leaf in jax.tree.leaves(nnx.state(shared, PositionParam))] == [(1,)]
