@@ -13,8 +13,11 @@ Conventions (``convention=``), per axis of length n:
   that grows with the image (LieRE's reference; evaluating at a larger image extrapolates).
 - ``"normalized"``: linspace(lo, hi, n) over a fixed ``value_range`` (default [-1, 1]) at every
   resolution (interpolation).
-- ``"autoscale"``: integer * n_anchor / n (VisionLlama's AS2DRoPE): the anchor grid's range at
-  every resolution.
+- ``"autoscale"``: integer * n_anchor / n per axis (VisionLlama's AS2DRoPE): the anchor grid's
+  range at every resolution. VisionLLaMA's code scales both axes by one factor, the height's
+  (``base_size / H``, github.com/Meituan-AutoML/VisionLLaMA, ``deit/my_models.py``): the same
+  on square grids, the only ones its models see; on others we keep each axis at the anchor's
+  range, where one factor would keep the spacing equal on both axes.
 - ``"centred"``: pixel centres 2 (i + 0.5) / n - 1 in (-1, 1) at every resolution (DINOv3's
   ``normalize_coords="separate"``); ``"centred_max"`` / ``"centred_min"`` divide by the longest /
   shortest axis of the grid instead of n (DINOv3's ``"max"`` / ``"min"``: 2 (i + 0.5) / max(n)

@@ -14,7 +14,8 @@ For A = 1 this is ``rope``.
 Auto-scaling (the "AS" of AS2DRoPE: positions times anchor/current grid size, so that a larger
 image covers the anchor's range of positions) is a positions convention, not part of this
 module: build positions with ``positions.grid_positions(grid, convention="autoscale",
-anchor_grid=...)``.
+anchor_grid=...)``. It scales each axis by its own ratio; VisionLLaMA's code scales both by the
+height's, which differs on non-square grids only (``positions``' docstring).
 
 Conventions: interleaved pairs (2j, 2j+1), (a, b) -> (a cos t - b sin t, a sin t + b cos t);
 axis order = array order of the input ((row, col) for images, (depth/time, row, col) for
