@@ -4,10 +4,11 @@ Training stream. Each process reads its own slice of the train split
 (``tfds.split_for_jax_process``) in stored order. Epoch e is that slice
 shuffled by ``Dataset.shuffle`` with a seed derived from (seed, process, e);
 epochs are concatenated and cut into batches, so batch k holds stream
-positions [k B, (k + 1) B) and may straddle two epochs. Example i of epoch e
-is augmented with the stateless key fold_in(fold_in(fold_in((seed, 0),
-process), e), i) and batch k is mixed (mixup/cutmix) with fold_in(fold_in((seed,
-1), process), k). A stream started at ``start_step`` builds only epochs from
+positions [k B, (k + 1) B) and may straddle two epochs. The process key
+fold_in((seed, 0), process) is split into example, shuffle and mix keys:
+example i of epoch e is augmented with the stateless key fold_in(fold_in(
+example key, e), i), and batch k is mixed (mixup/cutmix) with a key from the
+mix key and k. A stream started at ``start_step`` builds only epochs from
 start_step B // N on and skips the rest of the first one before decoding, so
 batch k is the same whatever step the iterator was created at. The shuffle
 order also depends on TensorFlow's global seed (``tf.random.set_seed``),
