@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import tarfile
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from experiments.studies import carry, lib, run
@@ -238,3 +240,85 @@ def test_sigterm_stops_the_runner_once_its_runs_have_saved(tmp_path, monkeypatch
         run.main(["stopped", "--seeds", "1", "--root", root, "--results", str(tmp_path / "r")])
     assert os.path.exists(os.path.join(workdir, "saved"))  # waited for
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+# Stands in for a run in its final evaluation when SIGTERM comes: it finishes, then exits 0.
+FINISHES_ON_SIGTERM = r"""
+import json, os, signal, sys, time
+import numpy as np
+workdir = sys.argv[1]
+os.makedirs(workdir, exist_ok=True)
+def finish(*_):
+    np.savez(os.path.join(workdir, "eval_examples.npz"), test=np.ones(4, bool))
+    with open(os.path.join(workdir, "final.json"), "w") as f:
+        json.dump({"step": 300, "evals": {"test": {"accuracy": 1.0, "num_examples": 4}}}, f)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, finish)
+open(os.path.join(workdir, "started"), "w").close()
+time.sleep(60)
+"""
+UNCARRIED = FINISH_IF_CARRIED.replace(
+    'assert os.path.isdir(os.path.join(workdir, "checkpoints", "200")), os.listdir(workdir)\n', ""
+)
+
+
+def test_a_run_that_finishes_in_its_sigterm_grace_is_recorded(tmp_path, monkeypatch):
+    """Stopped in its final seconds, a run may finish before it exits: it is recorded, not left
+    in a workdir that the machine may take with it."""
+    arm = _one_arm_study("graced", tmp_path, monkeypatch, FINISHES_ON_SIGTERM)
+    root, results = str(tmp_path / "root"), str(tmp_path / "r")
+    workdir = lib.run_dir(root, arm, 0, "cpu")
+
+    def terminate_once_started():
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(workdir, "started")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_once_started, daemon=True).start()
+    with pytest.raises(SystemExit, match="SIGTERM"):
+        run.main(["graced", "--seeds", "1", "--root", root, "--results", results])
+    assert lib.is_finished(workdir)
+    assert [(r["arm"], r["seed"]) for r in lib.read_results(os.path.join(results, "graced"))] == [
+        ("a", 0)
+    ]
+
+
+def test_pack_records_a_finished_run_the_results_lack(tmp_path, monkeypatch):
+    """A run that finished after the runner stopped (or whose recording was cut short) is
+    recorded by --pack, so the study folder carries it; before, pack said there was nothing."""
+    arm = _one_arm_study("finished", tmp_path, monkeypatch)
+    root, results = str(tmp_path / "root"), str(tmp_path / "r")
+    workdir = lib.run_dir(root, arm, 0, "cpu")
+    os.makedirs(workdir)
+    subprocess.run([sys.executable, "-c", UNCARRIED, workdir], check=True)
+    assert (
+        run.main(["finished", "--seeds", "1", "--root", root, "--results", results, "--pack"]) == 0
+    )
+    recorded = lib.read_results(os.path.join(results, "finished"))
+    assert [(r["arm"], r["seed"], r["accuracy"]) for r in recorded] == [("a", 0, 1.0)]
+    assert not os.path.exists(os.path.join(results, "finished", "unfinished"))
+
+
+def test_a_recording_cut_short_before_results_csv_is_done_again_whole(tmp_path, monkeypatch):
+    """results.csv is written last: killed while writing the examples, the run is not yet
+    recorded and the next call records it whole (before, its rows were already in results.csv,
+    the examples never came, and the runner counted it done)."""
+    values = ["s", "a", 0, "test", 1.0, 4, 1.0, 3, 1.0, "8x8", "abc1234", "cpu"]
+    rows = [dict(zip(lib.RESULT_COLUMNS, values, strict=True))]
+    examples = {"a/0/test": np.ones(4, bool)}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    directory = str(tmp_path / "s")
+    with monkeypatch.context() as m:
+        m.setattr(lib.np, "savez_compressed", killed)
+        with pytest.raises(KeyboardInterrupt):
+            lib.append_results(directory, rows, examples)
+    assert lib.read_results(directory) == []
+    lib.append_results(directory, rows, examples)
+    assert len(lib.read_results(directory)) == 1
+    np.testing.assert_array_equal(lib.read_examples(directory)["a/0/test"], examples["a/0/test"])

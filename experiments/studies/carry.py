@@ -74,6 +74,9 @@ def pack(lead: str, directory: str, runs: Sequence[str] | None = None) -> tuple[
 
     path = archive_path(directory, lead)
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    for name in os.listdir(os.path.dirname(path)):  # left by a pack killed mid-write
+        if name.endswith(".tmp"):
+            os.remove(os.path.join(os.path.dirname(path), name))
     with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), suffix=".tmp", delete=False) as f:
         tmp = f.name
     try:
@@ -176,8 +179,17 @@ def pack_study(
 ) -> list[str]:
     """The runner's ``--pack``: archives the started, unfinished runs of `arms` x seeds
     0..seeds-1 under `root` that `directory`'s results do not hold yet, an arm's seed ensemble
-    (``--ensemble``) as one archive and other runs one by one; returns the archives."""
+    (``--ensemble``) as one archive and other runs one by one; returns the archives. Runs that
+    finished but are not recorded yet (stopped in their final seconds) are recorded first, so
+    that what `directory` carries holds them."""
     done = {(r["arm"], r["seed"]) for r in lib.read_results(directory)}
+    for arm in arms:
+        for seed in range(seeds):
+            workdir = lib.run_dir(root, arm, seed, scale)
+            if (arm.name, seed) not in done and lib.is_finished(workdir):
+                lib.record_run(study, directory, arm, seed, workdir)
+                done.add((arm.name, seed))
+                log(f"{study.name}: {arm.name} seed {seed} had finished: recorded")
     leads: dict[str, tuple[str, list[str]]] = {}  # lead -> (what, runs): tool arms share runs
     for arm in arms:
         workdirs = {seed: lib.run_dir(root, arm, seed, scale) for seed in range(seeds)}

@@ -489,14 +489,15 @@ def read_examples(study_dir: str) -> dict[str, np.ndarray]:
 
 
 def append_results(study_dir: str, rows: list[dict], examples: Mapping[str, np.ndarray]) -> None:
-    """Add one run's rows and examples; each file is replaced atomically."""
+    """Add one run's rows and examples; each file is replaced atomically, results.csv last: a
+    run is recorded once its rows are there, so a kill before that leaves it to record again
+    (its examples, keyed by run, are then rewritten with the same values)."""
     os.makedirs(study_dir, exist_ok=True)
     recorded = read_results(study_dir)
     keys = {(r["arm"], r["seed"], r["eval"]) for r in recorded}
     again = [k for k in ((r["arm"], int(r["seed"]), r["eval"]) for r in rows) if k in keys]
     if again:
         raise ValueError(f"{results_path(study_dir)} already records {again[0]} (arm, seed, eval)")
-    _atomic_csv(results_path(study_dir), recorded + rows)
     merged = {**read_examples(study_dir), **examples}
     packed = {}
     for key, bits in merged.items():
@@ -505,6 +506,15 @@ def append_results(study_dir: str, rows: list[dict], examples: Mapping[str, np.n
     tmp = os.path.join(study_dir, "examples.tmp.npz")
     np.savez_compressed(tmp, **packed)
     os.replace(tmp, os.path.join(study_dir, "examples.npz"))
+    _atomic_csv(results_path(study_dir), recorded + rows)
+
+
+def record_run(study: Study, study_dir: str, arm: Arm, seed: int, workdir: str) -> None:
+    """Record the finished run `workdir` (`arm`'s `seed`): its curves (replaced by run, so a
+    second call rewrites the same rows), then its examples and results.csv rows."""
+    rows, examples = collect(study, arm, seed, workdir)
+    curves_csv.record_run(study_dir, study.arm_names, arm.name, seed, workdir, study.evals)
+    append_results(study_dir, rows, examples)
 
 
 def _atomic_csv(path: str, rows: list[dict]) -> None:
@@ -666,9 +676,7 @@ def run_study(
     handled = []
 
     def record(arm: Arm, seed: int, workdir: str) -> None:
-        rows, examples = collect(study, arm, seed, workdir)
-        append_results(study_dir, rows, examples)
-        curves_csv.record_run(study_dir, study.arm_names, arm.name, seed, workdir, study.evals)
+        record_run(study, study_dir, arm, seed, workdir)
         handled.append((arm.name, seed))
 
     to_train: dict[str, _Run] = {}  # by workdir
@@ -791,6 +799,10 @@ def _train(runs: list[_Run], jobs: int, record, log) -> None:
             proc.terminate()
         for proc in running:
             proc.wait()
+        for run, _ in running.values():  # finished in their SIGTERM grace: recorded, not lost
+            for arm, seed, workdir in run.readers:
+                if all(is_finished(w) for w in run.workdirs):
+                    record(arm, seed, workdir)
 
 
 def _wait_any(running: Mapping) -> subprocess.Popen:
