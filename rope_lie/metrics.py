@@ -37,11 +37,22 @@ def _to_python(value: Any) -> Any:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file ([] if it does not exist)."""
+    """All records of a metrics.jsonl file ([] if it does not exist). A last line cut short
+    (the process killed while appending it) is left out; a damaged line before it is an error
+    naming the file and line."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [line for line in f if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if number == len(lines) and not line.endswith("\n"):
+                break  # a torn append
+            raise ValueError(f"{path}, line {number}: not a JSON record ({e})") from None
+    return records
 
 
 class _EventWriter:
@@ -81,8 +92,9 @@ class MetricsWriter:
             return
         os.makedirs(workdir, exist_ok=True)
         kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step]
-        with open(self.path, "w") as f:
+        with open(self.path + ".tmp", "w") as f:  # replaced whole: a kill keeps the old file
             f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(self.path + ".tmp", self.path)
         if tensorboard:
             self._tb = _EventWriter(os.path.join(workdir, "tensorboard"))
 

@@ -1,6 +1,7 @@
 """Tests for rope_lie/metrics.py: the JSON-lines and TensorBoard writers, the table."""
 
 import numpy as np
+import pytest
 
 from rope_lie import metrics
 
@@ -14,6 +15,26 @@ def test_metrics_writer_drops_lines_after_the_resume_step(tmp_path):
     records = metrics.read_jsonl(tmp_path / metrics.JSONL_NAME)
     assert [r["step"] for r in records] == [10, 20]
     assert records[0] == {"step": 10, "loss": 0.5, "acc": "nan"}  # numpy -> JSON; nan as text
+
+
+def test_a_torn_last_line_is_left_out_and_a_damaged_one_before_it_is_named(tmp_path):
+    """A process killed while appending leaves half a line: the resumed run reads the records
+    before it (before, a bare JSONDecodeError naming no file stopped every rerun). A damaged
+    line anywhere else is an error naming the file and line."""
+    writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+    for step in (10, 20):
+        writer.write(step, {"loss": 0.5})
+    writer.close()
+    path = tmp_path / metrics.JSONL_NAME
+    with open(path, "a") as f:
+        f.write('{"step": 30, "lo')
+    assert [r["step"] for r in metrics.read_jsonl(path)] == [10, 20]
+    metrics.MetricsWriter(str(tmp_path), start_step=20, tensorboard=False).close()
+    assert path.read_text().count("\n") == 2 and not (tmp_path / "metrics.jsonl.tmp").exists()
+    with open(path, "a") as f:
+        f.write('{"step": 30, "lo\n{"step": 40}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl, line 3: not a JSON record"):
+        metrics.read_jsonl(path)
 
 
 def test_metrics_writer_writes_tensorboard_scalar_events(tmp_path):
