@@ -322,3 +322,21 @@ def test_a_recording_cut_short_before_results_csv_is_done_again_whole(tmp_path, 
     lib.append_results(directory, rows, examples)
     assert len(lib.read_results(directory)) == 1
     np.testing.assert_array_equal(lib.read_examples(directory)["a/0/test"], examples["a/0/test"])
+
+
+def test_an_unpack_cut_short_after_the_lead_is_done_again(tmp_path):
+    """Killed between moving an ensemble's directory and its members', an unpack left the lead
+    at the archive's step and no members, and was then skipped for good (the members restarted
+    from nothing). The lead now goes in last, and a lead without all its runs is unpacked again;
+    a staging folder left behind is removed."""
+    here, there, study = tmp_path / "here", str(tmp_path / "there"), str(tmp_path / "study")
+    ensemble = _workdir(here, "arm_seeds0-1_abc", steps=(100, 200))
+    members = [_workdir(here, f"arm_seed{k}_abc", steps=()) for k in (0, 1)]
+    carry.pack(ensemble, study, members)
+    _workdir(there, "arm_seeds0-1_abc", steps=(200,))  # the lead alone, as the cut left it
+    os.makedirs(os.path.join(there, ".unpack-x1", "arm_seed0_abc"))
+    assert carry.unpack(study, there, log=lambda _: None) == [
+        os.path.join(there, "arm_seeds0-1_abc")
+    ]
+    assert sorted(os.listdir(there)) == ["arm_seed0_abc", "arm_seed1_abc", "arm_seeds0-1_abc"]
+    assert carry.unpack(study, there, log=lambda _: None) == []  # whole now: kept

@@ -85,7 +85,8 @@ def pack(lead: str, directory: str, runs: Sequence[str] | None = None) -> tuple[
             info = tarfile.TarInfo(MANIFEST)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-            for name in dict.fromkeys([manifest["lead"], *manifest["runs"]]):
+            runs = [r for r in manifest["runs"] if r != manifest["lead"]]
+            for name in [*runs, manifest["lead"]]:  # the lead last: it marks the unpack done
                 tar.add(os.path.join(parent, name), arcname=name, filter=newest_only)
         os.replace(tmp, path)
     finally:
@@ -129,14 +130,22 @@ def _finished(runs_dir: str, manifest: dict) -> bool:
 
 def unpack(directory: str, runs_dir: str, log=print) -> list[str]:
     """Puts each archive of `directory` under `runs_dir` where its runs there are missing or
-    behind it (finished runs, or a lead at the same or a later step, are kept); returns the
-    leads written."""
+    behind it (finished runs, or a lead at the same or a later step with all its runs, are
+    kept); returns the leads written. The lead goes in last, so an unpack cut short is done
+    again: its runs are then missing."""
     written = []
+    if os.path.isdir(runs_dir):  # staging left by an unpack cut short
+        for name in os.listdir(runs_dir):
+            if name.startswith(".unpack-"):
+                shutil.rmtree(os.path.join(runs_dir, name), ignore_errors=True)
     for path in _archives(directory):
         manifest = read_manifest(path)
         lead = os.path.join(runs_dir, manifest["lead"])
         here = newest_step(lead) if os.path.isdir(lead) else None
-        if _finished(runs_dir, manifest) or (here is not None and here >= manifest["step"]):
+        whole = all(os.path.isdir(os.path.join(runs_dir, r)) for r in manifest["runs"])
+        if _finished(runs_dir, manifest) or (
+            whole and here is not None and here >= manifest["step"]
+        ):
             continue
         os.makedirs(runs_dir, exist_ok=True)
         staging = tempfile.mkdtemp(dir=runs_dir, prefix=".unpack-")
