@@ -120,7 +120,8 @@ def _may_change(key: str) -> bool:
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, saved value, value here) for every field that differs and may not change. A field
-    only one side has differs when it is an option (``_OPTIONAL``), or, in the run's config only,
+    only one side has differs when it is an option (``_OPTIONAL``) that is on (not None or {}:
+    an option off is one absent, as written before it existed), or, in the run's config only,
     when it is a default field (``config_lib.base_config``) set away from its default; other
     one-sided fields are schema changes between rope_lie versions and are not compared."""
     defaults = _flat(json.loads(config_lib.base_config().to_json_best_effort()))
@@ -132,7 +133,8 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, 
             if saved[key] != now[key]:
                 differ.append((key, saved[key], now[key]))
         elif _is_option(key):
-            differ.append((key, saved.get(key, _ABSENT), now.get(key, _ABSENT)))
+            if (saved[key] if key in saved else now[key]) not in (None, {}):  # off = absent
+                differ.append((key, saved.get(key, _ABSENT), now.get(key, _ABSENT)))
         elif key in now and key in defaults and now[key] != defaults[key]:
             differ.append((key, _ABSENT, now[key]))  # a field the run predates, set here
     # a value changed is named first, then a one-sided option's innermost field
@@ -155,8 +157,7 @@ def check_resume(workdir: str, config: mc.ConfigDict, checkpoints: str | None = 
         return
     if not any(name.isdigit() for name in os.listdir(checkpoints)):
         return
-    with open(path) as f:
-        saved = _flat(json.load(f))
+    saved = _flat(_load_json(path))
     differ = _differences(saved, _flat(json.loads(config.to_json_best_effort())))
     if differ:
         key, there, here = differ[0]
@@ -186,8 +187,16 @@ def read(workdir: str) -> mc.ConfigDict:
             f"{path} does not exist: {workdir!r} is not a directory written by rope_lie.main "
             "or rope_lie.convert"
         )
+    return mc.ConfigDict(_as_tuples(_load_json(path)))
+
+
+def _load_json(path: str) -> Any:
+    """A config.json's contents; a damaged one is a ValueError naming the file."""
     with open(path) as f:
-        return mc.ConfigDict(_as_tuples(json.load(f)))
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); restore it from a copy") from None
 
 
 def recipe_config(recipe_path: str, arg: str | None = None) -> mc.ConfigDict:

@@ -423,7 +423,7 @@ def test_a_checkpoint_resumes_only_under_its_config_but_for_what_steps_do_not_re
         with pytest.raises(ValueError, match=said):
             run_config.check_resume(workdir, changed)
     with pytest.raises(
-        ValueError, match="model.additive='none' there, 'ape' here .and 4 more: model.pe, "
+        ValueError, match="model.additive='none' there, 'ape' here .and 3 more: model.pe, "
     ):
         run_config.check_resume(workdir, quickstart.get_config("smoke,pe=ape"))
     free = quickstart.get_config("smoke")
@@ -474,6 +474,15 @@ def test_an_option_one_config_has_and_the_other_lacks_is_a_difference(tmp_path):
         run_config.check_resume(older, seeded)
     removed = saved("pe=liere", edit=lambda c: c["model"].update(retired_field=1))
     run_config.check_resume(removed, fashion_mnist.get_config("pe=liere"))
+    # written before position_augment and position_hparams existed: absent is off, as today's
+    # None and {} are
+    before = saved(
+        "pe=liere",
+        edit=lambda c: [c["model"].pop(k) for k in ("position_augment", "position_hparams")],
+    )
+    run_config.check_resume(before, fashion_mnist.get_config("pe=liere"))
+    with pytest.raises(ValueError, match="position_augment.rescale=.absent. there, 2.0 here"):
+        run_config.check_resume(before, fashion_mnist.get_config("pe=liere,rescale=2"))
 
 
 def _make_read_only(path):
@@ -578,3 +587,19 @@ def test_an_evaluation_interval_under_one_step_evaluates_every_step():
     assert train.schedule_steps(config, 60_000) == (1404, 468, 234)
     config.eval_every_epochs = 0.0  # off: only at the end
     assert train.schedule_steps(config, 60_000) == (1404, 468, 1404)
+
+
+def test_a_damaged_config_json_is_named(tmp_path):
+    from configs import quickstart
+    from rope_lie import run_config
+
+    workdir = str(tmp_path / "run")
+    os.makedirs(os.path.join(workdir, "checkpoints", "8"))
+    with open(os.path.join(workdir, run_config.CONFIG_JSON), "w") as f:
+        f.write('{"seed": 0, "batch_size"')
+    for call in (
+        lambda: run_config.check_resume(workdir, quickstart.get_config("smoke")),
+        lambda: run_config.read(workdir),
+    ):
+        with pytest.raises(ValueError, match="run/config.json is not valid JSON .Expecting"):
+            call()
