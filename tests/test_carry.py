@@ -221,12 +221,10 @@ time.sleep(60)
 """
 
 
-def test_sigterm_stops_the_runner_once_its_runs_have_saved(tmp_path, monkeypatch):
-    arm = _one_arm_study("stopped", tmp_path, monkeypatch, SAVES_ON_SIGTERM)
-    root = str(tmp_path / "root")
-    workdir = lib.run_dir(root, arm, 0, "cpu")
+def _terminate_once_started(workdir):
+    """SIGTERM to this process (the runner) once the stand-in run has written ``started``."""
 
-    def terminate_once_started():
+    def terminate():
         deadline = time.monotonic() + 30
         while not os.path.exists(os.path.join(workdir, "started")):
             if time.monotonic() > deadline:
@@ -234,8 +232,16 @@ def test_sigterm_stops_the_runner_once_its_runs_have_saved(tmp_path, monkeypatch
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    threading.Thread(target=terminate, daemon=True).start()
+
+
+def test_sigterm_stops_the_runner_once_its_runs_have_saved(tmp_path, monkeypatch):
+    arm = _one_arm_study("stopped", tmp_path, monkeypatch, SAVES_ON_SIGTERM)
+    root = str(tmp_path / "root")
+    workdir = lib.run_dir(root, arm, 0, "cpu")
+
     before = signal.getsignal(signal.SIGTERM)
-    threading.Thread(target=terminate_once_started, daemon=True).start()
+    _terminate_once_started(workdir)
     with pytest.raises(SystemExit, match="SIGTERM: the runs in progress save their next step"):
         run.main(["stopped", "--seeds", "1", "--root", root, "--results", str(tmp_path / "r")])
     assert os.path.exists(os.path.join(workdir, "saved"))  # waited for
@@ -269,15 +275,7 @@ def test_a_run_that_finishes_in_its_sigterm_grace_is_recorded(tmp_path, monkeypa
     root, results = str(tmp_path / "root"), str(tmp_path / "r")
     workdir = lib.run_dir(root, arm, 0, "cpu")
 
-    def terminate_once_started():
-        deadline = time.monotonic() + 30
-        while not os.path.exists(os.path.join(workdir, "started")):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=terminate_once_started, daemon=True).start()
+    _terminate_once_started(workdir)
     with pytest.raises(SystemExit, match="SIGTERM"):
         run.main(["graced", "--seeds", "1", "--root", root, "--results", results])
     assert lib.is_finished(workdir)
