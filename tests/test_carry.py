@@ -338,3 +338,25 @@ def test_an_unpack_cut_short_after_the_lead_is_done_again(tmp_path):
     ]
     assert sorted(os.listdir(there)) == ["arm_seed0_abc", "arm_seed1_abc", "arm_seeds0-1_abc"]
     assert carry.unpack(study, there, log=lambda _: None) == []  # whole now: kept
+
+
+def test_an_unpack_killed_midway_leaves_the_lead_out_and_is_done_again(tmp_path, monkeypatch):
+    here, there, study = tmp_path / "here", str(tmp_path / "there"), str(tmp_path / "study")
+    ensemble = _workdir(here, "arm_seeds0-1_abc", steps=(100, 200))
+    members = [_workdir(here, f"arm_seed{k}_abc", steps=()) for k in (0, 1)]
+    carry.pack(ensemble, study, members)
+    real, moved = os.replace, []
+
+    def killed_after_one(src, dst):
+        if moved:
+            raise KeyboardInterrupt
+        moved.append(os.path.basename(dst))
+        real(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(carry.os, "replace", killed_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            carry.unpack(study, there, log=lambda _: None)
+    assert moved == ["arm_seed0_abc"] and sorted(os.listdir(there)) == ["arm_seed0_abc"]
+    assert carry.unpack(study, there, log=lambda _: None)  # the lead is missing: done again
+    assert sorted(os.listdir(there)) == ["arm_seed0_abc", "arm_seed1_abc", "arm_seeds0-1_abc"]

@@ -85,8 +85,7 @@ def pack(lead: str, directory: str, runs: Sequence[str] | None = None) -> tuple[
             info = tarfile.TarInfo(MANIFEST)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-            runs = [r for r in manifest["runs"] if r != manifest["lead"]]
-            for name in [*runs, manifest["lead"]]:  # the lead last: it marks the unpack done
+            for name in dict.fromkeys([manifest["lead"], *manifest["runs"]]):
                 tar.add(os.path.join(parent, name), arcname=name, filter=newest_only)
         os.replace(tmp, path)
     finally:
@@ -152,7 +151,8 @@ def unpack(directory: str, runs_dir: str, log=print) -> list[str]:
         try:
             with tarfile.open(path) as tar:
                 tar.extractall(staging, filter="data")
-            for name in dict.fromkeys([manifest["lead"], *manifest["runs"]]):
+            runs = [r for r in manifest["runs"] if r != manifest["lead"]]
+            for name in [*runs, manifest["lead"]]:  # the lead last: it marks the unpack done
                 target = os.path.join(runs_dir, name)
                 if os.path.isdir(target):
                     shutil.rmtree(target)
