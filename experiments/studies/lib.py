@@ -800,8 +800,8 @@ def _train(runs: list[_Run], jobs: int, record, log) -> None:
         for proc in running:
             proc.wait()
         for run, _ in running.values():  # finished in their SIGTERM grace: recorded, not lost
-            for arm, seed, workdir in run.readers:
-                if all(is_finished(w) for w in run.workdirs):
+            if all(is_finished(w) for w in run.workdirs):
+                for arm, seed, workdir in run.readers:
                     record(arm, seed, workdir)
 
 
