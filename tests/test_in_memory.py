@@ -332,7 +332,9 @@ def test_the_augmentation_keys_are_not_the_models_keys():
     with data_seed = seed, batches 0 and 1 were cropped with them. The stream has its own root."""
     import jax
 
-    data = lambda k: tuple(np.asarray(jax.random.key_data(k)).ravel())  # noqa: E731
+    def data(key):
+        return tuple(np.asarray(jax.random.key_data(key)).ravel())
+
     for seed in (0, 3):
         init_key, dropout_key = jax.random.split(jax.random.key(seed))
         model = {data(init_key), data(dropout_key)}
