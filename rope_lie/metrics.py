@@ -88,10 +88,12 @@ class MetricsWriter:
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(workdir, JSONL_NAME)
         self._tb = None
+        self._steps: set[int] = set()  # the steps the file has a record of
         if not self.enabled:
             return
         os.makedirs(workdir, exist_ok=True)
         kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step]
+        self._steps = {int(r.get("step", 0)) for r in kept}
         with open(self.path + ".tmp", "w") as f:  # replaced whole: a kill keeps the old file
             f.writelines(json.dumps(r) + "\n" for r in kept)
         os.replace(self.path + ".tmp", self.path)
@@ -105,11 +107,16 @@ class MetricsWriter:
         record = {"step": int(step), **{k: _to_python(v) for k, v in scalars.items()}}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        self._steps.add(int(step))
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.scalar(key, value, int(step))
             self._tb.flush()
+
+    def has(self, step: int) -> bool:
+        """Whether the file has a record of `step` (kept on resume, or written since)."""
+        return int(step) in self._steps
 
     def close(self) -> None:
         if self._tb is not None:

@@ -17,6 +17,19 @@ def test_metrics_writer_drops_lines_after_the_resume_step(tmp_path):
     assert records[0] == {"step": 10, "loss": 0.5, "acc": "nan"}  # numpy -> JSON; nan as text
 
 
+def test_metrics_writer_knows_the_steps_the_file_has(tmp_path):
+    """``has``: the steps of the records kept on resume and of those written since."""
+    writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+    for step in (10, 20, 30):
+        writer.write(step, {"loss": 0.5})
+    writer.close()
+    writer = metrics.MetricsWriter(str(tmp_path), start_step=20, tensorboard=False)
+    assert [writer.has(s) for s in (10, 20, 30)] == [True, True, False]
+    writer.write(30, {"loss": 0.25})
+    assert writer.has(30)
+    writer.close()
+
+
 def test_a_torn_last_line_is_left_out_and_a_damaged_one_before_it_is_named(tmp_path):
     """A process killed while appending leaves half a line: the resumed run reads the records
     before it (before, a bare JSONDecodeError naming no file stopped every rerun). A damaged
