@@ -6,7 +6,9 @@ writer, and the few numbers it needs (steps, log, evaluation and checkpoint inte
 reads no config.
 
 Each step runs in this order: train, check, log, evaluate, checkpoint (the last step is
-checkpointed before its evaluations, so a run killed while evaluating resumes evaluating). A
+checkpointed before its evaluations, its log line's training scalars in the checkpoint's meta,
+so a run killed while evaluating resumes evaluating and writes the step's ``metrics.jsonl``
+record as the uninterrupted run does: ``evaluate_end``). A
 non-finite loss or gradient norm stops the run (``FloatingPointError`` naming the step) before
 that state can be checkpointed; the last good checkpoint stays the latest. On SIGTERM or a
 first Ctrl-C (single process) or a preemption sync point (multi-host jobs) the step is
@@ -94,9 +96,15 @@ class Run:
     stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "preemption" when stopped early
 
 
-def _meta(run: Run, step: int) -> dict[str, Any]:
-    """A checkpoint's JSON: its step, the best evaluations so far, how its batches were made."""
-    return {"step": step, "best": run.best, "data_shards": run.data_shards}
+# The last step's checkpoint meta key of the training scalars of its metrics.jsonl record.
+RECORD = "record"
+
+
+def _meta(run: Run, step: int, record: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A checkpoint's JSON: its step, the best evaluations so far, how its batches were made;
+    with `record` (the last step's), the training scalars of the step's metrics.jsonl record."""
+    meta = {"step": step, "best": run.best, "data_shards": run.data_shards}
+    return meta if record is None else {**meta, RECORD: dict(record)}
 
 
 def check_step(step: int, m: dict, manager, workdir: str, optim_cfg: Any = None) -> None:
@@ -129,6 +137,24 @@ def evals(run: Run, state: Any, step: int, final: bool = True) -> dict[str, dict
     results = run.evaluate(state["params"], step, run.best, final)
     run.correct = {name: res.pop("correct") for name, res in results.items()}
     job.release_free_heap()  # the evaluation's freed buffers go back to the OS
+    return results
+
+
+def eval_scalars(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The metrics.jsonl fields of evaluations: ``<eval>/<result>`` -> value."""
+    return {f"{name}/{key}": value for name, res in results.items() for key, value in res.items()}
+
+
+def evaluate_end(
+    run: Run, state: Any, step: int, record: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The evaluations of a run restored at its last step (a finished run rerun, or one killed
+    in its final evaluations), and the step's metrics.jsonl record where the file has none:
+    `record` (the training scalars saved with the step's checkpoint) and these evaluations,
+    the record an uninterrupted run writes."""
+    results = evals(run, state, step)
+    if not run.writer.has(step):
+        run.writer.write(step, {**record, **eval_scalars(results)})
     return results
 
 
@@ -202,12 +228,12 @@ def run_steps(run: Run, state: Any, start: int) -> tuple[Any, int, dict | None]:
                 window = []
             last = step == run.total
             if last:  # saved before the final evaluations: an interruption there loses no steps
-                ckpt.save(run.manager, step, state, _meta(run, step), force=True)
+                ckpt.save(run.manager, step, state, _meta(run, step, record), force=True)
             if evaluate_now:
                 pbar.set_description("evaluating")
                 results = evals(run, state, step, final=last)
                 pbar.set_description("")
-                record.update({f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
+                record.update(eval_scalars(results))
             if record:
                 run.writer.write(step, record)
             if not last:

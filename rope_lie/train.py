@@ -20,7 +20,9 @@ Resume order (a rerun with the same workdir continues exactly, ``kill -9`` inclu
 
 The steps themselves (train, check, log, evaluate, checkpoint; stopping on a non-finite loss,
 SIGTERM, Ctrl-C or preemption) run in ``rope_lie/loop.py``. Rerunning a finished run only
-re-evaluates its final state and rewrites ``final.json``.
+re-evaluates its final state and rewrites ``final.json``; where ``metrics.jsonl`` has no record
+of the last step (the run was killed in its final evaluations), it writes the one the
+uninterrupted run writes (``loop.evaluate_end``).
 
 Every run writes its resolved config to ``config.json`` and ``config.py`` in the workdir
 (``rope_lie/run_config.py``); ``rope_lie.load(workdir)`` rebuilds the trained model from them
@@ -455,6 +457,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
 
     run_config.write(workdir, config)  # the resolved config, beside what it produces
     init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
+    record = {}  # the last step's training scalars, where the run restarts there
     if p.restored is None:
         (state, other), start, best = p.init(init_key), 0, {}
         if config.get("init_from"):
@@ -463,6 +466,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
         start, state, meta = p.restored
         _check_data_shards(meta, config, workdir)
         other, best = p.init_other(init_key), meta.get("best", {})
+        record = meta.get(loop.RECORD, {})
         if start >= p.total:
             say(f"{workdir}: already at step {start}; evaluating its final state")
         else:
@@ -472,14 +476,14 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     run = _make_run(config, workdir, p, other, dropout_key, writer, best)
     try:
         state, step, results = loop.run_steps(run, state, start)
+        if results is None and step >= p.total:  # resumed at the end: evaluate it again
+            results = loop.evaluate_end(run, state, step, record)
     finally:
         p.manager.wait_until_finished()
         p.manager.close()
         writer.close()
     if step < p.total:  # stopped early: the checkpoint is saved, final.json comes with the rerun
         return {"step": step, "preempted": True, "signal": run.stopped_by}
-    if results is None:  # resumed a finished run: evaluate its final state again
-        results = loop.evals(run, state, step)
     metrics.write_examples(workdir, run.correct)
     return metrics.write_final(workdir, step, results)
 

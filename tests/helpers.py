@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from rope_lie import checkpoint
+from rope_lie import checkpoint, metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,6 +95,21 @@ def assert_same_checkpoints(dir_a: str, dir_b: str, *, params_only: bool = False
             np.testing.assert_allclose(a, b, atol=atol, err_msg=jax.tree_util.keystr(path))
         else:
             np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+
+
+def assert_same_records(path: str, reference_path: str) -> None:
+    """Two metrics.jsonl hold records of the same steps and fields, their numbers equal to
+    float tolerance (the throughput aside: a wall-clock number)."""
+    records, expected = metrics.read_jsonl(path), metrics.read_jsonl(reference_path)
+    steps, expected_steps = [r["step"] for r in records], [r["step"] for r in expected]
+    assert steps == expected_steps, f"{path}: steps {steps}, expected {expected_steps}"
+    for got, want in zip(records, expected, strict=True):
+        assert list(got) == list(want), f"step {got['step']}: {list(got)} != {list(want)}"
+        for key in set(want) - {"throughput"}:
+            if isinstance(want[key], float):
+                np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-9, err_msg=key)
+            else:
+                assert got[key] == want[key], (got["step"], key)
 
 
 def copy_without_last_checkpoint(workdir: str, copy_to: str) -> int:

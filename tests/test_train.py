@@ -98,7 +98,9 @@ def test_run_killed_in_its_final_evaluations_resumes_evaluating(
     reference, tfds_dir, tmp_path, monkeypatch, capsys
 ):
     """The last step is saved before its evaluations: a kill there costs no training steps.
-    (From the reference's step-8 checkpoint: steps 9-12, then the kill.)"""
+    (From the reference's step-8 checkpoint: steps 9-12, then the kill.) The killed run wrote
+    no step-12 record; the rerun writes it, its training scalars from the step-12 checkpoint:
+    metrics.jsonl ends as the uninterrupted run's (throughput aside, a wall-clock number)."""
     workdir, final = str(tmp_path / "killed"), reference[1]
     helpers.copy_without_last_checkpoint(reference[0], workdir)
     evals = train.loop.evals
@@ -112,12 +114,18 @@ def test_run_killed_in_its_final_evaluations_resumes_evaluating(
     with pytest.raises(KeyboardInterrupt):
         train.train_and_evaluate(digits_config(tfds_dir), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "8"]
+    jsonl = os.path.join(workdir, "metrics.jsonl")
+    assert [r["step"] for r in metrics.read_jsonl(jsonl)] == [2, 4, 6, 8, 10]
     monkeypatch.setattr(train.loop, "evals", evals)
     capsys.readouterr()
     again = train.train_and_evaluate(digits_config(tfds_dir), workdir)
     assert f"{workdir}: already at step 12; evaluating its final state" in capsys.readouterr().out
     for name, res in final["evals"].items():
         np.testing.assert_allclose(again["evals"][name]["accuracy"], res["accuracy"], atol=1e-6)
+    helpers.assert_same_records(jsonl, os.path.join(reference[0], "metrics.jsonl"))
+    # Rerun once more (a kill after the step-12 record, before final.json): no second record.
+    train.train_and_evaluate(digits_config(tfds_dir), workdir)
+    helpers.assert_same_records(jsonl, os.path.join(reference[0], "metrics.jsonl"))
 
 
 def test_release_free_heap_calls_malloc_trim_where_the_c_library_has_it(monkeypatch):
