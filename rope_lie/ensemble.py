@@ -38,11 +38,15 @@ Design:
   ``best``), so ``final.json`` and ``eval_examples.npz`` have the single run's fields; the
   members share one compiled evaluation step.
 - **Checkpoints**: the stacked state in ``ensemble_dir/checkpoints`` (``rope_lie.checkpoint``,
-  every ``config.checkpoint.every_steps``), meta ``{"step", "best": [per member], "seeds"}``.
-  A rerun with the same arguments resumes from the latest (each member's ``metrics.jsonl``
-  cut after it); a different seed set is refused, naming both. At the last step each member's
-  own state is saved in ``workdir/checkpoints/<total>/`` (meta ``{"step", "best"}``, as a
-  single run's), so ``rope_lie.load(workdir)`` and a rerun of ``rope_lie.main`` on the
+  every ``config.checkpoint.every_steps``), meta ``{"step", "best": [per member], "seeds"}``,
+  at the last step with ``"records"``: per member, the training scalars of its last
+  ``metrics.jsonl`` record. A rerun with the same arguments resumes from the latest (each
+  member's ``metrics.jsonl`` cut after it); a different seed set is refused, naming both. A
+  rerun at the last step re-evaluates the members and writes each one's last record where its
+  ``metrics.jsonl`` has none (the ensemble was killed in its final evaluations), as the
+  uninterrupted ensemble writes it (``loop.evaluate_end``). At the last step each member's
+  own state is saved in ``workdir/checkpoints/<total>/`` (meta ``{"step", "best", "record"}``,
+  as a single run's), so ``rope_lie.load(workdir)`` and a rerun of ``rope_lie.main`` on the
   workdir (which only re-evaluates a finished state) work. Each workdir also gets the
   resolved ``config.json``/``config.py`` and ``ensemble.json`` (``{"seeds", "dir"}``).
 
@@ -277,8 +281,11 @@ class _Ensemble:
     progress: bool
     stopped_by: str | None = None
 
-    def meta(self, step: int) -> dict[str, Any]:
-        return {"step": step, "best": [r.best for r in self.runs], "seeds": self.seeds}
+    def meta(self, step: int, records: Sequence[Mapping[str, Any]] | None = None) -> dict:
+        """A stacked checkpoint's JSON; with `records` (the last step's), per member the
+        training scalars of its metrics.jsonl record of the step."""
+        meta = {"step": step, "best": [r.best for r in self.runs], "seeds": self.seeds}
+        return meta if records is None else {**meta, "records": [dict(r) for r in records]}
 
 
 def train_ensemble(
@@ -372,10 +379,12 @@ def _train(configs, workdirs, ensemble_dir, mesh) -> list[dict[str, Any]]:
         state = jax.device_put(stack([s for s, _ in members]), shardings)
         others = [o for _, o in members]
         start, best = 0, [{} for _ in seeds]
+        records = [{} for _ in seeds]  # the last step's training scalars, where restarted there
     else:
         start, state, meta = restored
         others = [p0.init_other(init_key) for init_key, _ in keys]
         best = list(meta["best"])
+        records = list(meta.get("records") or [{} for _ in seeds])
         if start >= p0.total:
             say(f"{ensemble_dir}: already at step {start}; evaluating its members' final states")
         else:
@@ -415,8 +424,9 @@ def _train(configs, workdirs, ensemble_dir, mesh) -> list[dict[str, Any]]:
     )
     try:
         state, step, results = _run_steps(ens, state, start)
-        if results is None and step >= ens.total:  # a finished ensemble, rerun
-            _save_members(ens, state, step)
+        if results is None and step >= ens.total:  # resumed at the end: evaluate the members
+            _save_members(ens, state, step, records)
+            results = [_evaluate_end(ens, state, step, k, records[k]) for k in range(len(seeds))]
     finally:
         for m in [manager, *ens.member_managers]:
             m.wait_until_finished()
@@ -425,8 +435,6 @@ def _train(configs, workdirs, ensemble_dir, mesh) -> list[dict[str, Any]]:
             writer.close()
     if step < ens.total:  # stopped early: the checkpoint is saved, the rerun finishes
         return [{"step": step, "preempted": True, "signal": ens.stopped_by} for _ in seeds]
-    if results is None:  # resumed a finished ensemble: evaluate its members' final states
-        results = [_evals(ens, state, step, k) for k in range(len(seeds))]
     finals = []
     for run, res in zip(ens.runs, results, strict=True):
         metrics.write_examples(run.workdir, run.correct)
@@ -439,20 +447,35 @@ def _member_state(ens: _Ensemble, state: Any, k: int) -> Any:
     return jax.device_put(unstack(state, k), ens.member_shardings)
 
 
-def _save_members(ens: _Ensemble, state: Any, step: int) -> None:
-    """Each member's final state in its workdir's checkpoints (meta as a single run's), unless
-    it is there already (a rerun of a finished ensemble)."""
+def _save_members(
+    ens: _Ensemble, state: Any, step: int, records: Sequence[Mapping[str, Any]]
+) -> None:
+    """Each member's final state in its workdir's checkpoints (meta as a single run's last:
+    its step, best and the training scalars of its last record, `records[k]`), unless it is
+    there already (a rerun of a finished ensemble)."""
     for k, (run, manager) in enumerate(zip(ens.runs, ens.member_managers, strict=True)):
         manager.wait_until_finished()
         if manager.latest_step() != step:
             member = _member_state(ens, state, k)
-            ckpt.save(manager, step, member, {"step": step, "best": run.best}, force=True)
+            meta = {"step": step, "best": run.best, loop.RECORD: dict(records[k])}
+            ckpt.save(manager, step, member, meta, force=True)
+
+
+def _member_params(ens: _Ensemble, state: Any, k: int) -> dict[str, Any]:
+    """``{"params": member k's parameters}``, placed as a single run's."""
+    params = jax.device_put(unstack(state["params"], k), ens.member_shardings["params"])
+    return {"params": params}
 
 
 def _evals(ens: _Ensemble, state: Any, step: int, k: int, final: bool = True) -> dict:
     """Member k's evaluations on its slice of the parameters: the single run's ``loop.evals``."""
-    params = jax.device_put(unstack(state["params"], k), ens.member_shardings["params"])
-    return loop.evals(ens.runs[k], {"params": params}, step, final=final)
+    return loop.evals(ens.runs[k], _member_params(ens, state, k), step, final=final)
+
+
+def _evaluate_end(ens: _Ensemble, state: Any, step: int, k: int, record: Mapping[str, Any]) -> dict:
+    """Member k's evaluations at the last step, restarted there, and its record of the step
+    where its metrics.jsonl has none: the single run's ``loop.evaluate_end``."""
+    return loop.evaluate_end(ens.runs[k], _member_params(ens, state, k), step, record)
 
 
 def _member(m: Mapping[str, Any], k: int) -> dict[str, Any]:
@@ -520,14 +543,14 @@ def _run_steps(ens: _Ensemble, state: Any, start: int) -> tuple[Any, int, list |
                 window = []
             last = step == ens.total
             if last:  # saved before the final evaluations: an interruption there loses no steps
-                ckpt.save(ens.manager, step, state, ens.meta(step), force=True)
-                _save_members(ens, state, step)
+                ckpt.save(ens.manager, step, state, ens.meta(step, records), force=True)
+                _save_members(ens, state, step, records)
             if evaluate_now:
                 pbar.set_description("evaluating")
                 results = [_evals(ens, state, step, k, final=last) for k in range(len(ens.runs))]
                 pbar.set_description(f"{len(ens.seeds)} seeds")
                 for record, res in zip(records, results, strict=True):
-                    record.update({f"{n}/{k}": v for n, r in res.items() for k, v in r.items()})
+                    record.update(loop.eval_scalars(res))
             for run, record in zip(ens.runs, records, strict=True):
                 if record:
                     run.writer.write(step, record)

@@ -16,6 +16,7 @@ import pytest
 import rope_lie
 from experiments.studies import lib
 from rope_lie import checkpoint, ensemble, fashion_mnist_files, job, metrics, train
+from tests import helpers
 
 # ml_collections' config_flags loads a recipe file with importlib's deprecated load_module().
 pytestmark = pytest.mark.filterwarnings(
@@ -245,6 +246,34 @@ def test_stopped_and_resumed_is_uninterrupted(config, members, tmp_path, monkeyp
     for resumed, whole in zip(workdirs, uninterrupted, strict=True):
         assert _train_records(resumed) == _train_records(whole)
         _assert_params_close(_params(resumed), _params(whole), rtol=0, atol=0)
+
+
+def test_killed_in_its_final_evaluations_ends_as_uninterrupted(config, members, tmp_path):
+    """Killed while evaluating its last step (saved before, no step-3 record written): member
+    0's workdir rerun by ``rope_lie.main``'s ``train_and_evaluate``, then the ensemble rerun;
+    each member's metrics.jsonl ends as the uninterrupted ensemble's (one step-3 record, with
+    its training scalars and evaluations; throughput aside, a wall-clock number)."""
+    workdirs = [str(tmp_path / f"seed{s}") for s in SEEDS]
+    ens_dir = str(tmp_path / "ens")
+    evals = ensemble._evals
+
+    def killed_at_the_end(ens, state, step, k, final=True):
+        if step == ens.total:
+            raise KeyboardInterrupt("killed while evaluating")
+        return evals(ens, state, step, k, final)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ensemble, "_evals", killed_at_the_end)
+        with pytest.raises(KeyboardInterrupt):
+            ensemble.train_ensemble(_configs(config), workdirs, ens_dir)
+    for w in workdirs:
+        assert [r["step"] for r in _train_records(w)] == [1, 2]
+    train.train_and_evaluate(_configs(config)[0], workdirs[0])
+    ensemble.train_ensemble(_configs(config), workdirs, ens_dir)
+    uninterrupted, _, _ = members
+    for resumed, whole in zip(workdirs, uninterrupted, strict=True):
+        jsonl = lambda workdir: os.path.join(workdir, "metrics.jsonl")
+        helpers.assert_same_records(jsonl(resumed), jsonl(whole))
 
 
 def test_other_seed_set_on_resume_is_refused(config, members, tmp_path):
