@@ -58,6 +58,7 @@ resumes only as the same ensemble (same seeds, same ensemble_dir).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -284,7 +285,8 @@ class _Ensemble:
     def meta(self, step: int, records: Sequence[Mapping[str, Any]] | None = None) -> dict:
         """A stacked checkpoint's JSON; with `records` (the last step's), per member the
         training scalars of its metrics.jsonl record of the step."""
-        meta = {"step": step, "best": [r.best for r in self.runs], "seeds": self.seeds}
+        best = [copy.deepcopy(r.best) for r in self.runs]  # saved in the background
+        meta = {"step": step, "best": best, "seeds": self.seeds}
         return meta if records is None else {**meta, "records": [dict(r) for r in records]}
 
 
@@ -457,7 +459,7 @@ def _save_members(
         manager.wait_until_finished()
         if manager.latest_step() != step:
             member = _member_state(ens, state, k)
-            meta = {"step": step, "best": run.best, loop.RECORD: dict(records[k])}
+            meta = {"step": step, "best": copy.deepcopy(run.best), loop.RECORD: dict(records[k])}
             ckpt.save(manager, step, member, meta, force=True)
 
 

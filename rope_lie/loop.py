@@ -18,6 +18,7 @@ Ctrl-C); rerun it to finish.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -102,8 +103,9 @@ RECORD = "record"
 
 def _meta(run: Run, step: int, record: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A checkpoint's JSON: its step, the best evaluations so far, how its batches were made;
-    with `record` (the last step's), the training scalars of the step's metrics.jsonl record."""
-    meta = {"step": step, "best": run.best, "data_shards": run.data_shards}
+    with `record` (the last step's), the training scalars of the step's metrics.jsonl record.
+    A copy: Orbax serialises it in the background, while the evaluations update ``run.best``."""
+    meta = {"step": step, "best": copy.deepcopy(run.best), "data_shards": run.data_shards}
     return meta if record is None else {**meta, RECORD: dict(record)}
 
 

@@ -384,3 +384,13 @@ def test_a_non_finite_member_stops_the_ensemble_naming_its_seed(config, tmp_path
     assert final["stopped"] == "non-finite" and final["step"] == 2
     assert final["last_good_checkpoint"] == 1
     assert not os.path.exists(os.path.join(workdirs[0], "final.json"))
+
+
+def test_stacked_checkpoint_meta_is_a_snapshot_of_best():
+    """As a single run's: the members' later ``best`` updates do not reach a saved meta."""
+    from types import SimpleNamespace
+
+    runs = [SimpleNamespace(best={"test": {"accuracy": 0.5}}) for _ in range(2)]
+    meta = ensemble._Ensemble.meta(SimpleNamespace(runs=runs, seeds=[0, 1]), 10)
+    runs[1].best["test"]["accuracy"] = 0.9
+    assert meta["best"] == [{"test": {"accuracy": 0.5}}] * 2

@@ -611,3 +611,17 @@ def test_a_damaged_config_json_is_named(tmp_path):
     ):
         with pytest.raises(ValueError, match="run/config.json is not valid JSON .Expecting"):
             call()
+
+
+def test_checkpoint_meta_is_a_snapshot_of_best():
+    """Orbax writes the meta in the background: the evaluations' later updates of ``run.best``
+    must not reach a checkpoint saved before them."""
+    from types import SimpleNamespace
+
+    from rope_lie import loop
+
+    run = SimpleNamespace(best={"test": {"accuracy": 0.5}}, data_shards=1)
+    meta = loop._meta(run, 10, {"loss": 1.0})
+    run.best["test"]["accuracy"] = 0.9
+    run.best["px56"] = {"accuracy": 0.1}
+    assert meta["best"] == {"test": {"accuracy": 0.5}}
