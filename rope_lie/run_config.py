@@ -10,7 +10,9 @@ Every training run writes, before its first step (``train.train_and_evaluate``):
       python -m rope_lie.main --config=WORKDIR/config.py --workdir=WORKDIR
 
 ``read(workdir)`` returns the ``config.json`` of a training workdir or of a directory written
-by ``python -m rope_lie.convert``; ``rope_lie/loading.py`` builds the trained model from it.
+by ``python -m rope_lie.convert``, with the dataset fields added since it was written
+(``ADDED_DATASET_FIELDS``) at the value its tree used; ``rope_lie/loading.py`` builds the
+trained model from it.
 
 ``check_resume(workdir, config)``: a workdir that holds a checkpoint resumes only under the
 config that wrote it, but for ``MAY_CHANGE`` (what is evaluated and logged, how often it is
@@ -180,14 +182,73 @@ def _as_tuples(value: Any) -> Any:
 
 
 def read(workdir: str) -> mc.ConfigDict:
-    """The ``config.json`` of a workdir (a training run's or a converted model's)."""
+    """The ``config.json`` of a workdir (a training run's or a converted model's), with the
+    dataset fields added since it was written (``ADDED_DATASET_FIELDS``)."""
     path = os.path.join(os.path.abspath(os.path.expanduser(workdir)), CONFIG_JSON)
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"{path} does not exist: {workdir!r} is not a directory written by rope_lie.main "
             "or rope_lie.convert"
         )
-    return mc.ConfigDict(_as_tuples(_load_json(path)))
+    return mc.ConfigDict(_as_tuples(with_added_dataset_fields(_load_json(path), path)))
+
+
+# Dataset fields added after workdirs began keeping config.json, with the value that gives
+# what the trees before the field did.
+ADDED_DATASET_FIELDS = {
+    # crop="inception"'s smallest crop area: augment.inception_crop's area_range=(0.08, 1.0)
+    # before it was a field; unread under crop="none" or "pad"
+    "augment.crop_area_min": 0.08,
+}
+
+
+def _lacks(section: dict[str, Any], key: str) -> bool:
+    """Whether `section` has the node that holds dotted `key` but not `key` itself."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        section = section.get(part)
+        if not isinstance(section, dict):
+            return False
+    return leaf not in section
+
+
+def _set(section: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of `section` with dotted `key` set to `value` (its parent nodes exist)."""
+    head, _, rest = key.partition(".")
+    return {**section, head: _set(section[head], rest, value) if rest else value}
+
+
+def with_added_dataset_fields(config: dict[str, Any], path: str) -> dict[str, Any]:
+    """`config` (a ``config.json``'s contents, read from `path`) with each field of
+    ``ADDED_DATASET_FIELDS`` that its dataset section lacks set to
+    ``rope_lie.data.default_config(name)``'s value, which is the value the tree that wrote it
+    used. A field whose node the section lacks too (a converted model's short dataset section)
+    is not added.
+
+    Raises:
+      ValueError: when the dataset's default for a missing field is not the value the older
+        trees used (the run would go on with another input pipeline).
+    """
+    dataset = config.get("dataset")
+    if not isinstance(dataset, dict):
+        return config
+    missing = [key for key in ADDED_DATASET_FIELDS if _lacks(dataset, key)]
+    if not missing:
+        return config
+    from rope_lie.data.defaults import default_config  # no TensorFlow
+
+    defaults = _flat(json.loads(default_config(dataset["name"]).to_json_best_effort()))
+    for key in missing:
+        old, default = ADDED_DATASET_FIELDS[key], defaults[key]
+        if default != old:
+            raise ValueError(
+                f"{path} lacks dataset.{key}: it was written before the field existed, when "
+                f"the input pipeline used {old!r}; the default for {dataset['name']!r} is "
+                f"{default!r}, which would make other batches. Set dataset.{key} to {old!r} "
+                "in it"
+            )
+        dataset = _set(dataset, key, default)
+    return {**config, "dataset": dataset}
 
 
 def _load_json(path: str) -> Any:

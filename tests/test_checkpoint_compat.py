@@ -6,6 +6,10 @@ inputs, 4 px patches) saved by ``rope_lie.interop.workdir.save`` before the enco
 their settings, and ``logits.npz``: the logits that code gave on two fixed batches, at the
 training size and at 12x12 px. Today's ``rope_lie.load`` must read every one and give the same
 logits to float32 rounding (a different compiled program: not bitwise).
+
+``tests/fixtures/workdir_9435363`` holds the ``config.json`` of a training run of commit
+9435363, whose dataset section predates ``augment.crop_area_min``: its ``config.py`` must still
+give a config the input pipeline and the resume accept.
 """
 
 import pathlib
@@ -54,3 +58,47 @@ def test_a_run_whose_attention_cannot_run_here_loads_with_another(tmp_path):
     np.testing.assert_allclose(
         np.asarray(model(jnp.asarray(stored["images"]))), stored[pe], rtol=1e-5, atol=1e-5
     )
+
+
+OLD_WORKDIR = pathlib.Path(__file__).parent / "fixtures" / "workdir_9435363"
+
+
+def _old_workdir(tmp_path):
+    """A copy of the config.json of a run of commit 9435363 (configs/digits.py:smoke,pe=liere;
+    ``dataset.data_dir`` set to None), beside a checkpoint step folder."""
+    import shutil
+
+    workdir = tmp_path / "old"
+    (workdir / "checkpoints" / "6").mkdir(parents=True)
+    shutil.copy(OLD_WORKDIR / "config.json", workdir / "config.json")
+    return str(workdir)
+
+
+def test_a_workdir_written_before_crop_area_min_resumes_through_its_config_py(tmp_path):
+    """The dataset field ``augment.crop_area_min`` came after commit 9435363: its workdir's
+    config.py (``run_config.recipe_config``) gives the dataset's default, 0.08, the area
+    range that tree's inception crop had; the dataset section passes the pipeline's check and
+    the resume's."""
+    from rope_lie import run_config
+    from rope_lie.data import catalog
+
+    workdir = _old_workdir(tmp_path)
+    config = run_config.recipe_config(f"{workdir}/config.py")
+    catalog.check_config(config.dataset)
+    assert config.dataset.augment.crop_area_min == 0.08
+    run_config.check_resume(workdir, config)
+
+
+def test_a_missing_dataset_field_whose_default_changed_is_refused(tmp_path, monkeypatch):
+    """Were the old trees' value of an added field not today's default, the field is not
+    filled: the error names the file, the field and both values."""
+    from rope_lie import run_config
+
+    monkeypatch.setitem(run_config.ADDED_DATASET_FIELDS, "augment.crop_area_min", 0.5)
+    workdir = _old_workdir(tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"old/config.json lacks dataset.augment.crop_area_min: .* used 0.5; the default "
+        r"for 'sklearn_digits/size8' is 0.08, .*Set dataset.augment.crop_area_min to 0.5",
+    ):
+        run_config.read(workdir)
