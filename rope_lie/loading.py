@@ -27,7 +27,7 @@ from flax import nnx
 
 from rope_lie import checkpoint as ckpt
 from rope_lie import finetune, run_config
-from rope_lie.models import ViT
+from rope_lie.models import ViT, vit
 from rope_lie.models.attention import check_backends
 
 
@@ -38,8 +38,7 @@ def build(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> ViT:
       ValueError: naming every parameter the model lacks, has in excess, or holds in another
         shape.
     """
-    cfg = dict(model_cfg)
-    model = ViT(**cfg, rngs=nnx.Rngs(0))
+    model = vit.from_config(dict(model_cfg), rngs=nnx.Rngs(0))
     state = nnx.state(model, nnx.Param)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
     wanted = {ckpt.path_name(p): tuple(v.shape) for p, v in leaves}

@@ -54,7 +54,7 @@ from rope_lie import (
 )
 from rope_lie.encodings import _sharding
 from rope_lie.job import say
-from rope_lie.models import ViT, attention, tokens
+from rope_lie.models import ViT, attention, tokens, vit
 
 if TYPE_CHECKING:  # configs are read by attribute: the step needs no ml_collections
     import ml_collections as mc
@@ -79,7 +79,9 @@ class Setup:
 
 
 def build_model(model_cfg: mc.ConfigDict, key: jax.Array) -> ViT:
-    return ViT(**model_cfg.to_dict(), rngs=nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)))
+    """The ViT of ``config.model`` (``vit.from_config``), its streams' keys from `key`."""
+    rngs = nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1))
+    return vit.from_config(model_cfg.to_dict(), rngs=rngs)
 
 
 def merge_model(setup: Setup, params: dict, other: nnx.State) -> ViT:

@@ -102,3 +102,22 @@ def test_a_missing_dataset_field_whose_default_changed_is_refused(tmp_path, monk
         r"for 'sklearn_digits/size8' is 0.08, .*Set dataset.augment.crop_area_min to 0.5",
     ):
         run_config.read(workdir)
+
+
+def test_a_model_field_of_a_newer_rope_lie_is_named(tmp_path):
+    """A config.json written by a newer rope_lie, with a model field this one lacks: the error
+    names the field and says where it may come from, not ``ViT.__init__``'s bare TypeError."""
+    import json
+    import shutil
+
+    workdir = tmp_path / "newer"
+    shutil.copytree(FIXTURES / PES[0], workdir)
+    config = json.loads((workdir / "config.json").read_text())
+    config["model"]["rotary_mode"] = "interleaved"
+    (workdir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError,
+        match=r"config.model has \['rotary_mode'\], which this rope_lie's ViT does not take: a "
+        r"field of a newer rope_lie .* or not a ViT argument",
+    ):
+        rope_lie.load(str(workdir))

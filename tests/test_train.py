@@ -543,6 +543,25 @@ def test_an_extrapolation_tool_the_model_lacks_fails_before_the_workdir_is_made(
     assert errors.is_user_error(e.value) and not os.path.exists(workdir)
 
 
+def test_a_model_field_the_vit_does_not_take_is_named_before_the_workdir_is_made(
+    tfds_dir, tmp_path
+):
+    """A config.model field that is no ViT argument (a newer rope_lie's, or misspelt) is named,
+    with the closest argument, as the user's error, before the workdir exists."""
+    workdir = str(tmp_path / "run")
+    config = digits_config(tfds_dir)
+    config.model.pe_hparam = {"block_size": 2}
+    config.model.rotary_mode = "interleaved"
+    with pytest.raises(ValueError) as raised:
+        train.train_and_evaluate(config, workdir)
+    assert str(raised.value).startswith(
+        "config.model has ['pe_hparam', 'rotary_mode'], which this rope_lie's ViT does not take"
+    )
+    assert str(raised.value).endswith("; pe_hparam: did you mean 'pe_hparams'?")
+    assert errors.is_user_error(raised.value)
+    assert not os.path.exists(workdir)
+
+
 def test_initialisation_compiles_without_backend_optimisation_only_for_cpu_programs():
     # Decided by the platform of the mesh the program runs on, not by the default backend: the
     # device queue builds ViT-B states with the CPU on a GPU machine.

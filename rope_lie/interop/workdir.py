@@ -35,7 +35,7 @@ from flax import nnx
 
 from rope_lie import checkpoint as ckpt
 from rope_lie import loading, run_config
-from rope_lie.models import ViT
+from rope_lie.models import ViT, vit
 from rope_lie.run_config import CONFIG_JSON, CONFIG_PY
 
 _RECIPE = '''"""{title}
@@ -64,7 +64,7 @@ def _pure_params(model: ViT) -> dict[str, Any]:
 def abstract_model(model_cfg: Mapping[str, Any]) -> ViT:
     """The ViT of ``model_cfg`` without arrays (``nnx.eval_shape``): its settings checked."""
     cfg = dict(model_cfg)
-    return nnx.eval_shape(lambda: ViT(**cfg, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(lambda: vit.from_config(cfg, rngs=nnx.Rngs(0)))
 
 
 def check_params(model_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> None:

@@ -51,6 +51,8 @@ decay, as DeiT/timm do for ``pos_embed``.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -872,3 +874,31 @@ class ViT(nnx.Module):
                 )
             indices.append(int(layer) % depth)
         return indices
+
+
+def config_fields() -> frozenset[str]:
+    """The fields a ``config.model`` may hold: ``ViT``'s keyword arguments but ``rngs``."""
+    return frozenset(inspect.signature(ViT.__init__).parameters) - {"self", "rngs"}
+
+
+def check_config_fields(model_cfg: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming every field of `model_cfg` that is not a ViT argument (with
+    the closest argument's name), as a field of a newer rope_lie or a misspelt one."""
+    known = config_fields()
+    unknown = sorted(set(model_cfg) - known)
+    if not unknown:
+        return
+    close = {k: difflib.get_close_matches(k, sorted(known), n=1) for k in unknown}
+    hints = "".join(f"; {k}: did you mean {m[0]!r}?" for k, m in close.items() if m)
+    raise ValueError(
+        f"config.model has {unknown}, which this rope_lie's ViT does not take: a field of a "
+        "newer rope_lie (the workdir or config was written by one: load or resume it with that "
+        f"version), or not a ViT argument (rope_lie/models/vit.py){hints}"
+    )
+
+
+def from_config(model_cfg: Mapping[str, Any], *, rngs: nnx.Rngs) -> ViT:
+    """The ViT of a ``config.model`` (its keyword arguments), its fields checked first
+    (``check_config_fields``)."""
+    check_config_fields(model_cfg)
+    return ViT(**model_cfg, rngs=rngs)
