@@ -5,7 +5,8 @@ A checkpoint at step s holds two items in ``DIR/checkpoints/<s>/``:
 - ``state``: the train state pytree (params, optimizer state, step), saved with
   ``StandardSave`` and restored with ``StandardRestore`` into the abstract state *with its
   shardings*, so every shard is read straight onto its device;
-- ``meta``: JSON (step, best eval metrics so far, ...), for the loop's host-side state.
+- ``meta``: JSON (step, best eval metrics so far, ``config.model``, ...), for the loop's
+  host-side state and the checks of a resume or a load against the model that wrote it.
 
 When to save is a ``SaveDecisionPolicy``: every ``every_steps`` steps, or when the JAX
 preemption service reports a preemption sync point (multi-host jobs started through
@@ -230,3 +231,11 @@ def load_state(directory: str | os.PathLike, step: int | None = None) -> tuple[i
     restored = manager.restore(step, args=ocp.args.Composite(**{STATE: args}))
     manager.close()
     return step, jax.tree.map(np.asarray, restored[STATE])
+
+
+def load_meta(directory: str | os.PathLike, step: int) -> dict[str, Any]:
+    """The JSON ``meta`` of the checkpoint of `step` in a checkpoint directory."""
+    manager = ocp.CheckpointManager(os.path.abspath(directory), item_names=(STATE, META))
+    restored = manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+    manager.close()
+    return dict(restored[META])

@@ -38,15 +38,15 @@ Design:
   ``best``), so ``final.json`` and ``eval_examples.npz`` have the single run's fields; the
   members share one compiled evaluation step.
 - **Checkpoints**: the stacked state in ``ensemble_dir/checkpoints`` (``rope_lie.checkpoint``,
-  every ``config.checkpoint.every_steps``), meta ``{"step", "best": [per member], "seeds"}``,
-  at the last step with ``"records"``: per member, the training scalars of its last
+  every ``config.checkpoint.every_steps``), meta ``{"step", "best": [per member], "seeds",
+  "model"}``, at the last step with ``"records"``: per member, the training scalars of its last
   ``metrics.jsonl`` record. A rerun with the same arguments resumes from the latest (each
   member's ``metrics.jsonl`` cut after it); a different seed set is refused, naming both. A
   rerun at the last step re-evaluates the members and writes each one's last record where its
   ``metrics.jsonl`` has none (the ensemble was killed in its final evaluations), as the
   uninterrupted ensemble writes it (``loop.evaluate_end``). At the last step each member's
-  own state is saved in ``workdir/checkpoints/<total>/`` (meta ``{"step", "best", "record"}``,
-  as a single run's), so ``rope_lie.load(workdir)`` and a rerun of ``rope_lie.main`` on the
+  own state is saved in ``workdir/checkpoints/<total>/`` (meta ``{"step", "best", "model",
+  "record"}``, as a single run's), so ``rope_lie.load(workdir)`` and a rerun of ``rope_lie.main`` on the
   workdir (which only re-evaluates a finished state) work. Each workdir also gets the
   resolved ``config.json``/``config.py`` and ``ensemble.json`` (``{"seeds", "dir"}``).
 
@@ -283,10 +283,11 @@ class _Ensemble:
     stopped_by: str | None = None
 
     def meta(self, step: int, records: Sequence[Mapping[str, Any]] | None = None) -> dict:
-        """A stacked checkpoint's JSON; with `records` (the last step's), per member the
-        training scalars of its metrics.jsonl record of the step."""
-        best = [copy.deepcopy(r.best) for r in self.runs]  # saved in the background
-        meta = {"step": step, "best": best, "seeds": self.seeds}
+        """A stacked checkpoint's JSON: its step, each member's best evaluations (copies: saved
+        in the background), the seeds, the members' (one) model config; with `records` (the last
+        step's), per member the training scalars of its metrics.jsonl record of the step."""
+        best = [copy.deepcopy(r.best) for r in self.runs]
+        meta = {"step": step, "best": best, "seeds": self.seeds, "model": self.runs[0].model}
         return meta if records is None else {**meta, "records": [dict(r) for r in records]}
 
 
@@ -316,9 +317,12 @@ def train_ensemble(
         return _train(configs, workdirs, os.fspath(ensemble_dir), mesh)
 
 
-def _restore(manager, abstract: Any, seeds: list[int]) -> tuple[int, Any, dict] | None:
+def _restore(
+    manager, abstract: Any, seeds: list[int], model_cfg: mc.ConfigDict
+) -> tuple[int, Any, dict] | None:
     """The latest stacked checkpoint, after checking that it holds these seeds (its meta read
-    first, so that another seed set is named rather than failing on the shapes)."""
+    first, so that another seed set is named rather than failing on the shapes) and a model
+    that computes as `model_cfg` does (``run_config.check_model``)."""
     latest = manager.latest_step()
     if latest is not None:
         args = ocp.args.Composite(**{ckpt.META: ocp.args.JsonRestore()})
@@ -331,7 +335,11 @@ def _restore(manager, abstract: Any, seeds: list[int]) -> tuple[int, Any, dict] 
             _check_seeds(manager, latest, meta, seeds)
     restored = ckpt.restore_latest(manager, abstract)
     if restored is not None:
+        from rope_lie import run_config  # ml_collections (the train extra)
+
         _check_seeds(manager, restored[0], restored[2], seeds)
+        where = f"The stacked checkpoint at step {restored[0]} in {manager.directory}"
+        run_config.check_model(restored[2].get("model"), model_cfg, where)
     return restored
 
 
@@ -368,7 +376,7 @@ def _train(configs, workdirs, ensemble_dir, mesh) -> list[dict[str, Any]]:
             p0.abstract_state,
             shardings,
         )
-        restored = _restore(manager, abstract, seeds)
+        restored = _restore(manager, abstract, seeds, configs[0].model)
     from rope_lie import run_config  # ml_collections (the train extra): not needed by the steps
 
     for c, w in zip(configs, workdirs, strict=True):
@@ -459,7 +467,12 @@ def _save_members(
         manager.wait_until_finished()
         if manager.latest_step() != step:
             member = _member_state(ens, state, k)
-            meta = {"step": step, "best": copy.deepcopy(run.best), loop.RECORD: dict(records[k])}
+            meta = {
+                "step": step,
+                "best": copy.deepcopy(run.best),
+                "model": run.model,
+                loop.RECORD: dict(records[k]),
+            }
             ckpt.save(manager, step, member, meta, force=True)
 
 

@@ -1,7 +1,9 @@
 """A trained model back from a workdir: ``load(workdir) -> (model, config)``.
 
 ``load`` rebuilds the ViT of the workdir's ``config.model`` (``config.json``, written by
-``rope_lie/run_config.py``) and fills it with the parameters of a checkpoint. It reads training
+``rope_lie/run_config.py``) and fills it with the parameters of a checkpoint; a checkpoint
+that records another model in its ``meta`` (``config.json`` edited since) is refused
+(``run_config.check_model``). It reads training
 workdirs and the directories written by ``python -m rope_lie.convert`` alike (both hold
 ``config.json`` with ``model`` and ``dataset``). Inference::
 
@@ -81,10 +83,12 @@ def load(
     if "model" not in config:
         raise ValueError(f"{workdir}/{run_config.CONFIG_JSON} has no 'model' section")
     root = os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
-    _, params = finetune.load_params(root if step is None else os.path.join(root, str(step)))
+    step, params = finetune.load_params(root if step is None else os.path.join(root, str(step)))
     model_cfg = config.model.to_dict()
     if attention is not None:
         model_cfg["attention"] = attention
+    saved = ckpt.load_meta(root, step).get("model")
+    run_config.check_model(saved, model_cfg, f"The checkpoint at step {step} in {root}")
     model = build(model_cfg, params)
     try:
         check_backends(model, jax.default_backend())

@@ -71,6 +71,8 @@ class Run:
       progress: show a progress bar.
       data_shards: the shards each global batch is made of (``run_inputs.data_shards``),
         saved with each checkpoint: a resume that makes its batches otherwise is refused.
+      model: ``config.model`` as JSON (``run_config.model_record``), saved with each
+        checkpoint: a resume or a load under a model that computes otherwise is refused.
     """
 
     workdir: str
@@ -91,6 +93,7 @@ class Run:
     save_every: int
     batch_size: int
     optim_cfg: Mapping[str, Any]
+    model: Mapping[str, Any]
     progress: bool = False
     data_shards: int = 1
     correct: dict = dataclasses.field(default_factory=dict)  # last evals' per-example results
@@ -102,10 +105,16 @@ RECORD = "record"
 
 
 def _meta(run: Run, step: int, record: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A checkpoint's JSON: its step, the best evaluations so far, how its batches were made;
-    with `record` (the last step's), the training scalars of the step's metrics.jsonl record.
-    A copy: Orbax serialises it in the background, while the evaluations update ``run.best``."""
-    meta = {"step": step, "best": copy.deepcopy(run.best), "data_shards": run.data_shards}
+    """A checkpoint's JSON: its step, the best evaluations so far, how its batches were made,
+    the model's config; with `record` (the last step's), the training scalars of the step's
+    metrics.jsonl record. ``best`` is a copy: Orbax serialises the meta in the background,
+    while the evaluations update ``run.best``."""
+    meta = {
+        "step": step,
+        "best": copy.deepcopy(run.best),
+        "data_shards": run.data_shards,
+        "model": run.model,
+    }
     return meta if record is None else {**meta, RECORD: dict(record)}
 
 

@@ -18,12 +18,18 @@ trained model from it.
 config that wrote it, but for ``MAY_CHANGE`` (what is evaluated and logged, how often it is
 saved, where the data lie, the mesh, and the run's length: the cosine schedule of the steps
 still to run then follows the new length).
+
+``check_model(saved, model_cfg, where)``: each checkpoint's ``meta`` records ``config.model``
+(``model_record``); a resume (``rope_lie/train.py``, ``rope_lie/ensemble.py``) or a load
+(``rope_lie/loading.py``) under a model that differs from it by the same rules is refused,
+so that an edited ``config.json`` cannot change what a checkpoint computes unnoticed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections as mc
@@ -169,6 +175,34 @@ def check_resume(workdir: str, config: mc.ConfigDict, checkpoints: str | None = 
             f"{workdir} holds a checkpoint of another config: {key}={there!r} there, "
             f"{here!r} here{more}. Resume it with its own config "
             f"(--config={os.path.join(workdir, CONFIG_PY)}), or train in another workdir"
+        )
+
+
+def model_record(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``config.model`` as JSON (tuples as lists): what each checkpoint's ``meta`` records of
+    the model that wrote it, under ``"model"``."""
+    return json.loads(mc.ConfigDict(model_cfg).to_json_best_effort())
+
+
+def check_model(saved: Mapping[str, Any] | None, model_cfg: Mapping[str, Any], where: str) -> None:
+    """Raise ``ValueError`` when `model_cfg` is not the model a checkpoint recorded (`saved`,
+    its meta's ``"model"``) in a field that changes what the model computes: one outside
+    ``MAY_CHANGE`` that differs, or an option only one side has on (``check_resume``'s
+    rules). The error names the fields, the checkpoint's value and this one. A checkpoint
+    without the record (``saved`` None, written before it was kept) is not checked.
+
+    `where`: the checkpoint, as the error names it.
+    """
+    if saved is None:
+        return
+    differ = _differences(_flat({"model": dict(saved)}), _flat({"model": model_record(model_cfg)}))
+    if differ:
+        shown = "; ".join(f"{k}={there!r} there, {here!r} here" for k, there, here in differ[:4])
+        more = f" (and {len(differ) - 4} more)" if differ[4:] else ""
+        raise ValueError(
+            f"{where} was trained with another model than this config.model: {shown}{more}. "
+            "Set these fields back to the checkpoint's values (its workdir's config.json was "
+            "edited after it was written?), or train in another workdir"
         )
 
 

@@ -11,8 +11,10 @@ Resume order (a rerun with the same workdir continues exactly, ``kill -9`` inclu
 
 1. mesh, model graph, optimizer and the abstract state (``jax.eval_shape``) from the config;
 2. the latest complete checkpoint is restored straight into the state shardings (one whose
-   files no longer read is named and set aside, and the one before it is taken); without one
-   the state is initialised by a jit with ``out_shardings`` (never whole on one device);
+   files no longer read is named and set aside, and the one before it is taken), and the model
+   its ``meta`` records is checked against ``config.model`` (``run_config.check_model``);
+   without one the state is initialised by a jit with ``out_shardings`` (never whole on one
+   device);
 3. the train iterator starts at the restored step (its batch k is the same whatever the start);
 4. step k uses dropout key ``fold_in(dropout_key, k)``;
 5. ``metrics.jsonl`` lines after the restored step are dropped; the best eval metrics so far
@@ -376,6 +378,11 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
             setup.state_shardings,
         )
         restored = ckpt.restore_latest(manager, abstract)
+        if restored is not None:  # before config.json is rewritten: a refused run changes nothing
+            from rope_lie import run_config  # ml_collections (the train extra)
+
+            where = f"The checkpoint at step {restored[0]} in {manager.directory}"
+            run_config.check_model(restored[2].get("model"), config.model, where)
     return _Prepared(
         setup=setup,
         abstract_state=abstract_state,
@@ -410,6 +417,8 @@ def _make_run(
     """The loop's pieces: the steps, the batches and evaluations of the config, the numbers.
     `eval_step`: ``make_eval_fn(p.setup, other)``'s, to share one between runs of one model (a
     seed ensemble's members, ``rope_lie/ensemble.py``); None: made here."""
+    from rope_lie import run_config  # ml_collections (the train extra): not needed by the steps
+
     run_inputs = input_module(config)
     setup, mesh, patch = p.setup, p.setup.mesh, p.setup.patch
     eval_step = make_eval_fn(setup, other) if eval_step is None else eval_step
@@ -448,6 +457,7 @@ def _make_run(
         save_every=config.checkpoint.every_steps,
         batch_size=config.batch_size,
         optim_cfg=config.get("optim") or {},
+        model=run_config.model_record(config.model),
         progress=config.progress,
         data_shards=sharding.data_shards(config),
     )

@@ -121,3 +121,37 @@ def test_a_model_field_of_a_newer_rope_lie_is_named(tmp_path):
         r"field of a newer rope_lie .* or not a ViT argument",
     ):
         rope_lie.load(str(workdir))
+
+
+def test_a_converted_model_records_its_model_and_the_old_ones_load_as_before(tmp_path):
+    """A directory written by today's ``interop.workdir.save`` records config.model in its
+    checkpoint: its config.json edited in a field that keeps the shapes is refused by
+    ``rope_lie.load``. The fixtures hold no record: edited alike, they load as before."""
+    import json
+    import shutil
+
+    from flax import nnx
+
+    from rope_lie.interop import workdir
+
+    def edit(directory):
+        config = json.loads((directory / "config.json").read_text())
+        config["model"]["position_convention"] = "normalized"
+        (directory / "config.json").write_text(json.dumps(config))
+
+    model, config = rope_lie.load(str(FIXTURES / "rope_mixed"))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    saved = tmp_path / "saved"
+    workdir.save(str(saved), config, params)
+    rope_lie.load(str(saved))
+    edit(saved)
+    with pytest.raises(
+        ValueError,
+        match=r"The checkpoint at step 0 in .*/saved/checkpoints was trained with another model "
+        r"than this config.model: model.position_convention='integer' there, 'normalized' here",
+    ):
+        rope_lie.load(str(saved))
+    old = tmp_path / "old"
+    shutil.copytree(FIXTURES / "rope_mixed", old)
+    edit(old)
+    rope_lie.load(str(old))

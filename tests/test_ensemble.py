@@ -303,6 +303,30 @@ def test_a_resume_under_another_config_is_refused(config, members, tmp_path):
         ensemble.train_ensemble(changed, interrupted, ens_dir)
 
 
+def test_a_stacked_checkpoint_resumes_only_under_its_model(config, members, tmp_path):
+    """The stacked checkpoints and each member's final one record config.model; members of a
+    model that keeps the shapes but computes otherwise (another position convention), in
+    workdirs without a config.json to compare, are refused by the stacked checkpoint's record."""
+    from rope_lie import run_config
+
+    workdirs, ens_dir, _ = members
+    record = run_config.model_record(config.model)
+    for directory in (ens_dir, *workdirs):
+        meta = checkpoint.load_meta(os.path.join(directory, "checkpoints"), STEPS)
+        assert meta["model"] == record
+    changed = _configs(config)
+    for c in changed:
+        c.model.position_convention = "normalized"
+    copy = shutil.copytree(ens_dir, tmp_path / "ens")
+    fresh = [str(tmp_path / f"seed{s}") for s in SEEDS]
+    with pytest.raises(
+        ValueError,
+        match=rf"stacked checkpoint at step {STEPS} in .*/ens/checkpoints was trained with "
+        r"another model than this config.model: model.position_convention=",
+    ):
+        ensemble.train_ensemble(changed, fresh, copy)
+
+
 def test_an_unreadable_stacked_checkpoint_falls_back_to_the_one_before(config, members, tmp_path):
     """The newest stacked checkpoint damaged (its meta no longer JSON): set aside, resumed from
     the step before, and the members end as the uninterrupted ensemble's, as a single run does."""

@@ -6,6 +6,7 @@ Most tests start from the session's reference run (``reference_run`` in conftest
 
 import json
 import os
+import pathlib
 import platform
 import re
 import shutil
@@ -600,6 +601,79 @@ def test_a_checkpoint_resumes_only_on_batches_made_as_before(reference):
         r"--config.data_shards=2",
     ):
         train._check_data_shards({"data_shards": 2}, config, workdir)
+
+
+def test_a_checkpoint_refuses_a_model_edited_in_config_json_that_keeps_the_shapes(
+    reference, tfds_dir, tmp_path
+):
+    """Each checkpoint's meta records config.model. The workdir's config.json edited in fields
+    that keep every parameter's shape (the LayerNorm epsilon, the position convention): a
+    resume through its config.py (which check_resume compares with that same file) and
+    rope_lie.load refuse it, naming the fields with both values; nothing is written."""
+    import rope_lie
+    from rope_lie import run_config
+
+    ref_dir, _ = reference
+    with open(os.path.join(ref_dir, "checkpoints", "12", "meta", "metadata")) as f:
+        assert json.load(f)["model"] == run_config.model_record(digits_config(tfds_dir).model)
+    workdir = str(tmp_path / "edited")
+    shutil.copytree(ref_dir, workdir)
+    path = os.path.join(workdir, run_config.CONFIG_JSON)
+    with open(path) as f:
+        config = json.load(f)
+    config["model"].update(norm_eps=1e-5, position_convention="integer")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    edited = pathlib.Path(path).read_text()
+    match = (
+        r"The checkpoint at step 12 in .*/edited/checkpoints was trained with another model "
+        r"than this config.model: model.norm_eps=1e-06 there, 1e-05 here; "
+        r"model.position_convention='normalized' there, 'integer' here\. Set these fields back"
+    )
+    resumed = run_config.recipe_config(os.path.join(workdir, run_config.CONFIG_PY))
+    with pytest.raises(ValueError, match=match) as raised:
+        train.train_and_evaluate(resumed, workdir)
+    assert errors.is_user_error(raised.value)
+    assert pathlib.Path(path).read_text() == edited
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "8"]
+    with pytest.raises(ValueError, match=match):
+        rope_lie.load(workdir)
+
+
+def test_the_model_check_passes_what_computes_the_same_and_checkpoints_without_a_record():
+    """``run_config.check_model``: the attention backend and Cayley-STRING's folding may
+    change, as may fields one rope_lie has and the other lacks (schema changes); a value
+    changed or an option key only one side has (a family's init argument) is refused. A
+    checkpoint written before the record was kept (None) is not checked."""
+    from configs import quickstart
+    from rope_lie import run_config
+
+    config = quickstart.get_config("smoke")
+    where = "The checkpoint at step 8 in w/checkpoints"
+    run_config.check_model(None, config.model, where)
+    saved = run_config.model_record(config.model)
+    run_config.check_model(saved, config.model, where)
+    same = {**saved, "attention": "chunked", "fold_mix": False, "retired_field": 1}
+    run_config.check_model(same, config.model, where)
+    run_config.check_model(
+        {k: v for k, v in saved.items() if k != "num_registers"}, config.model, where
+    )
+    for there, here, said in [
+        (
+            {"pe": "cayley_string", "pe_hparams": {"k": 4}},
+            {"pe": "cayley_string", "pe_hparams": {"k": 2}},
+            "model.pe_hparams.k=4 there, 2 here",
+        ),
+        (
+            {"pe": "rope_mixed", "pe_hparams": {}},
+            {"pe": "rope_mixed", "pe_hparams": {"rotary_fraction": 0.5}},
+            "model.pe_hparams.rotary_fraction=(absent) there, 0.5 here",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"{where} was trained with another model")):
+            run_config.check_model({**saved, **there}, {**saved, **here}, where)
+        with pytest.raises(ValueError, match=re.escape(said)):
+            run_config.check_model({**saved, **there}, {**saved, **here}, where)
 
 
 def test_an_evaluation_interval_under_one_step_evaluates_every_step():

@@ -4,7 +4,7 @@
 
 - ``DIR/checkpoints/0/``: the checkpoint layout of ``rope_lie/checkpoint.py`` (step 0, item
   ``state`` = ``{"params": <the ViT's parameters as a pure dict>, "step": 0}``, item ``meta``
-  = where the weights came from), which ``config.init_from=DIR`` reads
+  = where the weights came from and ``config.model``), which ``config.init_from=DIR`` reads
   (``rope_lie/finetune.py``);
 - ``DIR/config.json``: the converted ``model`` (``ViT`` keyword arguments), ``dataset`` (a
   TFDS name, the training ``image_size`` and the source model's input normalisation
@@ -152,7 +152,11 @@ def save(directory: str, config: mc.ConfigDict, params: Mapping[str, Any]) -> st
         os.path.join(directory, "checkpoints"), every_steps=1, keep=1, async_save=False
     )
     state = {"params": jax.tree.map(lambda v: np.asarray(v, np.float32), params), "step": 0}
-    meta = {"step": 0, "interop": config.interop.to_dict()}
+    meta = {
+        "step": 0,
+        "interop": config.interop.to_dict(),
+        "model": run_config.model_record(config.model),
+    }
     ckpt.save(manager, 0, state, meta, force=True)
     manager.wait_until_finished()
     manager.close()
