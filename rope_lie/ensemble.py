@@ -46,9 +46,10 @@ Design:
   ``metrics.jsonl`` has none (the ensemble was killed in its final evaluations), as the
   uninterrupted ensemble writes it (``loop.evaluate_end``). At the last step each member's
   own state is saved in ``workdir/checkpoints/<total>/`` (meta ``{"step", "best", "model",
-  "record"}``, as a single run's), so ``rope_lie.load(workdir)`` and a rerun of ``rope_lie.main`` on the
-  workdir (which only re-evaluates a finished state) work. Each workdir also gets the
-  resolved ``config.json``/``config.py`` and ``ensemble.json`` (``{"seeds", "dir"}``).
+  "record"}``, as a single run's), so ``rope_lie.load(workdir)`` and a rerun of
+  ``rope_lie.main`` on the workdir (which only re-evaluates a finished state) work. Each
+  workdir also gets the resolved ``config.json``/``config.py`` and ``ensemble.json``
+  (``{"seeds", "dir"}``).
 
 A member equals its single run only to float32 rounding (the vmapped program is not the
 single step's: 2e-6 in the parameters after 3 steps), so over a long schedule the two drift
