@@ -414,7 +414,7 @@ def test_stacked_checkpoint_meta_is_a_snapshot_of_best():
     """As a single run's: the members' later ``best`` updates do not reach a saved meta."""
     from types import SimpleNamespace
 
-    runs = [SimpleNamespace(best={"test": {"accuracy": 0.5}}) for _ in range(2)]
+    runs = [SimpleNamespace(best={"test": {"accuracy": 0.5}}, model={}) for _ in range(2)]
     meta = ensemble._Ensemble.meta(SimpleNamespace(runs=runs, seeds=[0, 1]), 10)
     runs[1].best["test"]["accuracy"] = 0.9
     assert meta["best"] == [{"test": {"accuracy": 0.5}}] * 2

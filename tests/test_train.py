@@ -713,7 +713,7 @@ def test_checkpoint_meta_is_a_snapshot_of_best():
 
     from rope_lie import loop
 
-    run = SimpleNamespace(best={"test": {"accuracy": 0.5}}, data_shards=1)
+    run = SimpleNamespace(best={"test": {"accuracy": 0.5}}, data_shards=1, model={})
     meta = loop._meta(run, 10, {"loss": 1.0})
     run.best["test"]["accuracy"] = 0.9
     run.best["px56"] = {"accuracy": 0.1}
