@@ -383,6 +383,7 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
 
             where = f"The checkpoint at step {restored[0]} in {manager.directory}"
             run_config.check_model(restored[2].get("model"), config.model, where)
+            _check_data_shards(restored[2], config, workdir)
     return _Prepared(
         setup=setup,
         abstract_state=abstract_state,
@@ -476,7 +477,6 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
             state = _init_from(config, p.setup, state)
     else:
         start, state, meta = p.restored
-        _check_data_shards(meta, config, workdir)
         other, best = p.init_other(init_key), meta.get("best", {})
         record = meta.get(loop.RECORD, {})
         if start >= p.total:

@@ -603,6 +603,26 @@ def test_a_checkpoint_resumes_only_on_batches_made_as_before(reference):
         train._check_data_shards({"data_shards": 2}, config, workdir)
 
 
+def test_a_resume_refused_for_its_data_shards_writes_nothing(reference, tmp_path):
+    """The data-shard check comes before config.json is rewritten, as the model check does."""
+    from rope_lie import run_config
+
+    workdir = str(tmp_path / "shards")
+    shutil.copytree(reference[0], workdir)
+    for step in ("8", "12"):
+        meta = os.path.join(workdir, "checkpoints", step, "meta", "metadata")
+        with open(meta) as f:
+            saved = json.load(f)
+        with open(meta, "w") as f:
+            json.dump({**saved, "data_shards": 3}, f)
+    path = os.path.join(workdir, run_config.CONFIG_JSON)
+    before = os.stat(path).st_mtime_ns
+    resumed = run_config.recipe_config(os.path.join(workdir, run_config.CONFIG_PY))
+    with pytest.raises(ValueError, match=r"batches of 3 data shards, this job makes 2"):
+        train.train_and_evaluate(resumed, workdir)
+    assert os.stat(path).st_mtime_ns == before
+
+
 def test_a_checkpoint_refuses_a_model_edited_in_config_json_that_keeps_the_shapes(
     reference, tfds_dir, tmp_path
 ):
