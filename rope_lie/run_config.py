@@ -126,13 +126,29 @@ def _may_change(key: str) -> bool:
     return any(key == m or key.startswith(m + ".") for m in MAY_CHANGE)
 
 
+def _model_defaults() -> dict[str, Any]:
+    """``model.<field>`` -> the ViT argument's default, as JSON holds it (the fields a newer
+    rope_lie adds to ``config.model`` come with one)."""
+    import inspect
+
+    from rope_lie.models import vit  # Flax: the train extra, as ml_collections
+
+    params = inspect.signature(vit.ViT.__init__).parameters.values()
+    found = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    return _flat(json.loads(json.dumps({"model": found}, default=str)))
+
+
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, saved value, value here) for every field that differs and may not change. A field
     only one side has differs when it is an option (``_OPTIONAL``) that is on (not None or {}:
     an option off is one absent, as written before it existed), or, in the run's config only,
     when it is a default field (``config_lib.base_config``) set away from its default; other
-    one-sided fields are schema changes between rope_lie versions and are not compared."""
-    defaults = _flat(json.loads(config_lib.base_config().to_json_best_effort()))
+    one-sided fields are schema changes between rope_lie versions and are not compared.
+    The defaults of ``config.model``'s fields are the ViT's arguments'."""
+    defaults = {
+        **_flat(json.loads(config_lib.base_config().to_json_best_effort())),
+        **_model_defaults(),
+    }
     differ = []
     for key in sorted(set(saved) | set(now)):
         if _may_change(key):

@@ -696,6 +696,23 @@ def test_the_model_check_passes_what_computes_the_same_and_checkpoints_without_a
             run_config.check_model({**saved, **there}, {**saved, **here}, where)
 
 
+def test_a_model_field_the_checkpoint_predates_passes_only_at_the_vits_default():
+    """A field a newer rope_lie adds to config.model comes with the ViT argument's default, the
+    model the older tree built: at that value the old checkpoint resumes, set otherwise it is
+    refused (``check_model`` and ``check_resume`` alike)."""
+    from configs import quickstart
+    from rope_lie import run_config
+
+    config = quickstart.get_config("smoke")
+    where = "The checkpoint at step 8 in w/checkpoints"
+    old = {k: v for k, v in run_config.model_record(config.model).items() if k != "norm_eps"}
+    config.model.norm_eps = 1e-6  # the ViT's default
+    run_config.check_model(old, config.model, where)
+    config.model.norm_eps = 1e-5
+    with pytest.raises(ValueError, match=r"model.norm_eps=\(absent\) there, 1e-05 here"):
+        run_config.check_model(old, config.model, where)
+
+
 def test_an_evaluation_interval_under_one_step_evaluates_every_step():
     """eval_every_epochs that rounds to 0 steps meant "only at the end" before; it is every step."""
     from configs import quickstart
