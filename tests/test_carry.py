@@ -68,15 +68,15 @@ def test_unpack_replaces_a_run_behind_the_archive_and_keeps_one_as_far_or_finish
     runs = tmp_path / "b"
     behind = _workdir(runs, steps=(100,))
     assert carry.unpack(study, str(runs), log=lambda _: None) == [behind]
-    assert carry.newest_step(behind) == 300
+    assert lib.newest_step(behind) == 300
     assert carry.unpack(study, str(runs), log=lambda _: None) == []  # as far: kept
     ahead = _workdir(tmp_path / "c", steps=(400,))
     assert carry.unpack(study, str(tmp_path / "c"), log=lambda _: None) == []
-    assert carry.newest_step(ahead) == 400
+    assert lib.newest_step(ahead) == 400
     finished = _workdir(tmp_path / "d", steps=(100,))
     _finish(finished)
     assert carry.unpack(study, str(tmp_path / "d"), log=lambda _: None) == []
-    assert carry.newest_step(finished) == 100
+    assert lib.newest_step(finished) == 100
 
 
 def test_prune_drops_only_the_archives_of_finished_runs(tmp_path):
@@ -127,7 +127,7 @@ def test_an_ensemble_travels_with_its_members_and_is_pruned_when_all_have_finish
         os.path.join(there, "arm_seeds0-1_abc")
     ]
     assert sorted(os.listdir(there)) == ["arm_seed0_abc", "arm_seed1_abc", "arm_seeds0-1_abc"]
-    assert carry.newest_step(os.path.join(there, "arm_seeds0-1_abc")) == 200
+    assert lib.newest_step(os.path.join(there, "arm_seeds0-1_abc")) == 200
     assert os.path.exists(os.path.join(there, "arm_seed1_abc", "metrics.jsonl"))
     _finish(os.path.join(there, "arm_seed0_abc"))
     assert carry.prune(study, there) == []  # seed 1 still training
@@ -204,6 +204,29 @@ def test_the_runner_packs_an_arms_seed_ensemble_as_one_archive(tmp_path, monkeyp
     manifest = carry.read_manifest(os.path.join(results, "carried", "unfinished", archive))
     assert manifest["lead"] == os.path.basename(ensemble) and manifest["step"] == 300
     assert manifest["runs"] == [os.path.basename(lib.run_dir(root, arm, s, "cpu")) for s in (0, 1)]
+
+
+def test_pack_carries_an_unfinished_ensemble_whatever_the_seeds_asked(tmp_path, monkeypatch):
+    """The ensemble of seeds 0 and 1 is carried by a --pack with --seeds 1 or 3 as with 2
+    (before, --pack looked only for the ensemble of the seeds it was given and carried
+    nothing); an ensemble stopped before its first checkpoint holds nothing to carry."""
+    arm = _one_arm_study("carried", tmp_path, monkeypatch)
+    root, results = str(tmp_path / "root"), str(tmp_path / "results")
+    ensemble = lib.ensemble_dir(root, arm, [0, 1], "cpu")
+    _workdir(os.path.dirname(ensemble), os.path.basename(ensemble), steps=(300,))
+    empty = lib.ensemble_dir(root, arm, [0, 1, 2], "cpu")  # stopped before its first save
+    _workdir(os.path.dirname(empty), os.path.basename(empty), steps=())
+    members = [lib.run_dir(root, arm, s, "cpu") for s in (0, 1, 2)]
+    for member in members:
+        _workdir(os.path.dirname(member), os.path.basename(member), steps=())
+    for seeds in ("1", "3"):
+        args = ["carried", "--seeds", seeds, "--results", results, "--root", root, "--pack"]
+        assert run.main(args) == 0
+        folder = os.path.join(results, "carried", "unfinished")
+        assert os.listdir(folder) == [os.path.basename(ensemble) + carry.SUFFIX]
+        manifest = carry.read_manifest(os.path.join(folder, os.listdir(folder)[0]))
+        assert manifest["step"] == 300
+        assert manifest["runs"] == [os.path.basename(m) for m in members[:2]]
 
 
 # Stands in for a run that saves its next step on SIGTERM, which takes a while, then exits 0.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -260,3 +261,133 @@ def test_ensemble_dry_run_prints_one_command_per_arm(tmp_path):
     assert lib.ensemble_dir(root, arms[0], [0, 2], "cpu") != lib.ensemble_dir(
         root, arms[0], [0, 1, 2], "cpu"
     )
+
+
+@pytest.fixture
+def fake_ensemble(tmp_path, fake_trainer, monkeypatch):
+    """Runs FAKE_ENSEMBLE instead of rope_lie.ensemble; returns the ensemble directories of the
+    commands made, in order."""
+    script = tmp_path / "fake_ensemble.py"
+    script.write_text(FAKE_ENSEMBLE)
+    given = []
+
+    def ensemble_command(arm, seeds, scale, workdirs, directory, extra=()):
+        given.append(directory)
+        args = [",".join(workdirs), ",".join(map(str, seeds)), arm.name, str(fake_trainer)]
+        return [sys.executable, str(script), *args]
+
+    monkeypatch.setattr(lib, "ensemble_command", ensemble_command)
+    return given
+
+
+def _stopped_ensemble(root: str, arm: lib.Arm, seeds, step: int | None = 20) -> str:
+    """What a stopped ``rope_lie.ensemble`` of `arm`'s `seeds` leaves: its directory with a
+    stacked checkpoint at `step` (None: stopped before its first), and member workdirs with
+    metrics and ``ensemble.json`` but no checkpoint of their own; returns the directory."""
+    directory = lib.ensemble_dir(root, arm, seeds, "cpu")
+    os.makedirs(os.path.join(directory, "checkpoints", "" if step is None else str(step)))
+    for seed in seeds:
+        workdir = lib.run_dir(root, arm, seed, "cpu")
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 10}) + "\n")
+        with open(os.path.join(workdir, lib.ENSEMBLE_JSON), "w") as f:
+            json.dump({"seeds": list(seeds), "dir": directory}, f)
+    return directory
+
+
+def _held_study() -> lib.Study:
+    """Arm a, and arm b: the same recipe and argument (the same readable name) but other
+    overrides, so other runs and ensembles."""
+    a = lib.Arm("a", "a", "digits", "pe=a")
+    b = lib.Arm("b", "b", "digits", "pe=a", (("model.dropout", 0.1),))
+    return lib.Study(name="held", title="held", arms=(a, b), evals=("test",))
+
+
+@pytest.mark.parametrize(
+    "seeds, ensemble, dry_run, how",
+    [
+        (3, True, False, r"as the ensemble of seeds \[0, 1, 2\]"),
+        (1, True, False, r"alone \(rope_lie.main\)"),
+        (2, False, False, r"alone \(rope_lie.main\)"),
+        (3, True, True, r"as the ensemble of seeds \[0, 1, 2\]"),
+        (2, False, True, r"alone \(rope_lie.main\)"),
+    ],
+)
+def test_seeds_an_unfinished_ensemble_holds_train_only_as_that_ensemble(
+    tmp_path, fake_trainer, fake_ensemble, seeds, ensemble, dry_run, how
+):
+    """A rerun with other --seeds (or without --ensemble) would train the seeds of a stopped
+    ensemble from step 0 in the workdirs it writes (before, it did: a second ensemble beside
+    the first, which could then no longer resume); it is refused, naming the ensemble, its
+    seeds and step, and what to do. Nothing is trained."""
+    study, root = _held_study(), str(tmp_path / "runs")
+    held = _stopped_ensemble(root, study.arm("a"), [0, 1])
+    with pytest.raises(SystemExit) as refused:
+        lib.run_study(
+            study,
+            seeds=seeds,
+            scale="cpu",
+            root=root,
+            study_dir=str(tmp_path / "results"),
+            dry_run=dry_run,
+            ensemble=ensemble,
+            log=lambda *_: None,
+        )
+    text = str(refused.value)
+    assert text.startswith(f"a seed 0 is part-trained in the seed ensemble {held} ")
+    assert "(seeds [0, 1], step 20)" in text and re.search(f"would train it {how}", text)
+    assert "Rerun with --ensemble --seeds 2 to finish it, --pack to carry it" in text
+    assert f"or remove {held} to train seeds [0, 1] afresh" in text
+    assert os.listdir(fake_trainer) == []  # nothing trained
+
+
+def test_the_same_seeds_resume_their_ensemble(tmp_path, fake_trainer, fake_ensemble):
+    """--seeds 2 --ensemble resumes the ensemble of seeds 0 and 1; arm b (the same name but
+    other overrides) is not held by a's ensemble; an ensemble stopped before its first
+    checkpoint, or whose member holds its own final state, holds nothing."""
+    study, root = _held_study(), str(tmp_path / "runs")
+    held = _stopped_ensemble(root, study.arm("a"), [0, 1])
+    _stopped_ensemble(root, study.arm("b"), [0, 1, 2], step=None)
+    lib.run_study(
+        study,
+        seeds=2,
+        scale="cpu",
+        root=root,
+        study_dir=str(tmp_path / "results"),
+        ensemble=True,
+        log=lambda *_: None,
+    )
+    assert fake_ensemble == [held, lib.ensemble_dir(root, study.arm("b"), [0, 1], "cpu")]
+    assert {(r["arm"], r["seed"]) for r in lib.read_results(str(tmp_path / "results"))} == {
+        (a, s) for a in "ab" for s in (0, 1)
+    }
+    arm = study.arm("a")
+    _stopped_ensemble(root, arm, [2, 3])
+    assert [e.held for e in lib.ensembles_in_progress(root, arm, "cpu")] == [[2, 3]]
+    os.makedirs(os.path.join(lib.run_dir(root, arm, 3, "cpu"), "checkpoints", "20"))
+    assert [e.held for e in lib.ensembles_in_progress(root, arm, "cpu")] == [[2]]
+
+
+def test_two_ensembles_that_hold_one_seed_are_named_with_the_way_out(tmp_path, fake_ensemble):
+    """Left by a rerun with other seeds before the runner refused it: each ensemble would cut
+    the workdirs' metrics the other wrote, so the runner names both and resumes neither."""
+    study, root = _held_study(), str(tmp_path / "runs")
+    first = _stopped_ensemble(root, study.arm("a"), [0, 1])
+    second = _stopped_ensemble(root, study.arm("a"), [0, 1, 2], step=40)
+    for seeds in (2, 3):
+        with pytest.raises(SystemExit) as refused:
+            lib.run_study(
+                study,
+                seeds=seeds,
+                scale="cpu",
+                root=root,
+                study_dir=str(tmp_path / "results"),
+                ensemble=True,
+                log=lambda *_: None,
+            )
+        assert str(refused.value).startswith(
+            f"a seed 0 is part-trained in 2 seed ensembles: {second} (seeds [0, 1, 2], step 40);"
+            f" {first} (seeds [0, 1], step 20). They write the same workdirs, so at most one "
+            "can resume: keep the one that the seed's workdir's ensemble.json names"
+        )

@@ -31,18 +31,7 @@ from experiments.studies import lib
 
 UNFINISHED = "unfinished"  # the folder, beside a study's results.csv, of the carried runs
 SUFFIX = ".tar.gz"
-CHECKPOINTS = "checkpoints"  # rope_lie's checkpoint folder in a workdir, one folder per step
 MANIFEST = "carry.json"
-
-
-def newest_step(workdir: str) -> int | None:
-    """The newest checkpoint step in `workdir` (None without one). Orbax renames a step's
-    folder into place once it is written, so a folder named by its step is complete."""
-    folder = os.path.join(workdir, CHECKPOINTS)
-    if not os.path.isdir(folder):
-        return None
-    steps = [int(n) for n in os.listdir(folder) if n.isdigit()]
-    return max(steps, default=None)
 
 
 def _name(path: str) -> str:
@@ -57,9 +46,9 @@ def pack(lead: str, directory: str, runs: Sequence[str] | None = None) -> tuple[
     """Archives `lead` (the directory with the checkpoints; its newest one only) and `runs`
     (the runs' workdirs, in the same runs directory; default: `lead` itself, a single run) to
     ``archive_path(directory, lead)``, atomically; returns the archive and the step."""
-    step = newest_step(lead)
+    step = lib.newest_step(lead)
     if step is None:
-        raise ValueError(f"{lead}: no checkpoint to carry (expected {CHECKPOINTS}/<step>)")
+        raise ValueError(f"{lead}: no checkpoint to carry (expected {lib.CHECKPOINTS}/<step>)")
     runs = [lead] if runs is None else list(runs)
     parent = os.path.dirname(lead.rstrip("/"))
     for run in runs:
@@ -69,7 +58,7 @@ def pack(lead: str, directory: str, runs: Sequence[str] | None = None) -> tuple[
 
     def newest_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = info.name.split("/")
-        older = len(parts) >= 3 and parts[1] == CHECKPOINTS and parts[2] != str(step)
+        older = len(parts) >= 3 and parts[1] == lib.CHECKPOINTS and parts[2] != str(step)
         return None if older else info
 
     path = archive_path(directory, lead)
@@ -108,7 +97,7 @@ def read_manifest(path: str) -> dict:
             for parts in (m.name.split("/") for m in tar.getmembers())
             if len(parts) >= 3
             and parts[0] == manifest["lead"]
-            and parts[1] == CHECKPOINTS
+            and parts[1] == lib.CHECKPOINTS
             and parts[2].isdigit()
         }
     if len(steps) != 1:
@@ -140,7 +129,7 @@ def unpack(directory: str, runs_dir: str, log=print) -> list[str]:
     for path in _archives(directory):
         manifest = read_manifest(path)
         lead = os.path.join(runs_dir, manifest["lead"])
-        here = newest_step(lead) if os.path.isdir(lead) else None
+        here = lib.newest_step(lead) if os.path.isdir(lead) else None
         whole = all(os.path.isdir(os.path.join(runs_dir, r)) for r in manifest["runs"])
         if _finished(runs_dir, manifest) or (
             whole and here is not None and here >= manifest["step"]
@@ -186,11 +175,13 @@ def pack_study(
     directory: str,
     log=print,
 ) -> list[str]:
-    """The runner's ``--pack``: archives the started, unfinished runs of `arms` x seeds
-    0..seeds-1 under `root` that `directory`'s results do not hold yet, an arm's seed ensemble
-    (``--ensemble``) as one archive and other runs one by one; returns the archives. Runs that
-    finished but are not recorded yet (stopped in their final seconds) are recorded first, so
-    that what `directory` carries holds them."""
+    """The runner's ``--pack``: archives the started, unfinished runs of `arms` under `root`:
+    each seed ensemble (``--ensemble``) that holds training to resume
+    (``lib.ensembles_in_progress``), of whatever seeds, as one archive with its members'
+    workdirs, and the other runs of seeds 0..seeds-1 that `directory`'s results do not hold
+    yet one by one; returns the archives. Runs of those seeds that finished but are not
+    recorded yet (stopped in their final seconds) are recorded first, so that what
+    `directory` carries holds them."""
     done = {(r["arm"], r["seed"]) for r in lib.read_results(directory)}
     for arm in arms:
         for seed in range(seeds):
@@ -201,19 +192,16 @@ def pack_study(
                 log(f"{study.name}: {arm.name} seed {seed} had finished: recorded")
     leads: dict[str, tuple[str, list[str]]] = {}  # lead -> (what, runs): tool arms share runs
     for arm in arms:
-        workdirs = {seed: lib.run_dir(root, arm, seed, scale) for seed in range(seeds)}
-        pending = {
-            seed: workdir
-            for seed, workdir in workdirs.items()
-            if (arm.name, seed) not in done and not lib.is_finished(workdir)
-        }
-        ensemble = lib.ensemble_dir(root, arm, list(pending), scale)
-        if len(pending) > 1 and newest_step(ensemble) is not None:
-            what = f"{arm.name} seeds {','.join(map(str, pending))} (one ensemble)"
-            leads.setdefault(ensemble, (what, list(pending.values())))
-            continue
-        for seed, workdir in pending.items():
-            if newest_step(workdir) is not None:
+        members = set()
+        for held in lib.ensembles_in_progress(root, arm, scale):  # of any seeds
+            what = f"{arm.name} seeds {','.join(map(str, held.seeds))} (one ensemble)"
+            runs = [lib.run_dir(root, arm, s, scale) for s in held.seeds]
+            leads.setdefault(held.path, (what, runs))
+            members.update(held.seeds)
+        for seed in sorted(set(range(seeds)) - members):
+            workdir = lib.run_dir(root, arm, seed, scale)
+            pending = (arm.name, seed) not in done and not lib.is_finished(workdir)
+            if pending and lib.newest_step(workdir) is not None:
                 leads.setdefault(workdir, (f"{arm.name} seed {seed}", [workdir]))
     paths = []
     for lead, (what, runs) in leads.items():

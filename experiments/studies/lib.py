@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -69,6 +69,8 @@ RESULT_COLUMNS = (
     "cpu",
 )
 PROVENANCE = "provenance.json"  # in a run's workdir: the code tree and CPU that trained it
+CHECKPOINTS = "checkpoints"  # rope_lie's checkpoint folder in a workdir, one folder per step
+ENSEMBLE_JSON = "ensemble.json"  # rope_lie.ensemble.ENSEMBLE_JSON, in each member's workdir
 EVAL_SUFFIX = "@"  # <eval>@<name>: an evaluation that an arm with eval_suffix reads
 DATA_STREAM_STRIDE = 1000  # Arm.data_stream k: data_seed = 1000 k + seed (seeds below 1000)
 
@@ -240,6 +242,71 @@ def ensemble_dir(root: str, arm: Arm, seeds: Sequence[int], scale: str) -> str:
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     named = "-".join(map(str, seeds))
     return os.path.join(root, "runs", scale, f"{_readable(arm, scale)}_seeds{named}_{digest}")
+
+
+def ensemble_dirs(root: str, arm: Arm, scale: str) -> dict[str, list[int]]:
+    """The ensemble directories of `arm` under `root`, of any seed set: path -> its seeds. The
+    seeds are read from the name and the name checked against ``ensemble_dir``, so an arm of
+    the same readable name (other overrides) does not count."""
+    runs = os.path.join(root, "runs", scale)
+    if not os.path.isdir(runs):
+        return {}
+    prefix = f"{_readable(arm, scale)}_seeds"
+    out = {}
+    for name in sorted(os.listdir(runs)):
+        seeds = _named_seeds(name.removeprefix(prefix)) if name.startswith(prefix) else None
+        path = os.path.join(runs, name)
+        if seeds is not None and ensemble_dir(root, arm, seeds, scale) == path:
+            out[path] = seeds
+    return out
+
+
+def _named_seeds(tail: str) -> list[int] | None:
+    """The seeds of an ensemble directory's name after "_seeds" ("0-1-2_<hash>"), or None."""
+    named, _, _ = tail.rpartition("_")
+    parts = named.split("-")
+    return [int(p) for p in parts] if all(p.isdigit() for p in parts) else None
+
+
+class HeldEnsemble(NamedTuple):
+    """An ensemble directory that holds training to resume: its seeds, those of them it holds
+    (``ensembles_in_progress``) and its newest checkpoint step."""
+
+    path: str
+    seeds: list[int]
+    held: list[int]
+    step: int
+
+
+def ensembles_in_progress(root: str, arm: Arm, scale: str) -> list[HeldEnsemble]:
+    """The ensembles of `arm` under `root` with a checkpoint and seeds they hold: seeds whose
+    workdirs are neither finished nor hold a checkpoint of their own (a member's own checkpoint
+    is its final state, which ``rope_lie.main`` finishes). Such a seed resumes only as that
+    ensemble: trained any other way it restarts from step 0 in the workdir the ensemble writes.
+    A directory without a checkpoint (stopped before its first) holds nothing."""
+    out = []
+    for path, seeds in ensemble_dirs(root, arm, scale).items():
+        step = newest_step(path)
+        if step is None:
+            continue
+        held = [
+            s
+            for s in seeds
+            if not is_finished(w := run_dir(root, arm, s, scale)) and newest_step(w) is None
+        ]
+        if held:
+            out.append(HeldEnsemble(path, seeds, held, step))
+    return out
+
+
+def newest_step(workdir: str) -> int | None:
+    """The newest checkpoint step in `workdir` (None without one). Orbax renames a step's
+    folder into place once it is written, so a folder named by its step is complete."""
+    folder = os.path.join(workdir, CHECKPOINTS)
+    if not os.path.isdir(folder):
+        return None
+    steps = [int(n) for n in os.listdir(folder) if n.isdigit()]
+    return max(steps, default=None)
 
 
 def command(arm: Arm, seed: int, scale: str, workdir: str, extra: Sequence[str] = ()) -> list[str]:
@@ -693,6 +760,7 @@ def run_study(
                 handled.append((arm.name, seed))
             continue
         if dry_run and not group_dry_run:
+            _check_held(_Run("", cmd, [(arm, seed, workdir)]), root, scale)
             if arm.eval_suffix is not None:  # the same run as its base arm's
                 log(f"# {arm.name} seed {seed}: the {arm.eval_suffix} evaluations of")
             log(" ".join(cmd))
@@ -715,6 +783,8 @@ def run_study(
     runs = list(to_train.values())
     if ensemble:
         runs = _ensembles(runs, root, scale, extra_flags)
+    for run in runs:
+        _check_held(run, root, scale)
     if group_dry_run:
         for run in runs:
             log(f"# {run}")
@@ -742,8 +812,43 @@ def _ensembles(runs: list[_Run], root: str, scale: str, extra: Sequence[str]) ->
         directory = ensemble_dir(root, arm, seeds, scale)
         cmd = ensemble_command(arm, seeds, scale, workdirs, directory, extra)
         readers = [r for m in members for r in m.readers]
-        out.append(_Run(members[0].label, cmd, readers))
+        out.append(_Run(members[0].label, cmd, readers, ensemble=directory))
     return out
+
+
+def _check_held(run: _Run, root: str, scale: str) -> None:
+    """SystemExit when an ensemble other than `run`'s own holds one of its seeds
+    (``ensembles_in_progress``): `run` would restart that seed from step 0 in the workdir the
+    ensemble writes, and the ensemble could no longer resume."""
+    for arm, seed, _ in run.readers:
+        holders = [e for e in ensembles_in_progress(root, arm, scale) if seed in e.held]
+        if any(e.path != run.ensemble for e in holders):
+            raise SystemExit(_held_message(run, arm, seed, holders))
+
+
+def _held_message(run: _Run, arm: Arm, seed: int, holders: list[HeldEnsemble]) -> str:
+    held = "; ".join(f"{e.path} (seeds {e.seeds}, step {e.step})" for e in holders)
+    if len(holders) > 1:
+        return (
+            f"{arm.name} seed {seed} is part-trained in {len(holders)} seed ensembles: {held}. "
+            "They write the same workdirs, so at most one can resume: keep the one that the "
+            f"seed's workdir's {ENSEMBLE_JSON} names (the last to write it), remove the others, "
+            "then rerun with the kept one's --seeds and --ensemble"
+        )
+    [e] = holders
+    seeds = list(dict.fromkeys(s for _, s, _ in run.readers))
+    how = (
+        f"as the ensemble of seeds {seeds} ({run.ensemble})"
+        if run.ensemble is not None
+        else "alone (rope_lie.main)"
+    )
+    return (
+        f"{arm.name} seed {seed} is part-trained in the seed ensemble {held}. This call would "
+        f"train it {how}, from step 0 in the workdir that ensemble writes, and an ensemble "
+        f"resumes only with the same seeds. Rerun with --ensemble --seeds {max(e.seeds) + 1} "
+        f"to finish it, --pack to carry it to another machine, or remove {e.path} to train "
+        f"seeds {e.held} afresh"
+    )
 
 
 @dataclasses.dataclass
@@ -755,6 +860,7 @@ class _Run:
     label: str
     cmd: list[str]
     readers: list[tuple[Arm, int, str]]
+    ensemble: str | None = None  # a rope_lie.ensemble job's ensemble directory
 
     @property
     def workdirs(self) -> list[str]:
