@@ -78,7 +78,7 @@ def fake_trainer(tmp_path, monkeypatch):
 
 
 def test_two_jobs_train_at_once_and_a_tool_arm_reads_its_base_run(tmp_path, fake_trainer):
-    results = tmp_path / "results"
+    results, log = tmp_path / "results", []
     handled = lib.run_study(
         _study("a", "b"),
         seeds=1,
@@ -86,9 +86,11 @@ def test_two_jobs_train_at_once_and_a_tool_arm_reads_its_base_run(tmp_path, fake
         root=str(tmp_path / "runs"),
         study_dir=str(results),
         jobs=2,
-        log=lambda *_: None,
+        log=log.append,
     )
     assert sorted(handled) == [("a", 0), ("a_pi", 0), ("b", 0)]
+    # two jobs (a's run is also a_pi's), labelled as such
+    assert {line.split(":")[0] for line in log[1:]} == {"[1/2] a seed 0", "[2/2] b seed 0"}
     # both ran to the end, so each saw the other start: they ran side by side
     assert sorted(os.listdir(fake_trainer)) == ["a.end", "a.start", "b.end", "b.start"]
     rows = {(r["arm"], r["eval"]): r for r in lib.read_results(str(results))}
@@ -247,9 +249,10 @@ def test_ensemble_dry_run_prints_one_command_per_arm(tmp_path):
     )
     cmds = [line for line in log if "rope_lie" in line and not line.startswith("#")]
     assert len(cmds) == 2 and all("-m rope_lie.ensemble " in c for c in cmds)
+    # the labels count jobs (two), not (arm, seed) pairs (nine, with the tool arm's)
     assert [line for line in log if line.startswith("#")] == [
-        "# [1/9] a seeds 0,1,2 (one ensemble)",
-        "# [3/9] s seeds 0,1,2 (one ensemble)",
+        "# [1/2] a seeds 0,1,2 (one ensemble)",
+        "# [2/2] s seeds 0,1,2 (one ensemble)",
     ]
     for cmd, arm in zip(cmds, (arms[0], arms[2]), strict=True):
         workdirs = [lib.run_dir(root, arm, s, "cpu") for s in range(3)]

@@ -748,13 +748,13 @@ def run_study(
 
     to_train: dict[str, _Run] = {}  # by workdir
     group_dry_run = dry_run and ensemble  # the commands are printed once the seeds are grouped
-    for i, (arm, seed) in enumerate(todo, 1):
+    for arm, seed in todo:
         workdir = run_dir(root, arm, seed, scale)
         cmd = command(arm, seed, scale, workdir, extra_flags)
         source = recorded_elsewhere(arm, seed, scale, others)
         if source is not None:
             rows, examples = copy_recorded(study, arm, seed, *source)
-            log(f"[{i}/{len(todo)}] {arm.name} seed {seed}: recorded by {source[0]} as {source[1]}")
+            log(f"{arm.name} seed {seed}: recorded by {source[0]} as {source[1]}")
             if not dry_run:
                 append_results(study_dir, rows, examples)
                 handled.append((arm.name, seed))
@@ -779,10 +779,11 @@ def run_study(
         if workdir in to_train:  # a tool arm of a run to train: trained once, recorded for each
             to_train[workdir].readers.append((arm, seed, workdir))
         else:
-            to_train[workdir] = _Run(f"[{i}/{len(todo)}]", cmd, [(arm, seed, workdir)])
+            to_train[workdir] = _Run("", cmd, [(arm, seed, workdir)])
     runs = list(to_train.values())
     if ensemble:
         runs = _ensembles(runs, root, scale, extra_flags)
+    runs = [dataclasses.replace(r, label=f"[{k}/{len(runs)}]") for k, r in enumerate(runs, 1)]
     for run in runs:
         _check_held(run, root, scale)
     if group_dry_run:
@@ -812,7 +813,7 @@ def _ensembles(runs: list[_Run], root: str, scale: str, extra: Sequence[str]) ->
         directory = ensemble_dir(root, arm, seeds, scale)
         cmd = ensemble_command(arm, seeds, scale, workdirs, directory, extra)
         readers = [r for m in members for r in m.readers]
-        out.append(_Run(members[0].label, cmd, readers, ensemble=directory))
+        out.append(_Run("", cmd, readers, ensemble=directory))
     return out
 
 
@@ -853,9 +854,9 @@ def _held_message(run: _Run, arm: Arm, seed: int, holders: list[HeldEnsemble]) -
 
 @dataclasses.dataclass
 class _Run:
-    """One training job: its log label and command, and the (arm, seed, workdir) triples that
-    read it (the first is the one it is named for). A ``rope_lie.main`` run has one workdir; a
-    ``rope_lie.ensemble`` job one per seed."""
+    """One training job: its log label (``[k/n]``: the k-th of the call's n jobs) and command,
+    and the (arm, seed, workdir) triples that read it (the first is the one it is named for).
+    A ``rope_lie.main`` run has one workdir; a ``rope_lie.ensemble`` job one per seed."""
 
     label: str
     cmd: list[str]
