@@ -222,6 +222,17 @@ def test_the_summary_says_which_trees_and_cpus_ran_the_study():
     assert "def5678 (1)" in text and "AMD EPYC avx2 (2), AMD EPYC avx512 (1)" in text
     assert "1 resumed on another tree or CPU" in text
     assert "on one code tree: abc1234 (1)" in report.provenance(rows[:1])
+    # a seed ensemble's runs: the same code trees, and counted
+    ensemble = [
+        {**row, "seed": 2, "tree": "abc1234+ensemble"},
+        {**row, "seed": 3, "tree": "def5678+dirty+resumed+ensemble"},
+    ]
+    text = report.provenance(rows + ensemble)
+    assert text.startswith("Provenance: 5 runs on **3 code trees (mixed)**: abc1234 (3), ")
+    assert "def5678 (1), def5678+dirty (1)" in text
+    assert "; 2 resumed on another tree or CPU than they started on" in text
+    assert "; 2 trained in seed ensembles (rope_lie.ensemble)" in text
+    assert "ensemble" not in report.provenance(rows)
     old = [{**row, "tree": "", "cpu": ""}]
     assert "recorded before the runner kept their code tree" in report.provenance(old)
 

@@ -98,6 +98,28 @@ def test_two_jobs_train_at_once_and_a_tool_arm_reads_its_base_run(tmp_path, fake
     assert {r["cpu"] for r in rows.values()} == {"NVIDIA Test GPU gpu"}
 
 
+def test_a_run_trained_alone_from_step_0_is_no_longer_marked_as_an_ensembles(
+    tmp_path, fake_trainer
+):
+    """A workdir whose ensemble stopped before its first checkpoint (so holds nothing) trains
+    alone from step 0: its ensemble.json goes, and its rows do not say "+ensemble"."""
+    study, root, log = _study("a", "b"), str(tmp_path / "runs"), []
+    _stopped_ensemble(root, study.arm("a"), [0, 1], step=None)
+    workdir = lib.run_dir(root, study.arm("a"), 0, "cpu")
+    lib.run_study(
+        study,
+        seeds=1,
+        scale="cpu",
+        root=root,
+        study_dir=str(tmp_path / "results"),
+        jobs=2,
+        log=log.append,
+    )
+    assert not os.path.exists(os.path.join(workdir, lib.ENSEMBLE_JSON))
+    assert f"{workdir}: trained from step 0 alone, no longer in an ensemble" in log
+    assert not any("+ensemble" in r["tree"] for r in lib.read_results(str(tmp_path / "results")))
+
+
 def test_a_failed_run_stops_the_others_and_raises(tmp_path, fake_trainer):
     with pytest.raises(subprocess.CalledProcessError) as failed:
         lib.run_study(
@@ -157,7 +179,8 @@ def test_a_run_resumed_on_other_trees_keeps_each_of_them(monkeypatch, tmp_path):
     ]
 
 
-# A stand-in ensemble trainer: writes what collect() reads into each of its workdirs and logs
+# A stand-in ensemble trainer: writes what collect() reads (and ensemble.json, as
+# rope_lie.ensemble does) into each of its workdirs and logs
 # its seeds (`<arm>.seeds<a-b-c>`) and its start (which lets the next FAKE run start at once).
 FAKE_ENSEMBLE = r"""
 import json, os, sys
@@ -169,6 +192,8 @@ evals = {"test": {"accuracy": 0.5, "num_examples": 4}}
 evals["test@pi"] = {"accuracy": 0.25, "num_examples": 4}
 for workdir in workdirs:
     os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "ensemble.json"), "w") as f:
+        json.dump({"seeds": [int(s) for s in seeds.split(",")], "dir": "ens"}, f)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"step": 1, "throughput": 10.0}) + "\n")
     np.savez(os.path.join(workdir, "eval_examples.npz"), **{k: np.ones(4, bool) for k in evals})
@@ -222,6 +247,11 @@ def test_ensemble_trains_an_arms_pending_seeds_as_one_job(tmp_path, fake_trainer
     }
     assert rows["a", 0] == rows["a", 2] == 0.5 and rows["a", 1] == 0.75
     assert rows["a_pi", 0] == rows["a_pi", 2] == 0.25
+    # the tree column says which seeds the ensemble trained (the others' is the code tree)
+    trees = {(r["arm"], r["seed"]): r["tree"] for r in lib.read_results(str(tmp_path / "results"))}
+    ensemble = {(a, s) for a in ("a", "a_pi") for s in (0, 2)}
+    assert {k for k, tree in trees.items() if tree.endswith("+ensemble")} == ensemble
+    assert {lib.split_tree(tree)[0] for tree in trees.values()} - {""} == {lib.code_tree()}
 
 
 def test_ensemble_dry_run_prints_one_command_per_arm(tmp_path):

@@ -16,7 +16,8 @@ arm share its runs. The runner:
    the code tree (commit, "+dirty" with uncommitted changes to rope_lie/ or configs/) and the
    machine (the CPU's model and AVX2/AVX-512, or the GPU's name where ``nvidia-smi`` names
    one), which become the ``tree`` and ``cpu`` columns (empty for runs recorded before they
-   were kept; "+resumed" when a run was resumed on another tree or machine). ``jobs`` runs
+   were kept; the tree then "+resumed" when a run was resumed on another tree or machine, and
+   "+ensemble" when a seed ensemble, ``rope_lie.ensemble``, trained it). ``jobs`` runs
    train side by side (for a GPU, which one small run leaves mostly idle); by default one at a
    time.
 
@@ -69,6 +70,9 @@ RESULT_COLUMNS = (
     "cpu",
 )
 PROVENANCE = "provenance.json"  # in a run's workdir: the code tree and CPU that trained it
+RESUMED = "+resumed"  # after the tree column's code tree: resumed on another tree or machine
+ENSEMBLE = "+ensemble"  # after the tree column's code tree (and RESUMED): in a seed ensemble
+TREE_MARKS = (RESUMED, ENSEMBLE)
 CHECKPOINTS = "checkpoints"  # rope_lie's checkpoint folder in a workdir, one folder per step
 ENSEMBLE_JSON = "ensemble.json"  # rope_lie.ensemble.ENSEMBLE_JSON, in each member's workdir
 EVAL_SUFFIX = "@"  # <eval>@<name>: an evaluation that an arm with eval_suffix reads
@@ -425,7 +429,7 @@ def machine_kind() -> str:
 def record_provenance(workdir: str) -> dict:
     """Writes the code tree and machine kind into the run's workdir when the run starts; a
     resumed run keeps the first record and adds each other tree or machine it is resumed on to
-    ``resumed_elsewhere``, in order (results.csv's tree then says "+resumed"); returns it."""
+    ``resumed_elsewhere``, in order (results.csv's tree then says ``RESUMED``); returns it."""
     path = os.path.join(workdir, PROVENANCE)
     now = {"tree": code_tree(), "cpu": machine_kind()}
     if os.path.exists(path):
@@ -450,13 +454,27 @@ def _atomic_json(path: str, obj: dict) -> None:
 
 
 def _provenance(workdir: str) -> tuple[str, str]:
+    """The run's (tree, cpu) columns: its first code tree, then ``RESUMED`` when it was resumed
+    on another tree or machine, and ``ENSEMBLE`` when a seed ensemble trained it (its workdir
+    has ``ENSEMBLE_JSON``); the tree and cpu are "" without a provenance record."""
+    ensemble = ENSEMBLE if os.path.exists(os.path.join(workdir, ENSEMBLE_JSON)) else ""
     path = os.path.join(workdir, PROVENANCE)
     if not os.path.exists(path):
-        return "", ""
+        return ensemble, ""
     with open(path) as f:
         record = json.load(f)
-    mixed = "+resumed" if record.get("resumed_elsewhere") else ""
-    return record["tree"] + mixed, record["cpu"]
+    resumed = RESUMED if record.get("resumed_elsewhere") else ""
+    return record["tree"] + resumed + ensemble, record["cpu"]
+
+
+def split_tree(tree: str) -> tuple[str, set[str]]:
+    """A ``tree`` column's code tree ("abc1234", "abc1234+dirty", "" where not recorded) and
+    the marks after it (``TREE_MARKS``)."""
+    marks = set()
+    while mark := next((m for m in TREE_MARKS if tree.endswith(m)), None):
+        marks.add(mark)
+        tree = tree.removesuffix(mark)
+    return tree, marks
 
 
 def collect(study: Study, arm: Arm, seed: int, workdir: str) -> tuple[list[dict], dict]:
@@ -889,6 +907,8 @@ def _train(runs: list[_Run], jobs: int, record, log) -> None:
                 log(f"{run}: {', '.join(run.workdirs)}")
                 for workdir in run.workdirs:
                     record_provenance(workdir)
+                    if run.ensemble is None and _drop_ensemble_record(workdir):
+                        log(f"{workdir}: trained from step 0 alone, no longer in an ensemble")
                 proc = subprocess.Popen(run.cmd, cwd=REPO, env=env)
                 running[proc] = (run, time.perf_counter())
             proc = _wait_any(running)
@@ -910,6 +930,18 @@ def _train(runs: list[_Run], jobs: int, record, log) -> None:
             if all(is_finished(w) for w in run.workdirs):
                 for arm, seed, workdir in run.readers:
                     record(arm, seed, workdir)
+
+
+def _drop_ensemble_record(workdir: str) -> bool:
+    """Removes `workdir`'s ``ENSEMBLE_JSON`` when the workdir holds no checkpoint of its own
+    (``rope_lie.main`` then trains it from step 0, so no ensemble's training is left in it);
+    returns whether it did. Kept with a checkpoint: an ensemble member's own checkpoint is its
+    final state, which ``rope_lie.main`` only evaluates."""
+    path = os.path.join(workdir, ENSEMBLE_JSON)
+    if not os.path.exists(path) or newest_step(workdir) is not None:
+        return False
+    os.remove(path)
+    return True
 
 
 def _wait_any(running: Mapping) -> subprocess.Popen:

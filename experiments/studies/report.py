@@ -81,11 +81,12 @@ def comparisons(study: lib.Study, rows: list[dict], examples: dict) -> list[dict
 
 def provenance(rows: list[dict]) -> str:
     """One line: how many runs, on which code trees and CPUs (results.csv's tree and cpu
-    columns), and whether the runs mix trees (then a comparison also compares code versions)."""
-    runs = {(r["arm"], r["seed"]): (r["tree"], r["cpu"]) for r in rows}
+    columns), whether the runs mix trees (then a comparison also compares code versions), and
+    how many were resumed elsewhere or trained in seed ensembles (the tree's marks)."""
+    runs = {(r["arm"], r["seed"]): (*lib.split_tree(r["tree"]), r["cpu"]) for r in rows}
     trees, cpus = defaultdict(int), defaultdict(int)
-    for tree, cpu in runs.values():
-        trees[tree.removesuffix("+resumed") or "not recorded"] += 1
+    for tree, _, cpu in runs.values():
+        trees[tree or "not recorded"] += 1
         cpus[cpu or "not recorded"] += 1
     if set(trees) == {"not recorded"}:
         return (
@@ -97,9 +98,12 @@ def provenance(rows: list[dict]) -> str:
         f"Provenance: {len(runs)} runs on {mixed}: {_counts(trees)} (runs per tree); CPUs: "
         f"{_counts(cpus)}"
     )
-    resumed = sum(tree.endswith("+resumed") for tree, _ in runs.values())
+    resumed = sum(lib.RESUMED in marks for _, marks, _ in runs.values())
     if resumed:
         text += f"; {resumed} resumed on another tree or CPU than they started on"
+    ensemble = sum(lib.ENSEMBLE in marks for _, marks, _ in runs.values())
+    if ensemble:
+        text += f"; {ensemble} trained in seed ensembles (rope_lie.ensemble)"
     return text + " (results.csv's tree and cpu columns)."
 
 
