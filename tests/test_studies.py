@@ -66,6 +66,31 @@ def test_the_plateau_arms_wait_for_the_measurement_and_read_the_data_from_memory
     assert [n for n, e in config.evals.items() if not e.final_only] == ["test"]
 
 
+def test_a_dry_run_of_a_study_whose_recipes_do_not_build_says_why_and_fails(
+    monkeypatch, tmp_path, capsys
+):
+    """fashion_plateau's commands stop at once while PLATEAU_EPOCHS is None: its dry run
+    names the recipe, the arms and the recipe's error, prints no command and exits non-zero
+    (before, it printed 30 commands as if they could run); once set, it prints them."""
+    from configs import fashion_mnist
+
+    monkeypatch.setattr(fashion_mnist, "PLATEAU_EPOCHS", None)
+    args = ["fashion_plateau", "--dry-run", "--root", str(tmp_path), "--results", str(tmp_path)]
+    for extra in ([], ["--ensemble"]):
+        with pytest.raises(SystemExit) as refused:
+            run.main(args + extra)
+        assert str(refused.value) == (
+            "fashion_plateau cannot run: configs/fashion_mnist.py does not build for arms ape, "
+            "liere_b8, rope_mixed_heo, liere_b2, dinov3, comrope_ld: ValueError: plateau: "
+            "PLATEAU_EPOCHS in configs/fashion_mnist.py is None (not measured yet); run the "
+            "fashion_plateau_length study and set it, or give epochs=<N>"
+        )
+        assert "rope_lie" not in capsys.readouterr().out
+    monkeypatch.setattr(fashion_mnist, "PLATEAU_EPOCHS", 20.0)
+    assert run.main([*args, "--seeds", "1"]) == 0
+    assert capsys.readouterr().out.count("-m rope_lie.main ") == 6
+
+
 @pytest.fixture(scope="module")
 def smoke_study(tfds_dir, tmp_path_factory):
     """The smoke study run once for real: (results dir, runs root, log)."""
@@ -176,7 +201,9 @@ def test_a_run_recorded_by_another_study_is_copied_not_retrained(
     assert not any("recorded by" in line for line in log)
 
 
-def test_paper_scale_uses_the_paper_arguments(tmp_path):
+def test_paper_scale_uses_the_paper_arguments(tmp_path, monkeypatch):
+    # digits has no paper scale (no res=paper): these commands only show which argument is used
+    monkeypatch.setattr(lib, "recipe_errors", lambda arms, scale: [])
     log = []
     lib.run_study(
         SMOKE,

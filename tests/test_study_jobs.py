@@ -331,9 +331,9 @@ def _stopped_ensemble(root: str, arm: lib.Arm, seeds, step: int | None = 20) -> 
 
 def _held_study() -> lib.Study:
     """Arm a, and arm b: the same recipe and argument (the same readable name) but other
-    overrides, so other runs and ensembles."""
-    a = lib.Arm("a", "a", "digits", "pe=a")
-    b = lib.Arm("b", "b", "digits", "pe=a", (("model.dropout", 0.1),))
+    overrides, so other runs and ensembles. Their recipe builds (a dry run builds it)."""
+    a = lib.Arm("a", "a", "digits", "pe=ape,smoke")
+    b = lib.Arm("b", "b", "digits", "pe=ape,smoke", (("model.dropout", 0.1),))
     return lib.Study(name="held", title="held", arms=(a, b), evals=("test",))
 
 

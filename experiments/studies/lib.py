@@ -348,6 +348,25 @@ def ensemble_command(
     return cmd + list(extra)
 
 
+def recipe_errors(arms: Sequence[Arm], scale: str) -> list[str]:
+    """Why the runs of `arms` would stop before they train: for each recipe and error, the
+    error that ``configs/<recipe>.py``'s ``get_config(argument)`` raises (as ``rope_lie.main``
+    would, first) and the arms it stops; [] when every recipe builds (overrides not applied)."""
+    import importlib
+
+    failed: dict[tuple[str, str], list[str]] = {}
+    for arm in dict.fromkeys(arms):
+        recipe = arm.recipe_for(scale)
+        try:
+            importlib.import_module(f"configs.{recipe}").get_config(arm.argument(scale))
+        except Exception as e:  # reported: the message is what rope_lie.main would print
+            failed.setdefault((recipe, f"{type(e).__name__}: {e}"), []).append(arm.name)
+    return [
+        f"configs/{recipe}.py does not build for arms {', '.join(names)}: {error}"
+        for (recipe, error), names in failed.items()
+    ]
+
+
 def shares_data(study: Study | None, arm_a: str, arm_b: str) -> bool:
     """Whether seed k of `arm_a` and seed k of `arm_b` saw the same data order (the same
     ``data_stream``), so that they are compared as pairs. Arms `study` does not define (or no
@@ -747,8 +766,10 @@ def run_study(
     pairs) has recorded is copied from there, not trained again. Each run is recorded as it
     finishes. With `ensemble`, the seeds of an arm still to train are trained together as one
     ``rope_lie.ensemble`` job (each in its own workdir, recorded when the job ends; an arm with
-    one such seed runs ``rope_lie.main``). Returns the (arm, seed) pairs that were run, copied
-    or collected.
+    one such seed runs ``rope_lie.main``). With `dry_run`, the commands are logged instead,
+    none when a recipe to train does not build (``recipe_errors``: SystemExit saying why). A
+    seed that a stopped ensemble holds trains only as that ensemble (``_check_held``: otherwise
+    SystemExit). Returns the (arm, seed) pairs that were run, copied or collected.
     """
     if scale not in ("cpu", "paper"):
         raise ValueError(f"scale={scale!r}; expected 'cpu' or 'paper'")
@@ -758,6 +779,11 @@ def run_study(
     done = {(r["arm"], r["seed"]) for r in read_results(study_dir)}
     todo = [(arm, s) for s in range(seeds) for arm in selected if (arm.name, s) not in done]
     log(f"{study.name}: {len(done)} runs recorded, {len(todo)} to do ({scale} scale)")
+    if dry_run:  # commands that would stop at once are not printed as if they could run
+        to_train = [a for a, s in todo if recorded_elsewhere(a, s, scale, others) is None]
+        unbuilt = recipe_errors(to_train, scale)
+        if unbuilt:
+            raise SystemExit(f"{study.name} cannot run: " + "; ".join(unbuilt))
     handled = []
 
     def record(arm: Arm, seed: int, workdir: str) -> None:

@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=os.path.join(lib.REPO, "workdirs", "studies"))
     parser.add_argument("--results", default=None, help="results root (default: this folder)")
     parser.add_argument("--report", action="store_true", help="only write the summary")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the commands only (none, and an error, where a recipe does not build)",
+    )
     parser.add_argument(
         "--flag",
         action="append",
