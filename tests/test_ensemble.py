@@ -162,8 +162,9 @@ def test_members_differ(members):
 
 
 def test_study_tools_read_the_members(singles, members):
-    """``lib.is_finished`` and ``lib.collect`` read a member's workdir as a run's, and
-    ``rope_lie.load`` rebuilds its model, whose logits are the single run's."""
+    """``lib.is_finished`` and ``lib.collect`` read a member's workdir as a run's (its tree
+    column marked "+ensemble"), and ``rope_lie.load`` rebuilds its model, whose logits are the
+    single run's."""
     workdirs, _, _ = members
     arm = lib.Arm(name="liere", label="LieRE", recipe="fashion_mnist", arg=ARG)
     study = lib.Study(name="probe", title="probe", arms=(arm,), evals=("test",))
@@ -174,6 +175,9 @@ def test_study_tools_read_the_members(singles, members):
         assert [r.keys() for r in rows] == [r.keys() for r in single_rows]
         assert rows[0]["steps"] == STEPS and rows[0]["train_ex_per_s"] > 0
         assert examples.keys() == single_examples.keys()
+        # results.csv's tree column says the ensemble trained it (no provenance.json here:
+        # trained outside the runner, so no code tree before the mark)
+        assert (rows[0]["tree"], single_rows[0]["tree"]) == ("+ensemble", "")
     model, loaded = rope_lie.load(workdirs[1])
     single_model, _ = rope_lie.load(singles[SEEDS[1]])
     assert loaded.seed == SEEDS[1]
