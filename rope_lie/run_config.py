@@ -154,7 +154,8 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, 
         if _may_change(key):
             continue
         if key in saved and key in now:
-            if saved[key] != now[key]:
+            off = _is_option(key) and saved[key] in (None, {}) and now[key] in (None, {})
+            if saved[key] != now[key] and not off:  # None and {}: an option off either way
                 differ.append((key, saved[key], now[key]))
         elif _is_option(key):
             if (saved[key] if key in saved else now[key]) not in (None, {}):  # off = absent

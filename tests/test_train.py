@@ -492,6 +492,9 @@ def test_an_option_one_config_has_and_the_other_lacks_is_a_difference(tmp_path):
     run_config.check_resume(before, fashion_mnist.get_config("pe=liere"))
     with pytest.raises(ValueError, match="position_augment.rescale=.absent. there, 2.0 here"):
         run_config.check_resume(before, fashion_mnist.get_config("pe=liere,rescale=2"))
+    # an option off as {} in one and None in the other is off in both
+    empty = saved("pe=liere", edit=lambda c: c["model"].update(position_augment={}))
+    run_config.check_resume(empty, fashion_mnist.get_config("pe=liere"))
 
 
 def _make_read_only(path):
