@@ -141,6 +141,15 @@ def test_pack_refuses_runs_outside_the_leads_runs_directory(tmp_path):
         carry.pack(lead, str(tmp_path / "study"), [stray])
 
 
+def test_pack_names_a_member_workdir_that_is_missing(tmp_path):
+    lead = _workdir(tmp_path, "arm_seeds0-1_abc")
+    member = _workdir(tmp_path, "arm_seed0_abc", steps=())
+    gone = str(tmp_path / "arm_seed1_abc")
+    with pytest.raises(ValueError, match="arm_seed1_abc: no such workdir to carry with .*seeds0-1"):
+        carry.pack(lead, str(tmp_path / "study"), [member, gone])
+    assert not os.path.exists(tmp_path / "study")  # nothing half-written
+
+
 # Stands in for rope_lie.main: it fails unless the carried checkpoint is in its workdir, then
 # writes what a finished run leaves.
 FINISH_IF_CARRIED = r"""

@@ -54,6 +54,8 @@ def pack(lead: str, directory: str, runs: Sequence[str] | None = None) -> tuple[
     for run in runs:
         if os.path.dirname(run.rstrip("/")) != parent:
             raise ValueError(f"{run}: not in {parent}, the runs directory of {lead}")
+        if not os.path.isdir(run):
+            raise ValueError(f"{run}: no such workdir to carry with {lead}")
     manifest = {"lead": _name(lead), "runs": [_name(r) for r in runs]}
 
     def newest_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
