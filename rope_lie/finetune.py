@@ -9,8 +9,17 @@ run's parameters into the new model's:
 - the APE grid table ``additive_params/grid_GD`` is resized to the new grid with the APE's own
   resize (``ape.table``: bicubic in 2D, as DeiT/timm fine-tuning at a higher resolution);
 - the classifier ``head`` must agree unless ``config.init_head == "new"``, which keeps the new
-  model's freshly initialised head (for another class count): never silently;
-- anything else that differs is an error naming the parameter and both shapes.
+  model's freshly initialised head (another task, whatever its class count): never silently;
+- a parameter one model has and the other lacks, or of another shape, is an error naming it
+  and both shapes. Only parameters are compared: settings that hold none (a parameter-free
+  family such as RoPE-Axial or ALiBi swapped for another, the pooling, the position
+  convention) may differ, and the new config's hold.
+
+The positions the rotary parameters act on follow the new model's config. Under the
+``"sequential"`` convention (LieRE's) and ``"autoscale"`` (VisionLlama's), positions are
+spaced by the model's training grid, which is the new run's: a LieRE model trained on 14x14
+tokens and fine-tuned on 16x16 spaces its positions 1/16 apart, not the 1/14 of the source
+model evaluated at 16x16. Integer and centred conventions give the same positions either way.
 
 The optimiser state and the step are not taken: the run starts at step 0 with a fresh
 optimiser. Once the run has its own checkpoint, resuming uses that and ignores ``init_from``.
@@ -69,37 +78,65 @@ def adapt_params(
     Args:
       source: the source run's parameters (a pure dict of arrays).
       target: the new model's freshly initialised parameters (same structure).
-      init_head: "keep" (the head must match) or "new" (keep target's head if shapes differ).
+      init_head: "keep" (the head must match) or "new" (target's head, whatever its shape).
 
     Returns:
       a pure dict with target's structure and shapes.
     """
+    src = {ckpt.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(source)}
+    tgt_leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+    plan = check_params(source, target, init_head=init_head)
+    out = []
+    for (path, new), how in zip(tgt_leaves, plan.values(), strict=True):
+        old = np.asarray(src[ckpt.path_name(path)]) if how != NEW else None
+        if how == TAKE:
+            out.append(old.astype(new.dtype))
+        elif how == RESIZE:
+            out.append(_resize_ape(old, tuple(new.shape[:-1])).astype(new.dtype))
+        else:
+            out.append(np.asarray(new))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+TAKE, RESIZE, NEW = "take", "resize", "new"  # check_params: what a target parameter gets
+
+
+def check_params(
+    source: Mapping[str, Any], target: Mapping[str, Any], *, init_head: str = "keep"
+) -> dict[str, str]:
+    """What ``adapt_params`` does with each of target's parameters, by name: ``TAKE`` the
+    source's, ``RESIZE`` the source's APE table, or keep the ``NEW`` one (the head, with
+    ``init_head="new"``). Reads shapes only, so `target` may be abstract (``jax.eval_shape``).
+
+    Raises:
+      ValueError: naming a parameter one model lacks, or one of another shape.
+    """
     if init_head not in INIT_HEADS:
         raise ValueError(f"init_head={init_head!r}; expected one of {INIT_HEADS}")
     src = {ckpt.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(source)}
-    tgt_leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
-    missing = sorted(set(src) - {ckpt.path_name(p) for p, _ in tgt_leaves})
+    tgt = {ckpt.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(target)}
+    missing = sorted(set(src) - set(tgt))
     if missing:
         raise ValueError(f"init_from: the new model has no parameters {missing}")
-    out = []
-    for path, new in tgt_leaves:
-        key = ckpt.path_name(path)
+    plan = {}
+    for key, new in tgt.items():
+        if key.startswith("head/") and init_head == "new":
+            plan[key] = NEW
+            continue
         if key not in src:
             raise ValueError(f"init_from: the source run has no parameter {key}")
-        old = np.asarray(src[key])
-        if old.shape == tuple(new.shape):
-            out.append(old.astype(new.dtype))
+        old_shape = tuple(np.shape(src[key]))
+        if old_shape == tuple(new.shape):
+            plan[key] = TAKE
         elif key == "additive_params/grid_GD":
-            out.append(_resize_ape(old, tuple(new.shape[:-1])).astype(new.dtype))
-        elif key.startswith("head/") and init_head == "new":
-            out.append(np.asarray(new))
+            plan[key] = RESIZE
         else:
             hint = " (set init_head='new' for a new classifier)" if "head" in key else ""
             raise ValueError(
-                f"init_from: parameter {key} has shape {old.shape} in the source run and "
+                f"init_from: parameter {key} has shape {old_shape} in the source run and "
                 f"{tuple(new.shape)} in the new model{hint}"
             )
-    return jax.tree_util.tree_unflatten(treedef, out)
+    return plan
 
 
 def _resize_ape(grid_GD: np.ndarray, new_grid: tuple[int, ...]) -> np.ndarray:

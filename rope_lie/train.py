@@ -346,6 +346,7 @@ class _Prepared:
     total: int
     steps_per_epoch: int
     eval_every: int
+    source: tuple[int, dict] | None = None  # init_from's (step, parameters), checked
 
 
 def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
@@ -384,6 +385,9 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
             where = f"The checkpoint at step {restored[0]} in {manager.directory}"
             run_config.check_model(restored[2].get("model"), config.model, where)
             _check_data_shards(restored[2], config, workdir)
+        source = None
+        if restored is None and config.get("init_from"):  # checked before the workdir is written
+            source = _init_source(config, abstract_state["params"])
     return _Prepared(
         setup=setup,
         abstract_state=abstract_state,
@@ -395,6 +399,7 @@ def _prepare(config: mc.ConfigDict, workdir: str, mesh) -> _Prepared:
         total=total,
         steps_per_epoch=steps_per_epoch,
         eval_every=eval_every,
+        source=source,
     )
 
 
@@ -474,7 +479,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     if p.restored is None:
         (state, other), start, best = p.init(init_key), 0, {}
         if config.get("init_from"):
-            state = _init_from(config, p.setup, state)
+            state = _init_from(config, p.setup, state, p.source)
     else:
         start, state, meta = p.restored
         other, best = p.init_other(init_key), meta.get("best", {})
@@ -515,14 +520,24 @@ def _check_data_shards(meta: dict, config: mc.ConfigDict, workdir: str) -> None:
             )
 
 
-def _init_from(config: mc.ConfigDict, setup: Setup, state: dict) -> dict:
-    """The fresh state with the parameters of ``config.init_from`` (rope_lie/finetune.py)."""
+def _init_source(config: mc.ConfigDict, abstract_params: Any) -> tuple[int, dict]:
+    """(step, parameters) of ``config.init_from``, checked against the new model's abstract
+    parameters (``finetune.check_params``): a missing checkpoint or a parameter that does not
+    fit is the user's error, before anything is written."""
     try:
         step, source = finetune.load_params(config.init_from)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"init_from={config.init_from!r}: {e}") from None
+    finetune.check_params(source, abstract_params, init_head=config.get("init_head", "keep"))
+    return step, source
+
+
+def _init_from(config: mc.ConfigDict, setup: Setup, state: dict, source) -> dict:
+    """The fresh state with the parameters of ``config.init_from`` (rope_lie/finetune.py):
+    `source`, ``_init_source``'s (step, parameters)."""
+    step, params = source
     params = finetune.adapt_params(
-        source, jax.device_get(state["params"]), init_head=config.get("init_head", "keep")
+        params, jax.device_get(state["params"]), init_head=config.get("init_head", "keep")
     )
     say(f"Parameters from {config.init_from} (step {step}); optimiser and step start afresh")
     return {**state, "params": jax.device_put(params, setup.state_shardings["params"])}

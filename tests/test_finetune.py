@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from flax import nnx
 
 from configs import arrows
-from rope_lie import checkpoint, config_lib, finetune, train
+from rope_lie import checkpoint, config_lib, errors, finetune, train
 from rope_lie.data.spatial_arrows import SpatialArrowsConfig
 from rope_lie.encodings import ape
 
@@ -116,5 +116,37 @@ def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(
     with pytest.raises(FileNotFoundError, match="no such checkpoint directory") as raised:
         finetune.load_params(missing)
     assert "init_from" not in str(raised.value)  # rope_lie.load's caller never named it
+    # refused as the user's error before anything is written: a missing source, a model the
+    # source's parameters do not fit
+    never = str(tmp_path / "never")
     with pytest.raises(FileNotFoundError, match=f"init_from='{missing}': '{missing}': no such"):
-        train._init_from(_arrows_config(data_dir, 12, init_from=missing), None, {})
+        train.train_and_evaluate(_arrows_config(data_dir, 12, init_from=missing), never)
+    with pytest.raises(ValueError, match=r"init_from: parameter .*gen.* has shape") as raised:
+        config = _arrows_config(data_dir, 12, init_from=src_dir, init_head="new")
+        config.model.pe_hparams.block_size = 4
+        train.train_and_evaluate(config, never)
+    assert errors.is_user_error(raised.value)
+    assert not [f for _, _, files in os.walk(never) for f in files]  # rope_lie.main removes it
+
+
+def test_init_head_new_is_a_fresh_head_whatever_the_class_count():
+    """Another task with as many classes: "new" still means the new model's head."""
+    source, target = _params(head_zero_init=False), _params(head_zero_init=False)
+    target = jax.tree.map(lambda x: x + 1.0, target)
+    out = finetune.adapt_params(source, target, init_head="new")
+    np.testing.assert_array_equal(out["head"]["kernel"], target["head"]["kernel"])
+    np.testing.assert_array_equal(out["embed"]["kernel"], source["embed"]["kernel"])
+    kept = finetune.adapt_params(source, target)  # "keep": the source's
+    np.testing.assert_array_equal(kept["head"]["kernel"], source["head"]["kernel"])
+
+
+def test_the_parameter_check_reads_shapes_only():
+    """``check_params`` on the new model's abstract parameters (``_prepare`` checks init_from
+    before the state exists)."""
+    source = _params()
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _params(image_shape=(16, 16))
+    )
+    plan = finetune.check_params(source, target, init_head="new")
+    assert plan["additive_params/grid_GD"] == finetune.RESIZE
+    assert plan["head/kernel"] == finetune.NEW and plan["embed/kernel"] == finetune.TAKE
