@@ -170,3 +170,27 @@ def test_matmul_train_flops_by_hand_is_xla_count_less_the_elementwise_work():
     by_hand = flops.matmul_train_flops(config.model.to_dict(), 4)
     assert by_hand < by_xla < 1.02 * by_hand
     assert flops.matmul_train_flops(config.model.to_dict(), 8) == 2 * by_hand
+
+
+def test_flops_counts_every_row_group_of_the_exponentials():
+    """On a CPU ``expm_combination`` runs its rows in groups (a ``lax.map``, its body counted
+    once by XLA): the count must grow by the same amount for every further group's rows."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.benchmarks import flops
+    from rope_lie.encodings import expm_combination
+
+    heads, h = 2, 64
+    most = expm_combination._GROUP_BYTES // (heads * h * h * 4)  # rows in one group
+
+    def rows(x):
+        return flops.xla_flops(
+            expm_combination.expm_skew_combination,
+            jax.ShapeDtypeStruct((x, 2), jnp.float32),
+            jax.ShapeDtypeStruct((2, heads, h, h), jnp.float32),
+        )
+
+    one, two, three = rows(most), rows(2 * most), rows(3 * most)
+    assert two - one == pytest.approx(three - two, rel=1e-3)
+    assert two - one > 0.5 * one  # all but the generators' word basis grows with the rows

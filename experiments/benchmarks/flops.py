@@ -9,7 +9,9 @@ optimisations, abstract parameters):
 - the encoder precompute (the exponentials), once per forward pass whatever the batch. XLA
   counts a while loop's body once; the squaring loop runs s times, so (s - 1) times the FLOPs
   of one squaring are added per layer, s taken from freshly initialised generators of the
-  model's shapes (``liere.init``, U[0, 2*pi)).
+  model's shapes (``liere.init``, U[0, 2*pi)). On a CPU ``expm_combination`` also runs its rows
+  in groups, a ``lax.map`` loop whose body would be counted once too: every count here is made
+  with the rows in one group (``rows_ungrouped``), the same arithmetic without the loop.
 
 Times: the jitted forward of a batch of 8 at Ti/16 and B/16 (L/16: FLOPs only, to keep the run
 short), cached and uncached, as ratios to ``nope`` timed round-robin with it.
@@ -18,6 +20,7 @@ short), cached and uncached, as ratios to ``nope`` timed round-robin with it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 
 import jax
@@ -70,6 +73,32 @@ def matmul_train_flops(model_kw: dict, batch: int) -> float:
     return 3.0 * batch * (embed + dims["depth"] * layer + head)
 
 
+@contextlib.contextmanager
+def rows_ungrouped():
+    """Trace with ``expm_combination``'s rows all in one group (``expm.Host.groups_rows`` off).
+
+    On a CPU the rows of the exponentials run in groups, one ``lax.map`` iteration each, and
+    XLA's cost analysis counts a loop's body once: a model with G groups per layer would count
+    1/G of its Taylor rows and squarings. Traces are cleared on entry and exit
+    (``jax.clear_caches``), as grouped and ungrouped hosts compare equal as static arguments.
+    """
+    grouped = expm.Host.groups_rows
+    jax.clear_caches()
+    expm.Host.groups_rows = property(lambda self: False)
+    try:
+        yield
+    finally:
+        expm.Host.groups_rows = grouped
+        jax.clear_caches()
+
+
+def xla_flops(fn, *args) -> float:
+    """XLA's FLOP count of ``jax.jit(fn)`` at ``args`` (arrays or ``jax.ShapeDtypeStruct``),
+    lowered with the exponentials' rows ungrouped (``rows_ungrouped``)."""
+    with rows_ungrouped():
+        return _flops(jax.jit(fn).lower(*args))
+
+
 def _flops(lowered) -> float:
     """XLA's FLOP count; a computation without arithmetic (NoPE's precompute) has no key."""
     cost = lowered.cost_analysis()
@@ -120,15 +149,20 @@ def count(model_name: str, encoder: str) -> dict:
     graphdef, state = nnx.split(model)
     grid = model.train_grid
     pos = model.positions(grid)
-    precompute = jax.jit(lambda s: nnx.merge(graphdef, s).precompute_pe(grid))
+
+    def precompute(s):
+        return nnx.merge(graphdef, s).precompute_pe(grid)
+
+    def cached(s, x, c):
+        return nnx.merge(graphdef, s)(x, pe_cache=c)
+
     cache = jax.eval_shape(precompute, state)
-    cached = jax.jit(lambda s, x, c: nnx.merge(graphdef, s)(x, pe_cache=c))
     image = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
     return {
         "model": model_name,
         "encoder": encoder,
-        "forward_cached_flops": _flops(cached.lower(state, image, cache)),
-        "precompute_flops": _flops(precompute.lower(state)) + _loop_correction(model, encoder, pos),
+        "forward_cached_flops": xla_flops(cached, state, image, cache),
+        "precompute_flops": xla_flops(precompute, state) + _loop_correction(model, encoder, pos),
     }
 
 
