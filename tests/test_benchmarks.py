@@ -9,14 +9,42 @@ import pytest
 from experiments.benchmarks import common, rotations
 
 
-def test_timeit_interleaved_rotates_the_order_and_keeps_every_time():
+def test_timeit_interleaved_varies_the_order_and_keeps_every_time():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
     times = common.timeit_interleaved(fns, repeats=3)
-    # One warm-up each, then rounds starting at a, b, c: every function takes every position.
-    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+    # One warm-up each, then Williams rows: abc, its mirror cba, then bca.
+    assert calls == list("abc") + list("abc") + list("cba") + list("bca")
     assert set(times) == set("abc")
     assert all(t["repeats"] == 3 and 0 <= t["min_s"] <= t["median_s"] for t in times.values())
+
+
+def _predecessors(orders):
+    """{(before, after): times} of the functions called one right after the other in a round."""
+    pairs = {}
+    for order in orders:
+        for before, after in zip(order, order[1:], strict=False):
+            pairs[before, after] = pairs.get((before, after), 0) + 1
+    return pairs
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 12])
+def test_round_orders_give_every_function_every_predecessor_and_position(n):
+    full = n if n % 2 == 0 else 2 * n
+    orders = common.round_orders(n, full)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    for position in range(n):  # every function in every position, equally often
+        assert sorted(order[position] for order in orders) == sorted(list(range(n)) * (full // n))
+    pairs = _predecessors(orders)
+    assert pairs == {(a, b): full // n for a in range(n) for b in range(n) if a != b}
+
+
+def test_round_orders_with_fewer_rounds_than_functions_never_repeat_a_predecessor():
+    """model_steps times 6 train steps in 5 rounds and 15 eval calls in 5."""
+    for n, rounds in [(6, 5), (15, 5), (12, 5), (4, 3)]:
+        pairs = _predecessors(common.round_orders(n, rounds))
+        most = 1 if n % 2 == 0 else 2
+        assert max(pairs.values()) <= most, (n, rounds)
 
 
 class FakeClock:

@@ -85,25 +85,47 @@ def timeit(fn: Callable, *args, repeats: int = 3) -> dict[str, float]:
     return {"min_s": times[0], "median_s": times[len(times) // 2], "repeats": repeats}
 
 
+def round_orders(n: int, rounds: int) -> list[list[int]]:
+    """The order of ``n`` functions in each of ``rounds`` rounds: rows of a Williams design.
+
+    Row r is 0, 1, n-1, 2, n-2, ... plus r (mod n). For even n, n rows put every function in
+    every position once and right after every other function once; for odd n the rows are
+    followed by their mirror images (round 2k: row k, round 2k+1: row k reversed), and 2n rounds
+    put every function right after every other twice. With fewer rounds no function follows
+    the same one twice (even n; odd n: at most twice)."""
+    base, low, high = [0], 1, n - 1
+    while len(base) < n:
+        base.append(low)
+        low += 1
+        if len(base) < n:
+            base.append(high)
+            high -= 1
+    rows = [[(x + r) % n for x in base] for r in range(n)]
+    if n % 2 == 0:
+        return [rows[k % n] for k in range(rounds)]
+    return [rows[(k // 2) % n][:: 1 if k % 2 == 0 else -1] for k in range(rounds)]
+
+
 def timeit_interleaved(
     fns: dict[str, Callable[[], Any]], repeats: int = 3
 ) -> dict[str, dict[str, float]]:
     """min and median seconds of every ``fn()``, timed round-robin: one warm-up call each,
-    then ``repeats`` rounds that call every function once, in an order rotated by one each
-    round. A ratio between two of them then compares calls made under the same machine
-    conditions (on a shared 2-core machine, back-to-back blocks of repeats drifted by up to
-    10 %, measured). Use ``repeats`` >= the number of functions for every rotation."""
+    then ``repeats`` rounds that call every function once, in the orders of ``round_orders``.
+    A ratio between two of them then compares calls made under the same machine conditions
+    (on a shared 2-core machine, back-to-back blocks of repeats drifted by up to 10 %,
+    measured), and no function is timed after the same predecessor every round (the call
+    right after the baseline ran up to 15 % slower on our machine, whichever it was). With
+    ``repeats`` >= the number of functions (twice it when odd) every function follows every
+    other equally often; with fewer, the min over repeats still sees different predecessors."""
     for fn in fns.values():
         block(fn())
     names = list(fns)
     times = {name: [] for name in names}
-    for r in range(repeats):
-        # Round r starts at function r: each one takes every position in turn (the call right
-        # after the baseline ran up to 15 % slower on our machine, whichever it was).
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    for order in round_orders(len(names), repeats):
+        for i in order:
             start = time.perf_counter()
-            block(fns[name]())
-            times[name].append(time.perf_counter() - start)
+            block(fns[names[i]]())
+            times[names[i]].append(time.perf_counter() - start)
     out = {}
     for name, ts in times.items():
         ts.sort()
