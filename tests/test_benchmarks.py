@@ -222,3 +222,16 @@ def test_flops_counts_every_row_group_of_the_exponentials():
     one, two, three = rows(most), rows(2 * most), rows(3 * most)
     assert two - one == pytest.approx(three - two, rel=1e-3)
     assert two - one > 0.5 * one  # all but the generators' word basis grows with the rows
+
+
+def test_cayley_speed_checks_the_logits_with_a_nonzero_s():
+    """The recipe's S = 0 makes P = I, where folded and per-token agree whatever they do: the
+    benchmark's check draws S, and the two ways still agree."""
+    from experiments.benchmarks import cayley_speed
+
+    images = cayley_speed._images(cayley_speed.model_config("block2x2", True), 4, seed=1)[0]
+    (folded, s_max), (per_token, _) = (
+        cayley_speed.check_logits("block2x2", fold, images) for fold in (True, False)
+    )
+    assert s_max > 0.1
+    assert np.abs(folded - per_token).max() <= 1e-5 * np.abs(folded).max()

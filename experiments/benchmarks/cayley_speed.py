@@ -4,7 +4,8 @@ The model of ``configs/cayley.py:dataset=fashion_mnist`` (the sparse Cayley-STRI
 width 48, 4 layers, 4 heads of 12 dims, MLP 192, 32x32 grayscale inputs in 4x4 patches, 65
 tokens), one arm per generator of the ``cayley_fashion`` study and RoPE-Mixed without P. Every
 Cayley arm runs two ways, with the same logits and gradients
-(``tests/models/test_vit.py::test_cayley_string_p_per_token_equals_folded``):
+(``tests/models/test_vit.py::test_cayley_string_p_per_token_equals_folded``; checked here on the
+logits of 8 images with S drawn N(0, ``CHECK_INIT_STD``), as the recipe's S = 0 makes P = I):
 
 - ``folded`` (the model's default, ``fold_mix=True``): P = (I - S)(I + S)^-1 solved (or, 2x2,
   formed in closed form) once per head and layer in every forward pass and folded into W_q and
@@ -47,14 +48,17 @@ ARMS = {
     "rope_mixed": "pe=rope_mixed",
 }
 TRAIN_BATCH, EVAL_BATCH, TRAIN_IMAGES = 128, 256, 60_000
+CHECK_INIT_STD = 0.1  # S of the logits check: nonzero, so P is not the identity
 
 
-def model_config(arm: str, fold: bool):
-    """``config.model`` of the arm's recipe, with ``fold_mix``."""
+def model_config(arm: str, fold: bool, init_std: float | None = None):
+    """The arm's recipe, with ``fold_mix`` (and Cayley's S drawn N(0, ``init_std``) if given)."""
     from configs import cayley
 
     config = cayley.get_config(f"dataset=fashion_mnist,{ARMS[arm]}")
     config.model.fold_mix = fold
+    if init_std is not None and arm != "rope_mixed":
+        config.model.pe_hparams.init_std = init_std
     config.model.head_zero_init = False  # nonzero logits to compare (same cost)
     return config
 
@@ -77,9 +81,22 @@ def _images(config, batch: int, seed: int = 0):
     return images, labels
 
 
+def check_logits(arm: str, fold: bool, images) -> tuple[np.ndarray, float]:
+    """The logits of ``images`` of the arm's model with S drawn N(0, ``CHECK_INIT_STD``) (the
+    same draw either way of ``fold``), and the largest |S| entry (0 would make P = I)."""
+    config = model_config(arm, fold, CHECK_INIT_STD)
+    model = train.build_model(config.model, jax.random.key(0))
+    s_max = max(
+        float(jnp.abs(leaf).max())
+        for path, leaf in jax.tree.leaves_with_path(nnx.state(model, nnx.Param))
+        if any(str(getattr(k, "key", "")).startswith("s_") for k in path)
+    )
+    return np.asarray(jax.jit(model)(images)), s_max
+
+
 def calls(arm: str, fold: bool, train_batch: int, eval_batch: int) -> dict:
     """No-argument calls: one train step with the recipe's AdamW (keeping its state), one
-    inference forward, the logits of 8 images; and the parameter count."""
+    inference forward; and the parameter count."""
     config = model_config(arm, fold)
     model = train.build_model(config.model, jax.random.key(0))
     optimizer = optax.adamw(config.optim.lr, weight_decay=config.optim.weight_decay)
@@ -90,17 +107,19 @@ def calls(arm: str, fold: bool, train_batch: int, eval_batch: int) -> dict:
         "train": model_steps.step_call(model, *_images(config, train_batch), optimizer),
         "infer": lambda: forward(params, eval_images),
         "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)),
-        "logits": lambda: forward(params, eval_images[:8]),
     }
 
 
 def run(repeats: int = 9, train_batch: int = TRAIN_BATCH, eval_batch: int = EVAL_BATCH) -> dict:
     built = {name: calls(arm, fold, train_batch, eval_batch) for name, arm, fold in cases()}
-    # The two ways of one arm compute the same logits (same init key): checked here too.
+    # The two ways of one arm compute the same logits (same init key, S != 0): checked here too.
     agree = {}
+    images = _images(model_config("dense", True), 8, seed=1)[0]
     for arm in ARMS:
         if arm != "rope_mixed":
-            a, b = (np.asarray(built[f"{arm}/{w}"]["logits"]()) for w in ("folded", "per_token"))
+            (a, s_max), (b, _) = (check_logits(arm, fold, images) for fold in (True, False))
+            if s_max == 0:
+                raise RuntimeError(f"{arm}: S = 0 in the logits check, P = I")
             agree[arm] = float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-12))
     results = {
         "machine": common.machine(),
