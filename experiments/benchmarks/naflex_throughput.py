@@ -20,7 +20,7 @@ patch-token slots; the per-image prefix tokens left out, as in ``mixed``), each 
 over ``fixed8``'s, and the packed cases' time over ``mixed``'s (the same images), all timed
 round-robin in the same run (``common.timeit_interleaved``).
 
-    python -m experiments.benchmarks.naflex_throughput [--pe rope_mixed] [--batch 32]
+    python -m experiments.benchmarks.naflex_throughput [--pe rope_mixed] [--batch 32] [--out X]
     python -m experiments.benchmarks.naflex_throughput --variant B --batch 128 \
         --attention xla+cudnn --dtype bfloat16 --pool mean   # a GPU: the key mask through cuDNN
 """
@@ -31,6 +31,7 @@ import argparse
 import itertools
 import json
 import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -149,7 +150,9 @@ def main() -> None:
     parser.add_argument("--max-side", type=int, default=10)
     parser.add_argument(
         "--out",
-        default=os.path.join(common.ROOT, "experiments", "benchmarks", "naflex_throughput.json"),
+        default=os.path.join(tempfile.gettempdir(), "naflex_throughput.json"),
+        help="JSON output path (a scratch file unless given: the committed results are only "
+        "overwritten when named)",
     )
     args = parser.parse_args()
     results = {"machine": common.machine(), "args": vars(args), "cases": {}}
