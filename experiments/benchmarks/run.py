@@ -1,7 +1,7 @@
 """Run every benchmark, print the tables and write JSON.
 
-    python -m experiments.benchmarks.run            # full: about 15-20 minutes on 2 cores
-    python -m experiments.benchmarks.run --quick    # smaller shapes, fewer repeats: ~3 minutes
+    python -m experiments.benchmarks.run            # all six (``BENCHMARKS``)
+    python -m experiments.benchmarks.run --quick    # smaller shapes, fewer repeats
     python -m experiments.benchmarks.run --only rotations,scaling --out /tmp/r.json
 
 Every time is min / median over the repeats after a warm-up call; every figure in the tables
