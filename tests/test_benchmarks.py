@@ -235,3 +235,13 @@ def test_cayley_speed_checks_the_logits_with_a_nonzero_s():
     )
     assert s_max > 0.1
     assert np.abs(folded - per_token).max() <= 1e-5 * np.abs(folded).max()
+
+
+def test_device_mfu_peak_is_the_dtypes_or_none():
+    """``PEAK_TFLOPS`` holds bfloat16 peaks: a float32 step gets no MFU unless a peak is given."""
+    from experiments.benchmarks import device
+
+    kind = "NVIDIA H100 80GB HBM3"
+    assert device.peak_flops(kind, None) == device.peak_flops(kind, None, "bfloat16") == 989e12
+    assert device.peak_flops(kind, None, "float32") is None
+    assert device.peak_flops(kind, 67.0, "float32") == 67e12

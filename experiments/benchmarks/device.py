@@ -15,7 +15,8 @@ same program is lowered for one CPU device and XLA:CPU counts them (``cpu_lowere
 They are the same arithmetic for every backend: a fused kernel's custom call has no cost XLA
 can see, and "chunked" recomputes the logits in its backward pass, which MFU does not count.
 The peak is looked up from the device kind (dense bfloat16 TFLOP/s of the datasheets,
-``PEAK_TFLOPS``) or given with ``--peak_tflops``.
+``PEAK_TFLOPS``) when ``--dtype`` is bfloat16, or given with ``--peak_tflops``; for another
+dtype without ``--peak_tflops`` no MFU is reported (a bfloat16 peak would understate it).
 
     python -m experiments.benchmarks.device [--batch 64] [--steps 20] [--dtype bfloat16]
         [--encoders nope,rope_mixed,liere,alibi] [--attention xla,cudnn] [--pool cls|mean]
@@ -52,10 +53,13 @@ PEAK_TFLOPS = {
 ENCODERS = ("nope", "rope_mixed", "liere", "cayley_string", "circulant_string", "alibi")
 
 
-def peak_flops(device_kind: str, override: float | None) -> float | None:
-    """The device's peak FLOP/s, or None when unknown and not given."""
+def peak_flops(device_kind: str, override: float | None, dtype: str = "bfloat16") -> float | None:
+    """The device's peak FLOP/s, or None when unknown and not given. ``PEAK_TFLOPS`` holds
+    bfloat16 peaks: for another activation ``dtype`` only ``override`` gives one."""
     if override:
         return override * 1e12
+    if dtype != "bfloat16":
+        return None
     for key, tflops in PEAK_TFLOPS.items():
         if key.lower() in device_kind.lower():
             return tflops * 1e12
@@ -182,8 +186,10 @@ def time_step(config, batch: int, steps: int) -> dict:
 def run(args) -> list[dict]:
     platform = jax.default_backend()
     kind = jax.devices()[0].device_kind
-    peak = peak_flops(kind, args.peak_tflops)
-    print(f"device: {kind} ({platform}), peak {peak and peak / 1e12} TFLOP/s", flush=True)
+    peak = peak_flops(kind, args.peak_tflops, args.dtype)
+    print(f"device: {kind} ({platform}), {args.dtype} peak {peak and peak / 1e12} TFLOP/s")
+    if peak is None and args.dtype != "bfloat16":
+        print(f"  no MFU: PEAK_TFLOPS is bfloat16's; give --peak_tflops for {args.dtype}")
     rows = []
     for encoder in args.encoders.split(","):
         model_flops = None
