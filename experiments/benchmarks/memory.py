@@ -9,11 +9,13 @@ arguments + outputs - aliased + temporaries. Each case is compiled at two per-de
 memory is linear in the batch, so the two give the fixed bytes and the bytes per example, and
 the largest per-device batch that fits ``DEVICE_GIB``.
 
-Cases: ViT-B/16 on ImageNet (``configs/imagenet.py``, LieRE 8x8, float32) at 224 px (197
-tokens) and 448 px (785 tokens), and the UCF101 3D step (``configs/ucf101.py``, 8 x 224 x 224
-clips, 2 x 16 x 16 tubelets: 784 tokens + class token). XLA:CPU's buffer assignment stands in
-for the accelerators' (their fusion differs, so absolute numbers will too; the ratio between
-the backends is the point).
+Cases: ViT-B/16 on ImageNet (``configs/imagenet.py``, LieRE 8x8, the recipe's bfloat16
+activations and float32 parameters; float32 images) at 224 px (197 tokens) and 448 px (785
+tokens), and the UCF101 3D step (``configs/ucf101.py``, 8 x 224 x 224 clips, 2 x 16 x 16
+tubelets: 784 tokens + class token). XLA:CPU's buffer assignment stands in for the accelerators'
+(their fusion differs, so absolute numbers will too; the ratio between the backends is the
+point). ``--out`` writes ``{"machine": ..., "rows": [...]}``, the machine
+(CPU, cores, load average, versions: ``common.machine()``) recorded before the first case.
 
     python -m experiments.benchmarks.memory [--quick] [--only '224 px'] [--out memory.json]
 """
@@ -32,6 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from experiments.benchmarks import common  # noqa: E402
 from rope_lie import sharding, train  # noqa: E402
 
 DEVICES = 8
@@ -90,7 +93,7 @@ def run(quick: bool = False, only: str = "", out: str = "") -> list[dict]:
             f"needs {DEVICES} devices, found {jax.device_count()}: run with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={DEVICES} set before jax starts"
         )
-    rows = []
+    rows, machine = [], common.machine()
     for name, config in cases(quick):
         if only and only not in name:
             continue
@@ -117,7 +120,7 @@ def run(quick: bool = False, only: str = "", out: str = "") -> list[dict]:
             rows.append(row)
             if out:  # after every row: a long run leaves what it measured
                 with open(out, "w") as f:
-                    json.dump(rows, f, indent=1)
+                    json.dump({"machine": machine, "rows": rows}, f, indent=1)
             print(
                 f"  {name:18s} {backend:8s} T={tokens}: fixed {fixed / 2**30:.2f} GiB, "
                 f"{per_example / 2**20:.0f} MiB/example, largest batch/device {largest} "
