@@ -13,7 +13,8 @@ run's parameters into the new model's:
 - a parameter one model has and the other lacks, or of another shape, is an error naming it
   and both shapes. Only parameters are compared: settings that hold none (a parameter-free
   family such as RoPE-Axial or ALiBi swapped for another, the pooling, the position
-  convention) may differ, and the new config's hold.
+  convention) may differ, and the new config's hold (``train`` prints each model field that
+  differs from the one the source's checkpoint recorded).
 
 The positions the rotary parameters act on follow the new model's config. Under the
 ``"sequential"`` convention (LieRE's) and ``"autoscale"`` (VisionLlama's), positions are
@@ -46,6 +47,14 @@ def load_params(path: str) -> tuple[int, dict[str, Any]]:
       path: a workdir (its ``checkpoints/``), a checkpoints directory, or one step's
         directory inside it (``.../checkpoints/500``).
     """
+    path, step = checkpoint_step(path)
+    step, state = ckpt.load_state(path, step)
+    return step, state["params"]
+
+
+def checkpoint_step(path: str) -> tuple[str, int | None]:
+    """(checkpoints directory, step or None for the latest) that `path` names, as
+    ``load_params`` reads it; FileNotFoundError naming what is missing."""
     path = os.path.abspath(os.path.expanduser(path))
     step = None
     if os.path.basename(path).isdigit():
@@ -63,8 +72,7 @@ def load_params(path: str) -> tuple[int, dict[str, Any]]:
             f"{path!r} has no checkpoint of step {step}; its steps are {steps} (an ensemble "
             "member keeps its final one only; the others are in its ensemble_dir)"
         )
-    step, state = ckpt.load_state(path, step)
-    return step, state["params"]
+    return path, step
 
 
 def adapt_params(

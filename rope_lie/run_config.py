@@ -223,6 +223,16 @@ def check_model(saved: Mapping[str, Any] | None, model_cfg: Mapping[str, Any], w
         )
 
 
+def model_changes(saved: Mapping[str, Any] | None, model_cfg: Mapping[str, Any]) -> list[str]:
+    """The fields in which `model_cfg` is not the model a checkpoint recorded (`saved`, its
+    meta's ``"model"``; [] without one), by ``check_model``'s rules, as "field=<there> (here
+    <value>)": what a fine-tune (``init_from``) changes of its source's model."""
+    if saved is None:
+        return []
+    differ = _differences(_flat({"model": dict(saved)}), _flat({"model": model_record(model_cfg)}))
+    return [f"{k}={there!r} (here {here!r})" for k, there, here in differ]
+
+
 def _as_tuples(value: Any) -> Any:
     """JSON lists back to the tuples the config holds (image_shape, mean, std)."""
     if isinstance(value, list):

@@ -529,6 +529,11 @@ def _init_source(config: mc.ConfigDict, abstract_params: Any) -> tuple[int, dict
     except FileNotFoundError as e:
         raise FileNotFoundError(f"init_from={config.init_from!r}: {e}") from None
     finetune.check_params(source, abstract_params, init_head=config.get("init_head", "keep"))
+    from rope_lie import run_config  # ml_collections (the train extra)
+
+    saved = ckpt.load_meta(finetune.checkpoint_step(config.init_from)[0], step).get("model")
+    for line in run_config.model_changes(saved, config.model):
+        say(f"init_from: the source's model had {line}")
     return step, source
 
 

@@ -72,7 +72,7 @@ def _arrows_config(data_dir: str, grid: int, **fields) -> mc.ConfigDict:
     return config
 
 
-def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(tmp_path):
+def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(tmp_path, capsys):
     """Issue 15's recipe at test scale: spatial_arrows with 8 px cells, trained on an 8x8 grid
     (64 px), then a run from its weights on a 12x12 grid (96 px) with a zero learning rate, so
     that its parameters must be exactly the adapted source ones: LieRE's generators taken as
@@ -96,7 +96,12 @@ def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(
         finetune.load_params(os.path.join(src_dir, "checkpoints", "3"))
     config = _arrows_config(data_dir, 12, init_from=src_dir, total_steps=2)
     config.optim.lr = 0.0
+    capsys.readouterr()
     final = train.train_and_evaluate(config, ft_dir)
+    # what the fine-tune changes of the source's model is said, not refused
+    assert "init_from: the source's model had model.image_shape=[64, 64] (here [96, 96])" in (
+        capsys.readouterr().out
+    )
     assert final["step"] == 2 and final["evals"]["g12"]["num_examples"] == 8
     assert final["evals"]["g12"]["resolution"] == "96x96"
     _, state = checkpoint.load_state(os.path.join(ft_dir, "checkpoints"))
