@@ -637,6 +637,82 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     assert cases.index(("liere", "xla", "product=einsum")) > cases.index(("liere", "xla", None))
 
 
+def _stub_compile_stage(monkeypatch, budget_s: float, lower_s: float = 10.0):
+    """A queue for ``compile_stage.stage_compile`` on a "gpu" whose lowering takes ``lower_s``
+    seconds of a stubbed clock and whose compile stage has ``budget_s`` of them: the pool
+    records what is queued, in its order, and runs it at once."""
+    import contextlib
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    import jax
+
+    from experiments.device import compile_stage
+
+    clock, active, queued = [0.0], [None], []
+
+    @contextlib.contextmanager
+    def variant(name):
+        active[0] = name
+        yield
+
+    def lower_case(q, encoder, attention, batch):
+        clock[0] += lower_s
+        return {"key": (encoder, attention, batch, active[0]), "init": None}
+
+    def done(value):
+        future = Future()
+        future.set_result(value)
+        return future
+
+    def submit(fn, case, *args):
+        if fn is compile_stage._compile:
+            queued.append(case["key"])
+            return done({"compiled": case["key"]})
+        return done(fn(case, *args))
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(compile_stage, "variant", variant)
+    monkeypatch.setattr(compile_stage, "lower_case", lower_case)
+    monkeypatch.setattr(compile_stage, "timed_init", lambda q, encoder, init: None)
+    monkeypatch.setattr(compile_stage, "skipped_attentions", lambda q, platform: [])
+    pool = SimpleNamespace(submit=submit)
+    q = SimpleNamespace(
+        args=SimpleNamespace(encoders="", attention="", budget=100.0),
+        shapes={"batch": 64, "other_backend_encoders": 4},
+        data={"rows": [], "stages": {}},
+        compiled={},
+        states={},
+        pool=pool,
+        init_pool=pool,
+        left=lambda stage: budget_s - clock[0],
+    )
+    return q, queued
+
+
+def test_the_compile_stage_queues_its_steps_in_their_order_the_baselines_first(monkeypatch):
+    from experiments.device import compile_stage
+
+    q, queued = _stub_compile_stage(monkeypatch, budget_s=1e6)
+    compile_stage.stage_compile(q)
+    assert queued == q.cases  # the pool's order is the order the steps stage times them
+
+
+def test_a_compile_stage_cut_short_compiles_the_goal_s_baselines_before_any_variant(monkeypatch):
+    # Time for five lowerings: the lead encoders' four steps (the goal's encoders and dense
+    # LieRE) and one variant; every other case is skipped, the baselines never.
+    from experiments.device import compile_stage
+
+    q, queued = _stub_compile_stage(monkeypatch, budget_s=45.0)
+    compile_stage.stage_compile(q)
+    lead = [(e, "cudnn", 64, None) for e in compile_stage.LEAD_ENCODERS]
+    assert queued[:4] == lead
+    assert all("compiled" in q.compiled[k] for k in lead)
+    assert [k[3] for k in queued[4:]] == [device.liere_variants("gpu")[0]]
+    assert all("skipped" in q.compiled[k] for k in q.cases if k not in queued)
+    assert set(q.states) == {k[0] for k in lead}
+
+
 def test_markdown_sets_each_variant_against_its_encoder_s_defaults():
     # What a default's change would buy, read from one run: the variant's step over its
     # encoder's defaults on the same backend and batch (first pass only), and over RoPE-Mixed.

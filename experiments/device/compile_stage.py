@@ -191,33 +191,48 @@ def stage_compile(q: Queue) -> str:
     q.data["rows"] += skipped_attentions(q, platform)
     cases = step_cases(q, platform)
     q.cases = [(e, a, batch, p) for e, a, p in cases]
-    lowered: list[tuple[tuple, dict]] = []
-    # The variants first, before any other thread traces (a block product and a layer plan are
-    # read when tracing, and switching them clears JAX's caches).
-    for encoder, attention, name in [c for c in cases if c[2] is not None]:
-        key = (encoder, attention, batch, name)
-        try:
-            with variant(name):
-                lowered.append((key, lower_case(q, encoder, attention, batch)))
-        except Exception as e:
-            q.compiled[key] = {"error": f"lowering: {type(e).__name__}: {e}"[:2000]}
-    futures = {}
-    for key, case in lowered:
-        futures[q.pool.submit(_compile, case)] = key
-    for encoder, attention, name in cases:
-        if name is not None:
-            continue
-        key = (encoder, attention, batch, None)
+    futures: dict = {}  # future -> key, in the pool's (first-in-first-out) order
+
+    def lower(key):
+        """The case lowered under its variant, or None with the reason in ``q.compiled``."""
         if q.left("compile") <= 0:
             q.compiled[key] = {"skipped": "no time left in the compile stage"}
-            continue
+            return None
         try:
-            case = lower_case(q, encoder, attention, batch)
+            with variant(key[3]):
+                return lower_case(q, key[0], key[1], batch)
         except Exception as e:
             q.compiled[key] = {"error": f"lowering: {type(e).__name__}: {e}"[:2000]}
-            continue
+            return None
+
+    def start_init(encoder, case):
         if encoder not in q.states:  # its own thread: never queued behind a compile
             q.states[encoder] = q.init_pool.submit(timed_init, q, encoder, case["init"])
+
+    # The pool compiles in the order of ``cases``: the lead encoders' default steps (the goal's
+    # encoders and their baselines) are lowered and queued first; then every variant is
+    # lowered, before any other thread traces (a block product or a layer plan is read when
+    # tracing, and switching one clears JAX's caches), and only then are the lead encoders'
+    # initial states started; the variants and the rest follow in ``cases`` order.
+    keys = q.cases
+    n_lead = next(
+        (i for i, k in enumerate(keys) if k[3] is not None or k[0] not in LEAD_ENCODERS),
+        len(keys),
+    )
+    lead = []
+    for key in keys[:n_lead]:
+        if (case := lower(key)) is not None:
+            futures[q.pool.submit(_compile, case)] = key
+            lead.append((key, case))
+    lowered_variants = {key: lower(key) for key in keys if key[3] is not None}
+    for key, case in lead:
+        start_init(key[0], case)
+    for key in keys[n_lead:]:
+        case = lowered_variants[key] if key[3] is not None else lower(key)
+        if case is None:
+            continue
+        if key[3] is None:
+            start_init(key[0], case)
         futures[q.pool.submit(_compile, case)] = key
 
     # Until the stage's deadline: a ViT-B step took 12-93 s to compile on an H100 machine (four
