@@ -158,8 +158,10 @@ def test_dry_run_rows_say_where_their_time_went(dry_run):
     timed = [r for r in dry_run["rows"] if r["step_ms"] is not None]
     assert timed
     for r in timed:
-        parts = (r["init_wait_s"], r["batch_s"], r["timed_s"])
+        parts = (r["init_wait_s"], r["batch_s"], r["background_wait_s"], r["timed_s"])
         assert min(parts) >= 0 and r["timed_s"] > 0, r
+        # timed alone: no other encoder's initialisation and no compile beside it
+        assert r["concurrent"] == [], r
         # the parts are the row's wall time, but for its bookkeeping and their roundings
         assert r["seconds"] - 0.5 <= sum(parts) <= r["seconds"] + 0.1, r
         # the same step's training throughput: dispatched back to back, waited for once
@@ -218,6 +220,54 @@ def test_host_init_builds_on_the_cpu_and_puts_the_state_on_the_step_s_shardings(
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert int(proc.stdout.split("leaves")[-1]) > 10, proc.stdout
+
+
+def test_a_step_is_timed_once_the_background_inits_and_compiles_are_done(monkeypatch):
+    # On an H200 each timed row ran beside the next encoder's initialisation: a row now waits
+    # for the work left in the background, up to its stage's deadline, and names what is left.
+    import threading
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    import jax.numpy as jnp
+
+    from experiments.benchmarks import device as bench
+    from experiments.device import steps
+
+    def done(value):
+        future = Future()
+        future.set_result(value)
+        return future
+
+    later, stuck = Future(), Future()
+    running_when_timed = []
+
+    def time_compiled(compiled, state, data, other, key, n, warmup):
+        running_when_timed.append([f.done() for f in (later, stuck)])
+        ms = dict.fromkeys(("step_ms_min", "step_ms_median", "step_ms_pipelined"), 1.0)
+        return ms | {"loss": 1.0}, state
+
+    monkeypatch.setattr(bench, "random_batch", lambda config, batch, mesh: None)
+    monkeypatch.setattr(bench, "time_compiled", time_compiled)
+    left = [60.0]
+    q = SimpleNamespace(
+        data={"platform": "cpu", "flops_per_image": 1.0, "peak_tflops": None},
+        shapes={"steps": 2, "warmup": 1},
+        states={"nope": done(({"w": jnp.ones(2)}, None)), "liere": later},
+        compiling={done({}): ("nope", "xla", 8, None)},
+        left=lambda stage: left[0],
+    )
+    case = {"compiled": None, "config": None, "mesh": None, "compile_s": 1.0, "lower_s": 1.0}
+    threading.Timer(0.3, lambda: later.set_result(({"w": jnp.zeros(2)}, None))).start()
+    row = steps.time_case(q, ("nope", "xla", 8, None), case)
+    assert running_when_timed == [[True, False]] == [[later.done(), stuck.done()]]
+    assert row["concurrent"] == [] and row["background_wait_s"] > 0.1, row
+    # a compile past the drain that outlasts the stage: timed at the deadline, and named
+    q.compiling[stuck] = ("liere", "cudnn", 8, "squarings=pallas")
+    left[0] = 0.1
+    row = steps.time_case(q, ("nope", "xla", 8, None), case, "largest_batch")
+    assert row["concurrent"] == ["compile liere cudnn 8 squarings=pallas"], row
+    assert "beside compile liere" in steps.row_breakdown(row)
 
 
 def test_initial_states_of_encoders_with_no_compiled_step_are_dropped():
@@ -682,6 +732,7 @@ def _stub_compile_stage(monkeypatch, budget_s: float, lower_s: float = 10.0):
         shapes={"batch": 64, "other_backend_encoders": 4},
         data={"rows": [], "stages": {}},
         compiled={},
+        compiling={},
         states={},
         pool=pool,
         init_pool=pool,

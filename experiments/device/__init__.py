@@ -49,8 +49,11 @@ goes on:
    ``{encoder, attention, batch, step_ms, images_per_s, mfu, ...}``; ``step_ms`` is the min
    of steps each waited for; ``step_ms_pipelined`` and ``mfu_pipelined``, ``--steps`` more
    dispatched back to back and waited for once (a training loop's throughput, without the
-   host's dispatch of each step); ``init_wait_s``, ``batch_s`` and ``timed_s`` say where the
-   row's wall time went.
+   host's dispatch of each step); ``init_wait_s``, ``batch_s``, ``background_wait_s`` and
+   ``timed_s`` say where the row's wall time went. Each row's steps are timed once the work
+   left in the background (other encoders' initial states, compiles past the compile stage's
+   drain) is done, or at the stage's deadline; ``concurrent`` names what still ran beside
+   them ([] when nothing did).
    Then the goal's encoders (``GOAL_ENCODERS``: RoPE-Mixed, LieRE 8x8, NoPE with
    their defaults on the first backend) are timed again in reverse order (rows with ``case``
    "repeat"), and the goal's ratios are given from each pass: the spread says whether a ratio

@@ -191,7 +191,9 @@ def stage_compile(q: Queue) -> str:
     q.data["rows"] += skipped_attentions(q, platform)
     cases = step_cases(q, platform)
     q.cases = [(e, a, batch, p) for e, a, p in cases]
-    futures: dict = {}  # future -> key, in the pool's (first-in-first-out) order
+    # future -> key, in the pool's (first-in-first-out) order; kept for the steps stage, which
+    # waits for the compiles still running before it times a step (``steps.wait_for_background``)
+    futures = q.compiling
 
     def lower(key):
         """The case lowered under its variant, or None with the reason in ``q.compiled``."""

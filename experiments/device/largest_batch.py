@@ -91,7 +91,7 @@ def stage_largest_batch(q: Queue) -> str:
                 continue
             q.compiled[key] = case
             try:
-                result = time_case(q, key, case)
+                result = time_case(q, key, case, "largest_batch")
             except Exception as e:  # out of memory at run time: try the half
                 result = empty_row(
                     encoder, row["attention"], b, error=f"{type(e).__name__}: {e}"[:1000]

@@ -59,6 +59,7 @@ class Queue:
         self.compiled: dict[tuple, dict] = {}  # (encoder, attention, batch, variant) -> info
         self.cases: list[tuple] = []  # the keys of stage 3, in the order they are timed
         self.states: dict[str, Any] = {}  # encoder -> future of its initial (state, other)
+        self.compiling: dict[Any, tuple] = {}  # future of a stage-3 compile -> its case's key
         self.background: dict[str, Any] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(args.compile_threads)
         # the encoders' initial states, in the order their steps are first lowered (and timed)

@@ -24,8 +24,13 @@ def flops_per_image(q: Queue) -> float:
     return flops.matmul_train_flops(config.model.to_dict(), 1)
 
 
-def time_case(q: Queue, key: tuple, case: dict) -> dict:
+def time_case(q: Queue, key: tuple, case: dict, stage: str = "steps") -> dict:
     """Time one compiled step from a copy of its encoder's initial state; its row.
+
+    Before the steps are timed, the work the compile stage left running (other encoders'
+    initial states, compiles past its drain) is waited for, up to ``stage``'s deadline
+    (``wait_for_background``): the row says how long (``background_wait_s``) and what was
+    still running while it was timed (``concurrent``, [] when nothing was).
 
     Every row starts from the same state: a variant timed on a state trained by the rows
     before it could run LieRE's squaring loop another number of times (its trip count follows
@@ -54,6 +59,7 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         return row | {k: case[k] for k in ("error", "skipped") if k in case}
     (state, other), init_wait_s = waited(initial_state, q, encoder)
     data, batch_s = waited(bench.random_batch, case["config"], batch, case["mesh"])
+    background_wait_s, concurrent = wait_for_background(q, stage)
     timed = time.monotonic()
     try:
         timing, state = bench.time_compiled(
@@ -87,8 +93,27 @@ def time_case(q: Queue, key: tuple, case: dict) -> dict:
         # where it went: the initial state (waited for, and copied), the batch, the steps
         init_wait_s=round(init_wait_s, 3),
         batch_s=round(batch_s, 3),
+        background_wait_s=round(background_wait_s, 3),
         timed_s=round(timed_s, 3),
+        concurrent=concurrent,
     )
+
+
+def wait_for_background(q: Queue, stage: str) -> tuple[float, list[str]]:
+    """Wait until the initial states being built (``q.states``) and the compile stage's
+    compiles (``q.compiling``) are done, or ``stage``'s deadline: a compile autotunes on the
+    device and an initialisation takes the host's CPU and a transfer, either of which would
+    fall into a step timed beside it. The seconds waited, and what is still running
+    ("init <encoder>", "compile <encoder> <attention> <batch> <variant>")."""
+    import concurrent.futures
+
+    work = {f: f"init {e}" for e, f in q.states.items()}
+    work |= {f: "compile " + " ".join(map(str, k)) for f, k in q.compiling.items()}
+    began = time.monotonic()
+    running = [f for f in work if not f.done()]
+    if running:
+        concurrent.futures.wait(running, timeout=max(0.0, q.left(stage)))
+    return time.monotonic() - began, [work[f] for f in running if not f.done()]
 
 
 def initial_state(q: Queue, encoder: str) -> tuple:
@@ -131,7 +156,11 @@ def row_breakdown(row: dict) -> str:
     """Where a timed row's wall time went, for the progress line ("" for a row not timed)."""
     if row.get("timed_s") is None:
         return ""
-    return f" (init {row['init_wait_s']}, batch {row['batch_s']}, steps {row['timed_s']} s)"
+    beside = f", beside {', '.join(row['concurrent'])}" if row.get("concurrent") else ""
+    return (
+        f" (init {row['init_wait_s']}, batch {row['batch_s']}, background "
+        f"{row['background_wait_s']}, steps {row['timed_s']} s{beside})"
+    )
 
 
 def repeat_goal_steps(q: Queue) -> int:
