@@ -602,7 +602,7 @@ def test_hlo_op_counts():
     assert device.hlo_op_counts(text) == {"parameter": 1, "fusion": 1, "dot": 1}
 
 
-def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
+def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default(monkeypatch):
     # What the GPU run compiles beside LieRE 8x8's defaults (the dry run sees the CPU's only).
     assert device.variant_choices(None, "gpu") == {
         "product": "by_size",
@@ -634,14 +634,16 @@ def test_liere_variants_on_a_gpu_are_what_it_does_not_use_by_default():
         "squarings=fixed",
     ]
     assert device.liere_variants("gpu", every=True) == every
-    # Those an H100 run measured slower than the defaults are no longer compiled there.
-    assert device.liere_variants("gpu") == [
-        "backward=reverse",
-        "squarings=pallas",
-        device.COMBINED,
-        "product=adds",
-        "backward=reverse,product=adds",
-    ]
+    # None is measured slower from the same initial state as the defaults yet: all compiled.
+    assert device.liere_variants("gpu") == every
+    from experiments.device import variants
+
+    assert variants.MEASURED_SLOWER == {"gpu": {}}
+    # one measured slower is left out, unless every variant is asked for
+    monkeypatch.setitem(variants.MEASURED_SLOWER, "gpu", {"layers=each": "48 ms against 42 ms"})
+    assert device.liere_variants("gpu") == [v for v in every if v != "layers=each"]
+    assert device.liere_variants("gpu", every=True) == every
+    monkeypatch.undo()
     assert device.COMBINATIONS == (device.COMBINED, "backward=reverse,product=adds")
     assert device.liere_variants("cpu") == device.liere_variants("cpu", every=True)
     assert device.variant_choices(device.COMBINED, "gpu") == {
@@ -677,7 +679,6 @@ def test_on_a_gpu_liere_s_variants_compile_right_after_the_goal_encoders():
     # then the lead encoders' own variants: dense LieRE with the reverse-mode VJP
     assert cases[4 + len(variants)] == ("liere_dense", "cudnn", "backward=reverse")
     assert {e for e, a, v in cases if a == "cudnn" and v is None} == set(device.ENCODERS)
-    assert ("liere", "cudnn", "product=einsum") not in cases  # measured slower on an H100
     q.args.every_variant = True
     cases = compile_stage.step_cases(q, "gpu")
     every = device.liere_variants("gpu", True)
