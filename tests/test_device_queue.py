@@ -380,6 +380,29 @@ def test_dry_run_times_liere_s_exponentials_alone_with_each_variant(dry_run):
         assert r["orthogonality_error"] < 1e-4  # rotations, whatever the program
 
 
+def test_liere_s_exponentials_alone_are_taken_at_the_recipe_s_positions():
+    # LieRE's recipe gives "sequential" positions ([0, 1] across the grid): at integer ones
+    # the generators' norms, and the squaring loop's trip count, are those of another model.
+    import jax
+    import numpy as np
+
+    from experiments.device import rotations
+    from experiments.device.recipes import read_recipes
+    from rope_lie.encodings import liere, positions
+
+    encoders = read_recipes()["encoders"]
+    assert encoders["liere"]["model"]["position_convention"] == "sequential"
+    assert rotations.liere_positions(8, 64) == "sequential"
+    assert (
+        rotations.liere_positions(64, 64) == encoders["liere_dense"]["model"]["position_convention"]
+    )
+    forward, _, params = rotations.exponential_programs(None, 1, 1, 8, (3, 3))
+    pos = positions.grid_positions([3, 3], "sequential", num_prefix=1)
+    one = jax.tree.map(lambda x: x[0], params)
+    want = liere.precompute(one, pos, num_heads=1, head_dim=8, num_prefix=1).r_TNKbb
+    np.testing.assert_allclose(np.asarray(forward(params))[0], np.asarray(want), atol=1e-5)
+
+
 def test_dry_run_largest_batch(dry_run):
     largest = [r for r in dry_run["rows"] if r.get("case") == "largest_batch"]
     assert [r["encoder"] for r in largest] == list(device.ENCODERS)[:2]

@@ -182,19 +182,25 @@ def time_chain(st, x, repeats: int) -> dict:
     )
 
 
-def exponential_programs(name, layers: int, heads: int, head_dim: int, grid, block: int = 8):
+def exponential_programs(
+    name, layers: int, heads: int, head_dim: int, grid, block: int = 8, convention=None
+):
     """LieRE's rotations of ``layers`` layers from one vmapped ``liere.precompute`` on a grid of
-    integer positions (the class token at position 0), ``liere.init``'s generators in
-    ``block`` x ``block`` blocks: (forward, forward and backward to the generators, their
-    parameters), compiled under variant ``name`` (None: the platform's defaults). The backward
-    pass's cotangent is fixed (normal, seed 1)."""
+    positions under ``convention`` (None: the device recipe's, ``liere_positions``; the class
+    token at position 0), ``liere.init``'s generators in ``block`` x ``block`` blocks:
+    (forward, forward and backward to the generators, their parameters), compiled under
+    variant ``name`` (None: the platform's defaults). The backward pass's cotangent is fixed
+    (normal, seed 1). The positions set the exponentials' norms, and with them the trip count
+    of the squaring loop."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from rope_lie.encodings import liere, positions
 
-    pos = positions.grid_positions(list(grid), "integer", num_prefix=1)
+    if convention is None:
+        convention = liere_positions(block, head_dim)
+    pos = positions.grid_positions(list(grid), convention, num_prefix=1)
     keys = jax.random.split(jax.random.key(0), layers)
     init = jax.vmap(
         lambda k: liere.init(k, num_heads=heads, head_dim=head_dim, num_axes=2, block_size=block)
@@ -219,6 +225,15 @@ def exponential_programs(name, layers: int, heads: int, head_dim: int, grid, blo
     return forward, both, params
 
 
+def liere_positions(block: int, head_dim: int) -> str:
+    """The position convention of LieRE's device recipe (``experiments/device_recipes.json``):
+    LieRE 8x8's, or dense LieRE's where ``block`` is the head size."""
+    from experiments.device.recipes import read_recipes
+
+    encoder = "liere_dense" if block == head_dim else "liere"
+    return read_recipes()["encoders"][encoder]["model"]["position_convention"]
+
+
 def time_exponentials(name, config, repeats: int) -> dict:
     """LieRE 8x8's rotations of every layer from one vmapped ``liere.precompute`` (forward, and
     forward and backward to the generators) under variant ``name``, at the model's depth, heads
@@ -231,7 +246,9 @@ def time_exponentials(name, config, repeats: int) -> dict:
     dims, patch = variants.model_dims(model.variant, model.dims, model.patch_size, rank=2)
     depth, heads = dims["depth"], dims["num_heads"]
     grid = [s // p for s, p in zip(model.image_shape, patch, strict=True)]
-    forward, both, params = exponential_programs(name, depth, heads, dims["width"] // heads, grid)
+    forward, both, params = exponential_programs(
+        name, depth, heads, dims["width"] // heads, grid, convention=model.position_convention
+    )
     r = np.asarray(forward(params), np.float64)
     # Orthogonality of the rotations: how far R^T R is from the identity.
     eye = np.eye(r.shape[-1])
