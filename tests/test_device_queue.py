@@ -247,26 +247,33 @@ def test_a_step_is_timed_once_the_background_inits_and_compiles_are_done(monkeyp
         ms = dict.fromkeys(("step_ms_min", "step_ms_median", "step_ms_pipelined"), 1.0)
         return ms | {"loss": 1.0}, state
 
-    monkeypatch.setattr(bench, "random_batch", lambda config, batch, mesh: None)
+    def random_batch(config, batch, mesh):  # the last thing before the wait: the init ends in it
+        if not later.done():
+            threading.Timer(0.5, lambda: later.set_result(({"w": jnp.zeros(2)}, None))).start()
+
+    monkeypatch.setattr(bench, "random_batch", random_batch)
     monkeypatch.setattr(bench, "time_compiled", time_compiled)
-    left = [60.0]
+    left = {"compile": 30.0, "steps": 60.0, "largest_batch": 60.0}
     q = SimpleNamespace(
+        args=SimpleNamespace(budget=100.0),
         data={"platform": "cpu", "flops_per_image": 1.0, "peak_tflops": None},
         shapes={"steps": 2, "warmup": 1},
         states={"nope": done(({"w": jnp.ones(2)}, None)), "liere": later},
         compiling={done({}): ("nope", "xla", 8, None)},
-        left=lambda stage: left[0],
+        left=lambda stage: left[stage],
     )
     case = {"compiled": None, "config": None, "mesh": None, "compile_s": 1.0, "lower_s": 1.0}
-    threading.Timer(0.3, lambda: later.set_result(({"w": jnp.zeros(2)}, None))).start()
     row = steps.time_case(q, ("nope", "xla", 8, None), case)
     assert running_when_timed == [[True, False]] == [[later.done(), stuck.done()]]
-    assert row["concurrent"] == [] and row["background_wait_s"] > 0.1, row
-    # a compile past the drain that outlasts the stage: timed at the deadline, and named
+    assert row["concurrent"] == [] and row["background_wait_s"] > 0.3, row
+    # a compile past the drain that outlasts the wait (8 % of the budget past the compile
+    # stage's deadline, before the stage's own): timed then, and named
     q.compiling[stuck] = ("liere", "cudnn", 8, "squarings=pallas")
-    left[0] = 0.1
+    left.update(compile=-7.9)
+    began = time.monotonic()
     row = steps.time_case(q, ("nope", "xla", 8, None), case, "largest_batch")
     assert row["concurrent"] == ["compile liere cudnn 8 squarings=pallas"], row
+    assert 0.05 < row["background_wait_s"] < time.monotonic() - began < 5, row
     assert "beside compile liere" in steps.row_breakdown(row)
 
 
