@@ -28,9 +28,9 @@ def time_case(q: Queue, key: tuple, case: dict, stage: str = "steps") -> dict:
     """Time one compiled step from a copy of its encoder's initial state; its row.
 
     Before the steps are timed, the work the compile stage left running (other encoders'
-    initial states, compiles past its drain) is waited for, up to ``stage``'s deadline
+    initial states, compiles past its drain) is waited for, within limits
     (``wait_for_background``): the row says how long (``background_wait_s``) and what was
-    still running while it was timed (``concurrent``, [] when nothing was).
+    still running when its steps began (``concurrent``, [] when nothing was).
 
     Every row starts from the same state: a variant timed on a state trained by the rows
     before it could run LieRE's squaring loop another number of times (its trip count follows
