@@ -34,6 +34,7 @@ Every run writes its resolved config to ``config.json`` and ``config.py`` in the
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -479,7 +480,7 @@ def _train(config: mc.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
     if p.restored is None:
         (state, other), start, best = p.init(init_key), 0, {}
         if config.get("init_from"):
-            state = _init_from(config, p.setup, state, p.source)
+            state = _init_from(config, p.setup, state, p.source, workdir)
     else:
         start, state, meta = p.restored
         other, best = p.init_other(init_key), meta.get("best", {})
@@ -537,12 +538,22 @@ def _init_source(config: mc.ConfigDict, abstract_params: Any) -> tuple[int, dict
     return step, source
 
 
-def _init_from(config: mc.ConfigDict, setup: Setup, state: dict, source) -> dict:
+INIT_FROM_JSON = "init_from.json"  # in a fine-tune's workdir: its source run and step
+
+
+def _init_from(config: mc.ConfigDict, setup: Setup, state: dict, source, workdir: str) -> dict:
     """The fresh state with the parameters of ``config.init_from`` (rope_lie/finetune.py):
-    `source`, ``_init_source``'s (step, parameters)."""
+    `source`, ``_init_source``'s (step, parameters); ``INIT_FROM_JSON`` in `workdir` records
+    the source's path and step (the source run may train on)."""
     step, params = source
     params = finetune.adapt_params(
         params, jax.device_get(state["params"]), init_head=config.get("init_head", "keep")
     )
+    if jax.process_index() == 0:
+        path = os.path.join(workdir, INIT_FROM_JSON)
+        with open(path + ".tmp", "w") as f:
+            source_path = os.path.abspath(os.path.expanduser(config.init_from))
+            json.dump({"init_from": source_path, "step": step}, f)
+        os.replace(path + ".tmp", path)
     say(f"Parameters from {config.init_from} (step {step}); optimiser and step start afresh")
     return {**state, "params": jax.device_put(params, setup.state_shardings["params"])}

@@ -1,5 +1,6 @@
 """config.init_from: parameters from another run, APE resized, head kept or new, never silent."""
 
+import json
 import os
 
 import jax
@@ -103,6 +104,8 @@ def test_arrows_trained_on_an_8x8_grid_fine_tunes_and_evaluates_on_a_12x12_grid(
         capsys.readouterr().out
     )
     assert final["step"] == 2 and final["evals"]["g12"]["num_examples"] == 8
+    with open(os.path.join(ft_dir, train.INIT_FROM_JSON)) as f:
+        assert json.load(f) == {"init_from": src_dir, "step": 4}
     assert final["evals"]["g12"]["resolution"] == "96x96"
     _, state = checkpoint.load_state(os.path.join(ft_dir, "checkpoints"))
     assert int(state["step"]) == 2  # the step starts afresh, not at the source's 4
