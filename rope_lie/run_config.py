@@ -138,6 +138,11 @@ def _model_defaults() -> dict[str, Any]:
     return _flat(json.loads(json.dumps({"model": found}, default=str)))
 
 
+def _same_default(value: Any, default: Any) -> bool:
+    """Whether `value` is `default`, None and {} being one (an empty options dict is none)."""
+    return value == default or (value in (None, {}) and default in (None, {}))
+
+
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, saved value, value here) for every field that differs and may not change. A field
     only one side has differs when it is an option (``_OPTIONAL``) that is on (not None or {}:
@@ -160,7 +165,7 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, 
         elif _is_option(key):
             if (saved[key] if key in saved else now[key]) not in (None, {}):  # off = absent
                 differ.append((key, saved.get(key, _ABSENT), now.get(key, _ABSENT)))
-        elif key in now and key in defaults and now[key] != defaults[key]:
+        elif key in now and key in defaults and not _same_default(now[key], defaults[key]):
             differ.append((key, _ABSENT, now[key]))  # a field the run predates, set here
     # a value changed is named first, then a one-sided option's innermost field
     return sorted(differ, key=lambda d: (_ABSENT in d[1:], -d[0].count(".")))

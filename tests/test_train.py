@@ -714,6 +714,12 @@ def test_a_model_field_the_checkpoint_predates_passes_only_at_the_vits_default()
     config.model.norm_eps = 1e-5
     with pytest.raises(ValueError, match=r"model.norm_eps=\(absent\) there, 1e-05 here"):
         run_config.check_model(old, config.model, where)
+    # an options dict the checkpoint predates, empty here, is the ViT's None: no options
+    config.model.norm_eps = 1e-6
+    older = run_config.model_record(config.model)
+    older.pop("additive_hparams")
+    config.model.additive_hparams = {}
+    run_config.check_model(older, config.model, where)
 
 
 def test_an_evaluation_interval_under_one_step_evaluates_every_step():
