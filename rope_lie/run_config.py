@@ -215,9 +215,7 @@ def check_model(saved: Mapping[str, Any] | None, model_cfg: Mapping[str, Any], w
 
     `where`: the checkpoint, as the error names it.
     """
-    if saved is None:
-        return
-    differ = _differences(_flat({"model": dict(saved)}), _flat({"model": model_record(model_cfg)}))
+    differ = _model_differences(saved, model_cfg)
     if differ:
         shown = "; ".join(f"{k}={there!r} there, {here!r} here" for k, there, here in differ[:4])
         more = f" (and {len(differ) - 4} more)" if differ[4:] else ""
@@ -232,10 +230,18 @@ def model_changes(saved: Mapping[str, Any] | None, model_cfg: Mapping[str, Any])
     """The fields in which `model_cfg` is not the model a checkpoint recorded (`saved`, its
     meta's ``"model"``; [] without one), by ``check_model``'s rules, as "field=<there> (here
     <value>)": what a fine-tune (``init_from``) changes of its source's model."""
+    return [
+        f"{k}={there!r} (here {here!r})" for k, there, here in _model_differences(saved, model_cfg)
+    ]
+
+
+def _model_differences(
+    saved: Mapping[str, Any] | None, model_cfg: Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """``_differences`` of a checkpoint's recorded model and `model_cfg` ([] without a record)."""
     if saved is None:
         return []
-    differ = _differences(_flat({"model": dict(saved)}), _flat({"model": model_record(model_cfg)}))
-    return [f"{k}={there!r} (here {here!r})" for k, there, here in differ]
+    return _differences(_flat({"model": dict(saved)}), _flat({"model": model_record(model_cfg)}))
 
 
 def _as_tuples(value: Any) -> Any:
